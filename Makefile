@@ -1,0 +1,66 @@
+# Two commands on a fresh machine: `make demo` and `make test` (see README.md).
+# The heavy dependency set (torch is multi-GB) lives in a shared virtual environment keyed by a
+# hash of requirements.lock and the Python version, built once per machine and reused by every
+# clone; each clone gets a thin .venv that layers the project (editable) over it.
+
+PYTHON ?= python3.11
+CACHE ?= $(or $(STREAMPROC_CACHE_DIR),$(HOME)/.cache/streamproc)
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+DEPS_HASH := $(shell cat requirements.lock | sha256sum | cut -c1-12)-py$(PYVER)
+DEPS := $(CACHE)/deps-$(DEPS_HASH)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.deps-$(DEPS_HASH)
+PYTEST_ARGS ?=
+
+.PHONY: all venv deps kafka-jars demo test test-slow lint format clean
+
+all: test
+
+deps: $(DEPS)/.complete
+
+$(DEPS)/.complete: requirements.lock
+	@echo "building the shared dependency environment $(DEPS) (first time only) ..."
+	rm -rf "$(DEPS).partial"
+	$(PYTHON) -m venv "$(DEPS).partial"
+	"$(DEPS).partial/bin/python" -m pip install --quiet --upgrade pip
+	"$(DEPS).partial/bin/python" -m pip install --quiet --requirement requirements.lock
+	rm -rf "$(DEPS)"
+	mv "$(DEPS).partial" "$(DEPS)"
+	# a venv's scripts name its own path: re-point them after the move
+	grep -rlI "$(DEPS).partial" "$(DEPS)/bin" | xargs -r sed -i "s#$(DEPS).partial#$(DEPS)#g"
+	touch "$@"
+
+venv: $(STAMP)
+
+$(STAMP): $(DEPS)/.complete pyproject.toml
+	rm -rf $(VENV)
+	$(PYTHON) -m venv --without-pip $(VENV)
+	echo "import site; site.addsitedir('$$(ls -d $(DEPS)/lib/python*/site-packages)')" \
+	  > "$$(ls -d $(VENV)/lib/python*/site-packages)/streamproc-deps.pth"
+	"$(DEPS)/bin/python" -m pip --python $(PY) install --quiet --no-deps --no-build-isolation \
+	  --editable .
+	touch $@
+
+kafka-jars: venv
+	$(PY) -c "from streamproc.kafka_local import ensure_kafka_jars; print(ensure_kafka_jars())"
+
+demo: venv kafka-jars
+	$(VENV)/bin/streamproc demo
+
+lint: venv
+	$(DEPS)/bin/ruff check streamproc tests benchmarks examples
+	$(DEPS)/bin/ruff format --check streamproc tests benchmarks examples
+
+format: venv
+	$(DEPS)/bin/ruff check --fix streamproc tests benchmarks examples
+	$(DEPS)/bin/ruff format streamproc tests benchmarks examples
+
+test: venv kafka-jars lint
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: venv kafka-jars
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .streamproc

@@ -1,0 +1,1 @@
+"""Examples of user pipelines (see docs/)."""

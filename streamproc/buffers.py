@@ -1,0 +1,229 @@
+"""Per-partition ring buffers with pause/resume watermarks.
+
+Pure policy: no Kafka calls. :meth:`PartitionBuffers.push` and :meth:`PartitionBuffers.take`
+return which partitions to pause or resume; the source thread acts on them. Not thread-safe on
+its own: the pipeline serialises calls under one lock.
+
+Flow control, per partition (capacity ``C``, high watermark ``H``, low watermark ``L``)::
+
+    fill >= H*C  -> pause   (the source keeps polling; messages already fetched still arrive)
+    fill == C    -> overflow: the record is refused and the source seeks back to its offset
+    fill <= L*C  -> resume  (only if we paused it)
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from streamproc.records import Record, TopicPartition
+
+
+class RingBuffer:
+    """A bounded FIFO of records in offset order over a preallocated slot array.
+
+    Args:
+        capacity: number of slots (messages).
+    """
+
+    __slots__ = ("_head", "_size", "_slots", "bytes", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._slots: list[Record | None] = [None] * capacity
+        self._head = 0
+        self._size = 0
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def full(self) -> bool:
+        return self._size == self.capacity
+
+    def push(self, record: Record) -> bool:
+        """Append ``record``; return False (and keep nothing) when full."""
+        if self._size == self.capacity:
+            return False
+        self._slots[(self._head + self._size) % self.capacity] = record
+        self._size += 1
+        self.bytes += record.size_bytes
+        return True
+
+    def peek(self) -> Record | None:
+        """The oldest record, or None when empty."""
+        return self._slots[self._head] if self._size else None
+
+    def pop(self) -> Record:
+        """Remove and return the oldest record.
+
+        Raises:
+            IndexError: the ring is empty.
+        """
+        if not self._size:
+            raise IndexError("pop from an empty ring")
+        record = self._slots[self._head]
+        assert record is not None
+        self._slots[self._head] = None
+        self._head = (self._head + 1) % self.capacity
+        self._size -= 1
+        self.bytes -= record.size_bytes
+        return record
+
+    def clear(self) -> list[Record]:
+        """Remove and return every record, oldest first."""
+        return [self.pop() for _ in range(self._size)]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControl:
+    """Partitions the source must pause or resume; either may be empty."""
+
+    pause: tuple[TopicPartition, ...] = ()
+    resume: tuple[TopicPartition, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.pause or self.resume)
+
+
+NO_CHANGE = FlowControl()
+
+
+@dataclass(frozen=True, slots=True)
+class RingView:
+    """What the batcher sees of one non-empty ring."""
+
+    tp: TopicPartition
+    size: int
+    bytes: int
+    oldest_consumed_at_s: float
+
+
+class PartitionBuffers:
+    """One :class:`RingBuffer` per assigned partition plus our own pause bookkeeping.
+
+    Args:
+        capacity: ring capacity in messages.
+        high_watermark: pause when fill >= this fraction of capacity.
+        low_watermark: resume a paused partition when fill <= this fraction of capacity.
+    """
+
+    def __init__(self, capacity: int, high_watermark: float, low_watermark: float) -> None:
+        self.capacity = capacity
+        self.high = max(1, min(capacity, round(high_watermark * capacity)))
+        self.low = min(self.high - 1, int(low_watermark * capacity))
+        self._rings: dict[TopicPartition, RingBuffer] = {}
+        self._paused: set[TopicPartition] = set()
+
+    # -- assignment ------------------------------------------------------------------------
+    def assign(self, tps: Iterable[TopicPartition]) -> FlowControl:
+        """Give each partition a fresh, empty ring; resume it (never trust the client's state)."""
+        fresh = tuple(tps)
+        for tp in fresh:
+            self._rings[tp] = RingBuffer(self.capacity)
+            self._paused.discard(tp)
+        return FlowControl(resume=fresh)
+
+    def revoke(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, list[Record]]:
+        """Drop the rings of ``tps``; return the records that were still waiting in them."""
+        dropped: dict[TopicPartition, list[Record]] = {}
+        for tp in tps:
+            ring = self._rings.pop(tp, None)
+            self._paused.discard(tp)
+            if ring is not None:
+                dropped[tp] = ring.clear()
+        return dropped
+
+    @property
+    def assigned(self) -> frozenset[TopicPartition]:
+        return frozenset(self._rings)
+
+    @property
+    def paused(self) -> frozenset[TopicPartition]:
+        return frozenset(self._paused)
+
+    # -- data path -------------------------------------------------------------------------
+    def push(self, record: Record) -> FlowControl | None:
+        """Append a consumed record to its partition's ring.
+
+        Returns:
+            None when the record was refused (ring full or partition not assigned): the caller
+            must not track it and must seek the partition back to ``record.offset``. Otherwise
+            the flow-control change (pause at the high watermark), possibly :data:`NO_CHANGE`.
+        """
+        ring = self._rings.get(record.tp)
+        if ring is None or not ring.push(record):
+            if ring is not None:
+                self._paused.add(record.tp)
+            return None
+        if len(ring) >= self.high and record.tp not in self._paused:
+            self._paused.add(record.tp)
+            return FlowControl(pause=(record.tp,))
+        return NO_CHANGE
+
+    def views(self) -> list[RingView]:
+        """Non-empty rings, for the batcher."""
+        out = []
+        for tp, ring in self._rings.items():
+            head = ring.peek()
+            if head is not None:
+                out.append(RingView(tp, len(ring), ring.bytes, head.consumed_at_s))
+        return out
+
+    def take(self, count: int, max_bytes: int | None = None) -> tuple[list[Record], FlowControl]:
+        """Remove up to ``count`` records, oldest consume time first across partitions.
+
+        Within a partition records leave in offset order. ``max_bytes`` stops the cut before the
+        record that would exceed it (the first record is always taken).
+
+        Returns:
+            The records and the partitions to resume (paused ones now at or below the low
+            watermark).
+        """
+        heap = [
+            (ring.peek().consumed_at_s, index, tp)  # type: ignore[union-attr]
+            for index, (tp, ring) in enumerate(self._rings.items())
+            if len(ring)
+        ]
+        heapq.heapify(heap)
+        taken: list[Record] = []
+        size_bytes = 0
+        while heap and len(taken) < count:
+            _, index, tp = heap[0]
+            ring = self._rings[tp]
+            head = ring.peek()
+            assert head is not None
+            if max_bytes is not None and taken and size_bytes + head.size_bytes > max_bytes:
+                break
+            taken.append(ring.pop())
+            size_bytes += head.size_bytes
+            nxt = ring.peek()
+            if nxt is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (nxt.consumed_at_s, index, tp))
+        return taken, self._resumable({r.tp for r in taken})
+
+    def _resumable(self, touched: set[TopicPartition]) -> FlowControl:
+        resume = tuple(
+            tp for tp in touched if tp in self._paused and len(self._rings[tp]) <= self.low
+        )
+        self._paused.difference_update(resume)
+        return FlowControl(resume=resume) if resume else NO_CHANGE
+
+    def fill_ratios(self) -> dict[TopicPartition, float]:
+        """Fill of each ring as a fraction of capacity."""
+        return {tp: len(ring) / self.capacity for tp, ring in self._rings.items()}
+
+    def total(self) -> int:
+        """Messages waiting across all rings."""
+        return sum(len(ring) for ring in self._rings.values())
+
+
+def oldest(views: Sequence[RingView]) -> float | None:
+    """The oldest consume time among ``views``, or None when there are none."""
+    return min((v.oldest_consumed_at_s for v in views), default=None)

@@ -1,0 +1,170 @@
+"""The ``streamproc`` command line (argument parsing only; see DESIGN.md section 6)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from streamproc.errors import StreamprocError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Kafka stream processing with PyTorch models.",
+)
+kafka_app = typer.Typer(no_args_is_help=True, help="A local Apache Kafka broker (KRaft).")
+app.add_typer(kafka_app, name="kafka")
+
+DEFAULT_BROKER_DIR = Path(".streamproc/kafka")
+Bootstrap = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap",
+        envvar="KAFKA_BOOTSTRAP_SERVERS",
+        help="Broker address host:port (else $KAFKA_BOOTSTRAP_SERVERS).",
+    ),
+]
+
+
+def _fail(exc: BaseException) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(2)
+
+
+@kafka_app.command("start")
+def kafka_start(
+    directory: Annotated[Path, typer.Option("--dir", help="Broker state folder.")] = (
+        DEFAULT_BROKER_DIR
+    ),
+) -> None:
+    """Start a local broker in the background; the last line is KAFKA_BOOTSTRAP_SERVERS=..."""
+    from streamproc.kafka_local import LocalKafka, ensure_kafka_jars, read_pid, terminate_pid
+
+    directory = directory.resolve()
+    old = read_pid(directory / "broker.pid")
+    if old is not None:
+        terminate_pid(old, 20.0)
+    try:
+        broker = LocalKafka(directory, ensure_kafka_jars(), own_lifetime=False)
+        bootstrap = broker.start()
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
+    (directory / "bootstrap").write_text(bootstrap)
+    typer.echo(f"broker log: {broker.log_path}")
+    typer.echo(f"KAFKA_BOOTSTRAP_SERVERS={bootstrap}")
+
+
+@kafka_app.command("stop")
+def kafka_stop(
+    directory: Annotated[Path, typer.Option("--dir", help="Broker state folder.")] = (
+        DEFAULT_BROKER_DIR
+    ),
+) -> None:
+    """Stop the broker started with `kafka start --dir DIR`; no process is left behind."""
+    from streamproc.kafka_local import read_pid, terminate_pid
+
+    pid = read_pid(directory / "broker.pid")
+    if pid is None:
+        typer.echo(f"no broker recorded in {directory}")
+        return
+    terminate_pid(pid, 20.0)
+    (directory / "broker.pid").unlink(missing_ok=True)
+    typer.echo(f"stopped broker pid {pid}")
+
+
+@app.command("produce")
+def produce_cmd(
+    workload: Annotated[str, typer.Argument(help="Built-in workload: video.")],
+    topic: Annotated[str, typer.Option("--topic", help="Target topic (created if missing).")],
+    bootstrap: Bootstrap = None,
+    partitions: Annotated[int, typer.Option(min=1, help="Partitions if created.")] = 4,
+    limit: Annotated[int | None, typer.Option(min=1, help="Messages (default: one pass).")] = None,
+    rate: Annotated[float | None, typer.Option(min=0.001, help="Messages per second.")] = None,
+) -> None:
+    """Replay real data of a built-in workload into a topic."""
+    from streamproc.replay import WORKLOADS, produce
+
+    if workload not in WORKLOADS:
+        raise _fail(ValueError(f"workload: unknown {workload!r}; allowed: {list(WORKLOADS)}"))
+    if not bootstrap:
+        raise _fail(ValueError("no broker: pass --bootstrap or set KAFKA_BOOTSTRAP_SERVERS"))
+    count = produce(workload, topic, bootstrap, partitions, limit, rate)
+    typer.echo(f"produced {count} {workload} messages to {topic}")
+
+
+@app.command("run")
+def run_cmd(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="STREAMPROC_CONFIG", help="YAML config file."),
+    ] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Broker address (overrides the config).")
+    ] = None,
+    exit_when_idle_s: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Exit 0 after this many seconds with no input and no work."),
+    ] = None,
+) -> None:
+    """Run the consumer until SIGTERM/SIGINT (or idle)."""
+    from streamproc import logs
+    from streamproc.config import load_config
+    from streamproc.pipeline import Pipeline
+
+    try:
+        cfg = load_config(config, bootstrap=bootstrap)
+        cfg.bootstrap_servers  # noqa: B018  (fails early when unset)
+        logs.configure(cfg.logging.level, cfg.logging.format)
+        pipeline = Pipeline(cfg)
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
+    signals = {"count": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        signals["count"] += 1
+        if signals["count"] > 1:
+            os._exit(130)  # a second signal exits at once
+        pipeline.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    summary = pipeline.run(exit_when_idle_s=exit_when_idle_s)
+    if summary.error:
+        typer.echo(f"error: {summary.error}", err=True)
+    raise typer.Exit(summary.exit_code)
+
+
+@app.command("demo")
+def demo_cmd(
+    rate: Annotated[float, typer.Option(min=0.1, help="Replay rate, msg/s.")] = 20.0,
+    limit: Annotated[int | None, typer.Option(min=1, help="Frames (default: all).")] = None,
+) -> None:
+    """Local broker + replay of real video frames + consumer + verification report."""
+    from streamproc import logs
+    from streamproc.demo import run_demo
+
+    logs.configure("warning", "console")
+    try:
+        report = run_demo(rate=rate, limit=limit)
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
+    typer.echo(report.render())
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Offset tracking per assignment: contiguous watermarks, never past a gap.
+
+An input offset is *done* when its result (or its dead-letter record) was acknowledged by the
+broker. Per partition the committable offset is the first not-done offset among those consumed,
+or the last consumed offset + 1 when all are done (offsets need not be contiguous: transaction
+markers and compaction leave holes, so we track the offsets we actually consumed).
+
+Each assignment of a partition gets a new :class:`PartitionTrack` with a higher ``generation``;
+a completion carrying an older generation (a late result for a partition we no longer own, or
+owned again since) is counted in :attr:`OffsetTracker.late_results` and ignored. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+
+from streamproc.records import TopicPartition
+
+
+class PartitionTrack:
+    """Consumed and done offsets of one partition within one assignment.
+
+    Contract checks: consumed offsets strictly increase; a done offset must have been consumed.
+    """
+
+    __slots__ = ("_done", "_pending", "committed", "generation", "last_consumed")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self._pending: deque[int] = deque()
+        self._done: set[int] = set()
+        self.last_consumed: int | None = None
+        self.committed: int | None = None
+
+    def consumed(self, offset: int) -> None:
+        if self.last_consumed is not None and offset <= self.last_consumed:
+            raise ValueError(f"offset {offset} consumed after {self.last_consumed}")
+        self.last_consumed = offset
+        self._pending.append(offset)
+
+    def done(self, offset: int) -> None:
+        if offset in self._done or not self._pending or offset < self._pending[0]:
+            return  # already done (duplicate acknowledgement) or below the watermark
+        self._done.add(offset)
+        pending, done = self._pending, self._done
+        while pending and pending[0] in done:
+            done.discard(pending.popleft())
+
+    @property
+    def watermark(self) -> int | None:
+        """The offset to commit: first not-done consumed offset, or last consumed + 1."""
+        if self._pending:
+            return self._pending[0]
+        return None if self.last_consumed is None else self.last_consumed + 1
+
+    @property
+    def pending(self) -> int:
+        """Consumed offsets not yet done."""
+        return len(self._pending) - len(self._done)
+
+
+class OffsetTracker:
+    """Per-partition tracks for the current assignment."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._tracks: dict[TopicPartition, PartitionTrack] = {}
+        self._next_generation = 1
+        self.late_results = 0
+
+    def assign(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Start a fresh track for each partition; return their generations."""
+        with self._lock:
+            out = {}
+            for tp in tps:
+                self._tracks[tp] = PartitionTrack(self._next_generation)
+                out[tp] = self._next_generation
+                self._next_generation += 1
+            return out
+
+    def generation(self, tp: TopicPartition) -> int | None:
+        with self._lock:
+            track = self._tracks.get(tp)
+            return None if track is None else track.generation
+
+    def consumed(self, tp: TopicPartition, offset: int) -> None:
+        """Record that ``offset`` of ``tp`` entered the pipeline."""
+        with self._lock:
+            self._tracks[tp].consumed(offset)
+
+    def done(self, tp: TopicPartition, offset: int, generation: int) -> bool:
+        """Mark ``offset`` done; False (and counted) when ``generation`` is not current."""
+        with self._cond:
+            track = self._tracks.get(tp)
+            if track is None or track.generation != generation:
+                self.late_results += 1
+                return False
+            track.done(offset)
+            self._cond.notify_all()
+            return True
+
+    def commit_candidates(self) -> dict[TopicPartition, int]:
+        """Watermarks that moved past the last committed offset, per partition."""
+        with self._lock:
+            return {
+                tp: wm
+                for tp, track in self._tracks.items()
+                if (wm := track.watermark) is not None and wm != track.committed
+            }
+
+    def watermarks(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Current watermarks of ``tps`` that consumed anything."""
+        with self._lock:
+            return {
+                tp: wm
+                for tp in tps
+                if (track := self._tracks.get(tp)) is not None
+                and (wm := track.watermark) is not None
+            }
+
+    def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
+        """Remember offsets sent for commit (same assignment only); see :meth:`forget_committed`."""
+        with self._lock:
+            for tp, offset in offsets.items():
+                track = self._tracks.get(tp)
+                if track is not None:
+                    track.committed = offset
+
+    def forget_committed(self, offsets: dict[TopicPartition, int]) -> None:
+        """Undo :meth:`mark_committed` for a commit that failed, so it is retried."""
+        with self._lock:
+            for tp, offset in offsets.items():
+                track = self._tracks.get(tp)
+                if track is not None and track.committed == offset:
+                    track.committed = None
+
+    def pending(self, tp: TopicPartition) -> int:
+        with self._lock:
+            track = self._tracks.get(tp)
+            return 0 if track is None else track.pending
+
+    def total_pending(self) -> int:
+        with self._lock:
+            return sum(t.pending for t in self._tracks.values())
+
+    def wait_until(self, tp_limits: dict[TopicPartition, int], timeout_s: float) -> bool:
+        """Wait until each ``tp``'s pending count is <= its limit; False on timeout."""
+
+        def settled() -> bool:
+            return all(
+                (t := self._tracks.get(tp)) is None or t.pending <= limit
+                for tp, limit in tp_limits.items()
+            )
+
+        with self._cond:
+            return self._cond.wait_for(settled, timeout=timeout_s)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing is pending anywhere; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: all(t.pending == 0 for t in self._tracks.values()), timeout=timeout_s
+            )
+
+    def revoke(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget ``tps``; later completions for them count as late results."""
+        with self._cond:
+            for tp in tps:
+                self._tracks.pop(tp, None)
+            self._cond.notify_all()

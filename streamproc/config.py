@@ -1,0 +1,264 @@
+"""One frozen, validated configuration tree.
+
+Sources, later ones winning: defaults < YAML file (``--config`` or ``$STREAMPROC_CONFIG``) <
+environment variables ``STREAMPROC_<SECTION>__<KEY>`` (e.g. ``STREAMPROC_BATCHING__MAX_WAIT_MS=5``;
+lists such as ``STREAMPROC_PIPELINES`` take JSON). The broker address is, in order: the
+``--bootstrap`` flag, ``kafka.bootstrap_servers``, ``$KAFKA_BOOTSTRAP_SERVERS``.
+
+Every invalid value raises :class:`~streamproc.errors.ConfigError` at start-up, naming the key
+(dotted path) and what is allowed. Units are part of the key names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from streamproc.errors import ConfigError
+
+BUILTIN_WORKLOADS = ("video",)
+Scalar = str | int | float | bool
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaConfig(_Section):
+    """Kafka client settings. ``consumer``/``producer`` pass raw librdkafka keys through."""
+
+    bootstrap_servers: str | None = None
+    group_id: str = Field(default="streamproc", min_length=1)
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    commit_interval_ms: int = Field(default=1000, gt=0)
+    poll_timeout_ms: int = Field(default=100, gt=0, le=1000)
+    session_timeout_ms: int = Field(default=45_000, gt=0)
+    max_poll_interval_ms: int = Field(default=300_000, gt=0)
+    consumer: dict[str, Scalar] = Field(default_factory=dict)
+    producer: dict[str, Scalar] = Field(default_factory=dict)
+
+
+class PipelineConfig(_Section):
+    """One input topic bound to one workload and one output topic."""
+
+    name: str = Field(min_length=1)
+    input_topic: str = Field(min_length=1)
+    output_topic: str = Field(min_length=1)
+    workload: str = Field(min_length=1)
+    dlq_topic: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, value: str) -> str:
+        if value in BUILTIN_WORKLOADS or ":" in value or value.endswith((".pt", ".ts")):
+            return value
+        raise ValueError(
+            f"unknown workload {value!r}; allowed: one of {list(BUILTIN_WORKLOADS)}, "
+            "a TorchScript file path (*.pt, *.ts) or 'package.module:factory'"
+        )
+
+    @property
+    def dead_letter_topic(self) -> str:
+        """The dead-letter topic: ``dlq_topic`` or ``<input_topic>.dlq``."""
+        return self.dlq_topic or f"{self.input_topic}.dlq"
+
+
+class BuffersConfig(_Section):
+    """Per-partition ring buffers. Watermarks are fractions of ``ring_capacity``."""
+
+    ring_capacity: int = Field(default=256, ge=2, le=1_000_000)
+    high_watermark: float = Field(default=0.75, gt=0.0, le=1.0)
+    low_watermark: float = Field(default=0.25, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BuffersConfig:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"buffers.low_watermark ({self.low_watermark}) must be below "
+                f"buffers.high_watermark ({self.high_watermark})"
+            )
+        return self
+
+
+class BatchingConfig(_Section):
+    """When the batcher cuts a batch."""
+
+    max_batch_size: int = Field(default=4, ge=1, le=4096)
+    max_batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_wait_ms: float = Field(default=20.0, ge=0.0)
+
+
+class WorkerConfig(_Section):
+    """The device worker and its host-side pools."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_in_flight_batches: int = Field(default=2, ge=1, le=64)
+    staging_buffers: int = Field(default=4, ge=2, le=256)
+    decode_workers: int = Field(default=2, ge=1, le=64)
+    cuda_streams: int = Field(default=2, ge=1, le=16)
+    torch_threads: int | None = Field(default=None, ge=1)
+    max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+
+    @model_validator(mode="after")
+    def _enough_staging(self) -> WorkerConfig:
+        if self.staging_buffers < self.max_in_flight_batches + 1:
+            raise ValueError(
+                f"worker.staging_buffers ({self.staging_buffers}) must be at least "
+                f"worker.max_in_flight_batches + 1 ({self.max_in_flight_batches + 1})"
+            )
+        return self
+
+
+class MetricsConfig(_Section):
+    """Prometheus endpoint; ``port: 0`` disables it."""
+
+    port: int = Field(default=9108, ge=0, le=65535)
+    host: str = "0.0.0.0"
+
+
+class LoggingConfig(_Section):
+    """Log level and format (``auto``: JSON when stderr is not a terminal)."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class Config(BaseSettings):
+    """The whole configuration; frozen after validation."""
+
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="forbid",
+        env_prefix="STREAMPROC_",
+        env_nested_delimiter="__",
+        case_sensitive=False,
+    )
+
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    pipelines: tuple[PipelineConfig, ...] = Field(min_length=1)
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    buffers: BuffersConfig = Field(default_factory=BuffersConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    revoke_timeout_s: float = Field(default=10.0, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the file (passed as init kwargs).
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _checks(self) -> Config:
+        if self.processing_guarantee == "exactly_once":
+            raise ValueError(
+                "processing_guarantee: 'exactly_once' is not available in this version; "
+                "allowed: 'at_least_once'"
+            )
+        inputs = [p.input_topic for p in self.pipelines]
+        if len(set(inputs)) != len(inputs):
+            raise ValueError(f"pipelines: each input_topic may appear once, got {inputs}")
+        names = [p.name for p in self.pipelines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pipelines: each name may appear once, got {names}")
+        return self
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The broker address: config, else ``$KAFKA_BOOTSTRAP_SERVERS``.
+
+        Raises:
+            ConfigError: neither is set.
+        """
+        value = self.kafka.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        if not value:
+            raise ConfigError(
+                "kafka.bootstrap_servers: not set; pass --bootstrap, set it in the config "
+                "file or export KAFKA_BOOTSTRAP_SERVERS"
+            )
+        return value
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "<root>"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = f"unknown key; allowed: {_allowed_keys(item['loc'])}"
+        elif "input" in item and item["type"] not in ("missing",):
+            message = f"{message} (got {item['input']!r})"
+        lines.append(f"{key}: {message}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            break
+        annotation = field.annotation
+        inner = getattr(annotation, "__args__", (annotation,))
+        nested = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if nested is None:
+            break
+        model = nested
+    return sorted(model.model_fields)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    bootstrap: str | None = None,
+) -> Config:
+    """Build the frozen config from a YAML file, environment variables and overrides.
+
+    Args:
+        path: YAML file; defaults to ``$STREAMPROC_CONFIG``; None and unset means defaults only.
+        overrides: a mapping merged over the file (used by the demo and tests).
+        bootstrap: the ``--bootstrap`` flag; wins over every other source.
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, or any invalid key (named with allowed values).
+    """
+    path = path or os.environ.get("STREAMPROC_CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: invalid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: the top level must be a mapping")
+        data = loaded or {}
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    if bootstrap:
+        data["kafka"] = {**data.get("kafka", {}), "bootstrap_servers": bootstrap}
+    try:
+        return Config(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None

@@ -1,0 +1,119 @@
+"""Prometheus metrics (prefix ``streamproc_``, units in the names).
+
+Each :class:`Metrics` owns its own ``CollectorRegistry`` so several pipelines can live in one
+process (tests, the demo); :meth:`Metrics.serve` exposes it over HTTP on ``metrics.port``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class Metrics:
+    """All metrics of one pipeline process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.consumed = Counter(
+            "streamproc_messages_consumed", "Messages consumed", ["topic"], registry=reg
+        )
+        self.produced = Counter(
+            "streamproc_messages_produced",
+            "Results acknowledged by the broker",
+            ["topic"],
+            registry=reg,
+        )
+        self.dead_lettered = Counter(
+            "streamproc_messages_dead_lettered",
+            "Dead-letter records acknowledged",
+            ["topic", "stage"],
+            registry=reg,
+        )
+        self.batch_size = Histogram(
+            "streamproc_batch_size_messages",
+            "Messages per batch",
+            ["topic"],
+            buckets=_BATCH_BUCKETS,
+            registry=reg,
+        )
+        self.queue_wait = Histogram(
+            "streamproc_queue_wait_seconds",
+            "Consume to batch cut",
+            ["topic"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=reg,
+        )
+        self.inference = Histogram(
+            "streamproc_inference_seconds",
+            "Batch launch to outputs on the host",
+            ["topic"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=reg,
+        )
+        self.end_to_end = Histogram(
+            "streamproc_end_to_end_seconds",
+            "Input record timestamp to output acknowledgement",
+            ["topic"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=reg,
+        )
+        self.ring_fill = Gauge(
+            "streamproc_ring_fill_ratio",
+            "Ring buffer fill (0..1)",
+            ["topic", "partition"],
+            registry=reg,
+        )
+        self.paused = Gauge(
+            "streamproc_paused_partitions", "Partitions paused by flow control", registry=reg
+        )
+        self.commits = Counter("streamproc_commits", "Offset commits accepted", registry=reg)
+        self.commit_failures = Counter(
+            "streamproc_commit_failures", "Offset commits that failed", registry=reg
+        )
+        self.late_results = Counter(
+            "streamproc_late_results",
+            "Results for partitions no longer owned (not committed)",
+            registry=reg,
+        )
+        self.pool_in_use = Gauge(
+            "streamproc_pinned_pool_in_use_buffers",
+            "Staging buffers leased",
+            ["topic"],
+            registry=reg,
+        )
+        self.pool_capacity = Gauge(
+            "streamproc_pinned_pool_capacity_buffers",
+            "Staging buffers in the pool",
+            ["topic"],
+            registry=reg,
+        )
+        self.pool_allocations = Gauge(
+            "streamproc_pinned_pool_allocations",
+            "Host buffers ever allocated by the pool",
+            ["topic"],
+            registry=reg,
+        )
+
+    def serve(self, port: int, host: str) -> None:
+        """Expose ``/metrics`` on ``host:port`` from a daemon thread."""
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,253 @@
+"""Wiring and lifecycle: builds the stages from the config and runs them. No stage logic here.
+
+Threads of one process::
+
+    source (consumer) -> rings -> dispatch-<topic> (batcher + decode pool) -> device
+      -> completion (events, result handler) -> sink (producer poll, delivery reports)
+      -> offset tracker -> source (commits)
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from streamproc.batcher import Batcher
+from streamproc.buffers import PartitionBuffers
+from streamproc.commit import OffsetTracker
+from streamproc.config import Config
+from streamproc.dispatch import Dispatcher
+from streamproc.errors import FatalPipelineError
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
+from streamproc.results import ResultHandler
+from streamproc.sink import Sink
+from streamproc.source import Source, TopicLane
+from streamproc.worker import DeviceWorker, StagingPool
+from streamproc.workloads import load_workload
+
+log = get_logger(__name__)
+
+
+class State(enum.Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+@dataclass
+class RunSummary:
+    """What one run did. ``batch_sizes`` maps batch size -> number of batches, per topic."""
+
+    exit_code: int
+    elapsed_s: float
+    batch_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+    error: str | None = None
+
+
+def select_device(choice: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu."""
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class Pipeline:
+    """The consumer process: all configured pipelines sharing one consumer, device and sink.
+
+    Usage::
+
+        pipeline = Pipeline(load_config("config.yaml"))
+        summary = pipeline.run(exit_when_idle_s=5)   # or until request_stop()
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state = State.CREATED
+        self.metrics = Metrics()
+        self.tracker = OffsetTracker()
+        self.device = select_device(config.worker.device)
+        if config.worker.torch_threads:
+            torch.set_num_threads(config.worker.torch_threads)
+        self._stop = threading.Event()
+        self._fatal: BaseException | None = None
+        self._decode_pool = ThreadPoolExecutor(
+            config.worker.decode_workers, thread_name_prefix="decode"
+        )
+        self.sink = Sink(
+            {"bootstrap.servers": config.bootstrap_servers, **config.kafka.producer},
+            self.tracker,
+            self.metrics,
+            self._on_fatal,
+        )
+        buf = config.buffers
+        self.lanes = {
+            p.input_topic: TopicLane(
+                PartitionBuffers(buf.ring_capacity, buf.high_watermark, buf.low_watermark),
+                threading.Condition(),
+            )
+            for p in config.pipelines
+        }
+        self.source = Source(config, self.lanes, self.tracker, self.metrics, self._on_fatal)
+        self.workers: list[DeviceWorker] = []
+        self.dispatchers: list[Dispatcher] = []
+        for spec in config.pipelines:
+            self._build_lane(spec)
+
+    def _build_lane(self, spec: object) -> None:
+        from streamproc.config import PipelineConfig
+
+        assert isinstance(spec, PipelineConfig)
+        cfg = self.config
+        workload = load_workload(spec.workload, spec.options)
+        pool = StagingPool(
+            cfg.worker.staging_buffers,
+            cfg.batching.max_batch_size,
+            workload.item_shape,
+            workload.item_dtype,
+            pin=self.device.type == "cuda",
+        )
+        topic = spec.input_topic
+        self.metrics.pool_capacity.labels(topic).set(pool.capacity)
+        self.metrics.pool_allocations.labels(topic).set(pool.allocations)
+        slots = threading.Semaphore(cfg.worker.max_in_flight_batches)
+        handler = ResultHandler(spec, workload, self.sink, slots, self.metrics)
+        worker = DeviceWorker(
+            workload.build_model(self.device),
+            self.device,
+            pool,
+            cfg.worker.max_in_flight_batches,
+            cfg.worker.cuda_streams,
+            handler,
+            self._on_fatal,
+        )
+        batcher = Batcher(
+            cfg.batching.max_batch_size, cfg.batching.max_batch_bytes, cfg.batching.max_wait_ms
+        )
+        self.workers.append(worker)
+        self.dispatchers.append(
+            Dispatcher(
+                topic,
+                self.lanes[topic],
+                batcher,
+                workload,
+                pool,
+                worker,
+                self._decode_pool,
+                slots,
+                self.source.apply,
+                cfg.worker.max_message_bytes,
+                self.metrics,
+                self._on_fatal,
+            )
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _on_fatal(self, exc: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = exc
+            log.error("fatal error; stopping", error=repr(exc))
+        self._stop.set()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to drain and return (thread- and signal-safe)."""
+        self._stop.set()
+
+    def start(self) -> None:
+        """Start every thread (sink, workers, dispatchers, then the source)."""
+        if self.state is not State.CREATED:
+            raise RuntimeError(f"cannot start a pipeline in state {self.state.value}")
+        if self.config.metrics.port:
+            self.metrics.serve(self.config.metrics.port, self.config.metrics.host)
+        self.sink.start()
+        for worker in self.workers:
+            worker.start()
+        for dispatcher in self.dispatchers:
+            dispatcher.start()
+        self.source.start()
+        self.state = State.RUNNING
+        log.info(
+            "pipeline running",
+            device=str(self.device),
+            topics=[p.input_topic for p in self.config.pipelines],
+        )
+
+    def idle(self) -> bool:
+        """Nothing waiting in rings, nothing in flight, nothing awaiting acknowledgement."""
+        return self.tracker.total_pending() == 0 and all(w.idle() for w in self.workers)
+
+    def run(self, exit_when_idle_s: float | None = None) -> RunSummary:
+        """Run until :meth:`request_stop`, a fatal error, or ``exit_when_idle_s`` seconds with
+        no new input, no rebalance and nothing in flight (after the first assignment, or after
+        ``kafka.session_timeout_ms`` without one); then close. Returns the summary (exit code 0
+        or 1).
+        """
+        started_s = time.monotonic()
+        if self.state is State.CREATED:
+            self.start()
+        while not self._stop.wait(0.1):
+            if exit_when_idle_s is not None:
+                now_s = time.monotonic()
+                quiet_s = now_s - max(
+                    started_s, self.source.last_input_s, self.source.last_rebalance_s
+                )
+                # Before the first assignment "no input" means nothing; give the group join
+                # up to the session timeout before calling an unassigned consumer idle.
+                joined = self.source.ever_assigned or (
+                    now_s - started_s >= self.config.kafka.session_timeout_ms / 1000.0
+                )
+                if joined and quiet_s >= exit_when_idle_s and self.idle():
+                    log.info("idle; exiting", idle_s=round(quiet_s, 1))
+                    break
+        self.close()
+        error = None if self._fatal is None else repr(self._fatal)
+        return RunSummary(
+            exit_code=0 if self._fatal is None else 1,
+            elapsed_s=time.monotonic() - started_s,
+            batch_sizes={d.topic: dict(d.batch_sizes) for d in self.dispatchers},
+            error=error,
+        )
+
+    def close(self) -> None:
+        """Drain and stop; idempotent.
+
+        Steps:
+            1. stop fetching (pause all partitions; the consumer keeps polling);
+            2. stop the dispatchers (records still in rings stay uncommitted);
+            3. let the device workers finish their in-flight batches;
+            4. flush the producer, so every acknowledgement reaches the tracker;
+            5. commit the final watermarks and close the consumer (leave the group);
+            6. stop the sink and the decode pool.
+        """
+        if self.state in (State.CLOSED, State.DRAINING):
+            return
+        self.state = State.DRAINING
+        timeout_s = self.config.shutdown_timeout_s
+        deadline_s = time.monotonic() + timeout_s
+        # Step 1
+        self.source.stop_fetching()
+        # Step 2
+        for dispatcher in self.dispatchers:
+            dispatcher.stop(max(0.1, deadline_s - time.monotonic()))
+        # Step 3
+        for worker in self.workers:
+            worker.close(max(0.1, deadline_s - time.monotonic()))
+        # Step 4
+        left = self.sink.flush(max(0.1, deadline_s - time.monotonic()))
+        if left:
+            log.warning("producer flush timed out; those inputs stay uncommitted", left=left)
+        # Step 5
+        self.source.close(max(1.0, deadline_s - time.monotonic()))
+        # Step 6
+        self.sink.close(1.0)
+        self._decode_pool.shutdown(wait=False, cancel_futures=True)
+        self.metrics.late_results.inc(self.tracker.late_results)
+        self.state = State.CLOSED
+        if isinstance(self._fatal, FatalPipelineError):
+            log.error("pipeline stopped", error=str(self._fatal))

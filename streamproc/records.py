@@ -1,0 +1,79 @@
+"""Immutable values that cross stage boundaries.
+
+A :class:`Record` is created by the source for every consumed Kafka message and travels, unchanged,
+through the ring buffer, the batcher, the device worker and the sink until its offset is marked
+done in the offset tracker. ``generation`` ties it to the partition assignment it was consumed
+under, so a late result for a partition we no longer own is recognised and not committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+Headers = tuple[tuple[str, bytes], ...]
+
+
+class TopicPartition(NamedTuple):
+    """A Kafka topic partition."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed Kafka message.
+
+    Attributes:
+        tp: source topic partition.
+        offset: source offset.
+        key: message key bytes, or None.
+        value: message value bytes, or None for a tombstone.
+        headers: message headers as ``(name, value bytes)`` pairs.
+        timestamp_ms: the record's Kafka timestamp (ms since the epoch; CreateTime as produced).
+        consumed_at_s: ``time.monotonic()`` when the source polled it; batch deadlines count
+            from here.
+        generation: the assignment generation of ``tp`` when consumed.
+    """
+
+    tp: TopicPartition
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    timestamp_ms: int
+    consumed_at_s: float
+    generation: int = 0
+
+    @property
+    def size_bytes(self) -> int:
+        """Size of key plus value in bytes."""
+        return len(self.key or b"") + len(self.value or b"")
+
+    def header(self, name: str) -> bytes | None:
+        """Return the first header named ``name``, or None."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Records cut together by the batcher, in the order the batcher chose.
+
+    ``records`` is never empty (checked). Per partition, records are in offset order.
+    """
+
+    batch_id: int
+    records: tuple[Record, ...]
+    cut_at_s: float
+    reason: str = field(default="size")
+
+    def __post_init__(self) -> None:
+        if not self.records:
+            raise ValueError("a batch is never empty")
+
+    def __len__(self) -> int:
+        return len(self.records)

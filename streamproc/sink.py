@@ -1,0 +1,200 @@
+"""The sink: one idempotent ``acks=all`` producer for results and dead-letter records.
+
+Every output record keeps the input key and carries ``streamproc.source.topic``,
+``streamproc.source.partition`` and ``streamproc.source.offset`` (ASCII decimal). Dead-letter
+records keep the input value and headers and add ``streamproc.error.stage``,
+``streamproc.error.class`` and ``streamproc.error.message``.
+
+An input offset is marked done in the :class:`~streamproc.commit.OffsetTracker` only from the
+delivery report of its result or dead-letter record. A result the broker rejects for good is
+dead-lettered (stage ``produce``); a dead-letter record the broker rejects stops the pipeline
+(:class:`~streamproc.errors.FatalPipelineError`): we cannot go on without losing it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from streamproc.commit import OffsetTracker
+from streamproc.errors import FatalPipelineError
+from streamproc.logs import get_logger, redact
+from streamproc.metrics import Metrics
+from streamproc.records import Headers, Record
+
+log = get_logger(__name__)
+
+H_TOPIC = "streamproc.source.topic"
+H_PARTITION = "streamproc.source.partition"
+H_OFFSET = "streamproc.source.offset"
+H_STAGE = "streamproc.error.stage"
+H_CLASS = "streamproc.error.class"
+H_MESSAGE = "streamproc.error.message"
+H_INFERENCE_MS = "streamproc.timing.inference_ms"
+H_QUEUE_MS = "streamproc.timing.queue_wait_ms"
+_MAX_ERROR_MESSAGE = 1000
+
+
+def source_headers(record: Record) -> Headers:
+    """The source-coordinate headers of ``record``."""
+    return (
+        (H_TOPIC, record.tp.topic.encode()),
+        (H_PARTITION, str(record.tp.partition).encode()),
+        (H_OFFSET, str(record.offset).encode()),
+    )
+
+
+class Sink:
+    """Produces results and dead-letter records; reports acknowledgements to the tracker.
+
+    Args:
+        producer_config: librdkafka settings (bootstrap, user pass-through); idempotence and
+            ``acks=all`` are enforced.
+        tracker: offset tracker to mark inputs done on acknowledgement.
+        metrics: metrics to count produced / dead-lettered records.
+        on_fatal: called (from the sink thread) when the pipeline must stop.
+    """
+
+    def __init__(
+        self,
+        producer_config: dict[str, Any],
+        tracker: OffsetTracker,
+        metrics: Metrics,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        config = {
+            "linger.ms": 2,
+            "compression.type": "lz4",
+            **producer_config,
+            "enable.idempotence": True,
+            "acks": "all",
+        }
+        log.debug("producer config", settings=redact(config))
+        self._producer = Producer(config)
+        self._tracker = tracker
+        self._metrics = metrics
+        self._on_fatal = on_fatal
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="sink", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    # -- results ---------------------------------------------------------------------------
+    def send_result(
+        self,
+        record: Record,
+        topic: str,
+        value: bytes,
+        extra_headers: Headers = (),
+        dlq_topic: str = "",
+    ) -> None:
+        """Produce one result; on permanent failure it is dead-lettered to ``dlq_topic``."""
+        headers = [*source_headers(record), *extra_headers]
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                self._metrics.produced.labels(topic).inc()
+                self._metrics.end_to_end.labels(record.tp.topic).observe(
+                    max(0.0, time.time() - record.timestamp_ms / 1000.0)
+                )
+                self._tracker.done(record.tp, record.offset, record.generation)
+                return
+            log.warning(
+                "result rejected",
+                topic=record.tp.topic,
+                partition=record.tp.partition,
+                offset=record.offset,
+                error=str(err),
+            )
+            self.dead_letter(record, dlq_topic, "produce", "KafkaError", err.str())
+
+        try:
+            self._produce(topic, record.key, value, headers, delivered)
+        except KafkaException as exc:
+            err = exc.args[0]
+            self.dead_letter(record, dlq_topic, "produce", "KafkaException", str(err))
+
+    # -- dead-letter -----------------------------------------------------------------------
+    def dead_letter(
+        self, record: Record, dlq_topic: str, stage: str, error_class: str, message: str
+    ) -> None:
+        """Produce ``record`` unchanged to ``dlq_topic`` with the error headers.
+
+        A dead-letter record the broker rejects stops the pipeline (``on_fatal``).
+        """
+        headers = [
+            *record.headers,
+            *source_headers(record),
+            (H_STAGE, stage.encode()),
+            (H_CLASS, error_class.encode()),
+            (H_MESSAGE, message[:_MAX_ERROR_MESSAGE].encode(errors="replace")),
+        ]
+        log.info(
+            "dead-lettered",
+            topic=record.tp.topic,
+            partition=record.tp.partition,
+            offset=record.offset,
+            stage=stage,
+            error_class=error_class,
+            reason=message[:200],
+        )
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                self._metrics.dead_lettered.labels(record.tp.topic, stage).inc()
+                self._tracker.done(record.tp, record.offset, record.generation)
+                return
+            self._on_fatal(
+                FatalPipelineError(
+                    f"dead-letter topic {dlq_topic!r} rejected the record from "
+                    f"{record.tp.topic}[{record.tp.partition}]@{record.offset}: {err.str()}"
+                )
+            )
+
+        try:
+            self._produce(dlq_topic, record.key, record.value, headers, delivered)
+        except KafkaException as exc:
+            self._on_fatal(
+                FatalPipelineError(f"dead-letter topic {dlq_topic!r} rejected a record: {exc}")
+            )
+
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value=value, key=key, headers=headers, on_delivery=on_delivery
+                )
+                return
+            except BufferError:
+                # The producer queue is full: wait for deliveries instead of dropping.
+                self._producer.poll(0.05)
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for outstanding deliveries; return how many are still outstanding."""
+        return int(self._producer.flush(timeout_s))
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush, then stop the poll thread (idempotent)."""
+        if self._producer is None:
+            return
+        self.flush(timeout_s)
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self._producer = None  # type: ignore[assignment]  # destroys the librdkafka handle

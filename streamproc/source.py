@@ -1,0 +1,323 @@
+"""The source: the one thread that owns the Kafka consumer.
+
+It polls, wraps each message in a :class:`~streamproc.records.Record`, pushes it into its
+partition's ring, applies pause/resume decisions, commits watermarks, and handles rebalances.
+It never decodes or runs a model, and keeps polling while partitions are paused, so group
+membership survives long device work.
+
+Rebalances (cooperative-sticky, incremental):
+
+* assign: fresh tracker generation + fresh ring per partition, then resume them (librdkafka keeps
+  a partition's pause state across revoke/re-assign; we never rely on it).
+* revoke: drop the revoked rings, wait (bounded by ``revoke_timeout_s``) for their in-flight
+  batches, commit their watermarks synchronously, forget them.
+* lost: drop and forget without committing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.buffers import FlowControl, PartitionBuffers
+from streamproc.commit import OffsetTracker
+from streamproc.config import Config
+from streamproc.logs import get_logger, redact
+from streamproc.metrics import Metrics
+from streamproc.records import Record, TopicPartition
+
+log = get_logger(__name__)
+_CONSUME_BATCH = 500
+
+
+@dataclass
+class TopicLane:
+    """What the source needs of one pipeline: its rings and the condition guarding them."""
+
+    buffers: PartitionBuffers
+    cond: threading.Condition
+    max_message_bytes: int = 0
+    last_input_s: float = field(default_factory=time.monotonic)
+
+
+def _ktp(tp: TopicPartition, offset: int | None = None) -> KafkaTopicPartition:
+    if offset is None:
+        return KafkaTopicPartition(tp.topic, tp.partition)
+    return KafkaTopicPartition(tp.topic, tp.partition, offset)
+
+
+class Source:
+    """Consumer thread for all pipelines of one process.
+
+    Args:
+        config: the validated config.
+        lanes: per input topic, its rings.
+        tracker: offset tracker shared with the sink.
+        metrics: process metrics.
+        on_fatal: called when the consumer hits a fatal error.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        lanes: dict[str, TopicLane],
+        tracker: OffsetTracker,
+        metrics: Metrics,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self._config = config
+        self._lanes = lanes
+        self._tracker = tracker
+        self._metrics = metrics
+        self._on_fatal = on_fatal
+        self._control: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
+        self._generations: dict[TopicPartition, int] = {}
+        self._seek_floor: dict[TopicPartition, int] = {}
+        self._stop = threading.Event()
+        self._fetching = True
+        self.last_poll_s = time.monotonic()
+        self.last_input_s = time.monotonic()
+        self.last_rebalance_s = time.monotonic()
+        self.ever_assigned = False
+        self.assigned: frozenset[TopicPartition] = frozenset()
+        kafka = config.kafka
+        settings: dict[str, Any] = {
+            "bootstrap.servers": config.bootstrap_servers,
+            "group.id": kafka.group_id,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": kafka.auto_offset_reset,
+            "session.timeout.ms": kafka.session_timeout_ms,
+            "max.poll.interval.ms": kafka.max_poll_interval_ms,
+            "on_commit": self._on_commit,
+            **kafka.consumer,
+        }
+        log.debug(
+            "consumer config",
+            settings=redact({k: v for k, v in settings.items() if not callable(v)}),
+        )
+        self._consumer = Consumer(settings)
+        self._thread = threading.Thread(target=self._run, name="source", daemon=True)
+
+    # -- control from other threads --------------------------------------------------------
+    def start(self) -> None:
+        self._consumer.subscribe(
+            list(self._lanes),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        self._thread.start()
+
+    def apply(self, flow: FlowControl) -> None:
+        """Queue a flow-control change for the source thread (thread-safe)."""
+        if flow:
+            self._control.put(flow)
+
+    def stop_fetching(self) -> None:
+        """Pause every assigned partition; polling (and group membership) continues."""
+        self._control.put("stop_fetching")
+
+    def close(self, timeout_s: float) -> None:
+        """Commit final watermarks, close the consumer (leaving the group), join the thread."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    # -- the source thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:
+            self._on_fatal(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                self._commit(synchronous=True)
+            with contextlib.suppress(Exception):
+                self._consumer.close()
+
+    def _loop(self) -> None:
+        kafka = self._config.kafka
+        timeout_s = kafka.poll_timeout_ms / 1000.0
+        commit_every_s = kafka.commit_interval_ms / 1000.0
+        next_commit_s = time.monotonic() + commit_every_s
+        while not self._stop.is_set():
+            self._drain_control()
+            messages = self._consumer.consume(_CONSUME_BATCH, timeout_s)
+            self.last_poll_s = time.monotonic()
+            for message in messages:
+                self._handle(message)
+            if self.last_poll_s >= next_commit_s:
+                self._commit(synchronous=False)
+                next_commit_s = self.last_poll_s + commit_every_s
+                self._metrics.paused.set(
+                    sum(len(lane.buffers.paused) for lane in self._lanes.values())
+                )
+
+    def _handle(self, message: Message) -> None:
+        err = message.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return
+            if err.fatal():
+                raise KafkaException(err)
+            log.warning("consumer error", error=str(err))
+            return
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        tp = TopicPartition(topic, partition)
+        generation = self._generations.get(tp)
+        if generation is None:
+            return  # not ours (revoked between fetch and delivery)
+        floor = self._seek_floor.get(tp)
+        if floor is not None:
+            if offset != floor:
+                return  # fetched before our seek took effect; it will come again
+            del self._seek_floor[tp]
+        _, timestamp_ms = message.timestamp()
+        record = Record(
+            tp=tp,
+            offset=offset,
+            key=message.key(),
+            value=message.value(),
+            headers=tuple(message.headers() or ()),
+            timestamp_ms=timestamp_ms,
+            consumed_at_s=time.monotonic(),
+            generation=generation,
+        )
+        lane = self._lanes[topic]
+        with lane.cond:
+            flow = lane.buffers.push(record)
+            if flow is not None:
+                self._tracker.consumed(tp, offset)
+                lane.cond.notify()
+        if flow is None:
+            # Ring full: refuse, pause, and fetch this offset again after resuming.
+            self._seek_floor[tp] = offset
+            self._consumer.pause([_ktp(tp)])
+            self._consumer.seek(_ktp(tp, offset))
+            return
+        self.last_input_s = record.consumed_at_s
+        self._metrics.consumed.labels(topic).inc()
+        if flow.pause:
+            self._consumer.pause([_ktp(t) for t in flow.pause])
+
+    def _drain_control(self) -> None:
+        while True:
+            try:
+                item = self._control.get_nowait()
+            except queue.Empty:
+                return
+            if item == "stop_fetching":
+                self._fetching = False
+                if self.assigned:
+                    self._consumer.pause([_ktp(tp) for tp in self.assigned])
+                continue
+            assert isinstance(item, FlowControl)
+            resume = [_ktp(tp) for tp in item.resume if tp in self._generations]
+            if resume and self._fetching:
+                self._consumer.resume(resume)
+
+    # -- commits ---------------------------------------------------------------------------
+    def _commit(self, synchronous: bool, only: set[TopicPartition] | None = None) -> None:
+        candidates = self._tracker.commit_candidates()
+        if only is not None:
+            candidates = {tp: o for tp, o in candidates.items() if tp in only}
+        if not candidates:
+            return
+        offsets = [_ktp(tp, offset) for tp, offset in candidates.items()]
+        self._tracker.mark_committed(candidates)
+        try:
+            result = self._consumer.commit(offsets=offsets, asynchronous=not synchronous)
+        except KafkaException as exc:
+            self._commit_failed(candidates, exc)
+            return
+        if synchronous and result is not None:
+            self._on_commit(None, result)
+
+    def _commit_failed(self, candidates: dict[TopicPartition, int], exc: object) -> None:
+        # Counted and retried on the next cycle, never fatal (e.g. REBALANCE_IN_PROGRESS).
+        self._metrics.commit_failures.inc()
+        self._tracker.forget_committed(candidates)
+        log.warning("commit failed", error=str(exc), partitions=len(candidates))
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
+        failed = {
+            TopicPartition(p.topic, p.partition): p.offset
+            for p in partitions
+            if err is not None or p.error is not None
+        }
+        if failed:
+            self._commit_failed(failed, err or partitions[0].error)
+        if len(failed) < len(partitions):
+            self._metrics.commits.inc()
+
+    # -- rebalance callbacks (run on the source thread, inside consume) ----------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        generations = self._tracker.assign(tps)
+        self._generations.update(generations)
+        for tp in tps:
+            self._seek_floor.pop(tp, None)
+            lane = self._lanes[tp.topic]
+            with lane.cond:
+                lane.buffers.assign([tp])
+        self.assigned = self.assigned | set(tps)
+        self.ever_assigned = True
+        self.last_rebalance_s = time.monotonic()
+        consumer.incremental_assign(partitions)
+        if self._fetching:
+            consumer.resume(partitions)
+        else:
+            consumer.pause(partitions)
+        log.info("partitions assigned", partitions=[f"{t.topic}[{t.partition}]" for t in tps])
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        limits = {}
+        for tp in tps:
+            lane = self._lanes.get(tp.topic)
+            if lane is None:
+                continue
+            with lane.cond:
+                dropped = lane.buffers.revoke([tp]).get(tp, [])
+                lane.cond.notify_all()
+            limits[tp] = len(dropped)
+        drained = self._tracker.wait_until(limits, self._config.revoke_timeout_s)
+        if not drained:
+            log.warning(
+                "revoke budget exceeded; committing what is done",
+                timeout_s=self._config.revoke_timeout_s,
+            )
+        self._commit(synchronous=True, only=set(tps))
+        self._forget(tps)
+        consumer.incremental_unassign(partitions)
+        log.info("partitions revoked", partitions=[f"{t.topic}[{t.partition}]" for t in tps])
+
+    def _on_lost(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        for tp in tps:
+            lane = self._lanes.get(tp.topic)
+            if lane is not None:
+                with lane.cond:
+                    lane.buffers.revoke([tp])
+        self._forget(tps)
+        consumer.incremental_unassign(partitions)
+        log.warning("partitions lost", partitions=[f"{t.topic}[{t.partition}]" for t in tps])
+
+    def _forget(self, tps: list[TopicPartition]) -> None:
+        self._tracker.revoke(tps)
+        for tp in tps:
+            self._generations.pop(tp, None)
+            self._seek_floor.pop(tp, None)
+            with contextlib.suppress(Exception):
+                self._metrics.ring_fill.remove(tp.topic, str(tp.partition))
+        self.assigned = self.assigned - set(tps)
+        self.last_rebalance_s = time.monotonic()

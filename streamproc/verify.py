@@ -1,0 +1,190 @@
+"""Verify a run from the broker's point of view: missing/duplicate results, commits, latency.
+
+Reads the whole input, output and dead-letter topics (``isolation.level=read_committed``) and
+the consumer group's committed offsets. Every input record is identified by its source
+coordinates (topic, partition, offset), which every result and dead-letter record carries in its
+``streamproc.source.*`` headers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.sink import H_OFFSET, H_PARTITION, H_TOPIC
+
+Coord = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class TopicDump:
+    """Every record of a topic: value, key, headers and timestamp (ms) per (partition, offset)."""
+
+    records: dict[tuple[int, int], tuple[bytes | None, bytes | None, dict[str, bytes], int]]
+    end_offsets: dict[int, int]
+
+
+def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> TopicDump:
+    """Read ``topic`` from the beginning to its current end (read_committed)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"streamproc-verify-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        if metadata.error is not None:
+            return TopicDump({}, {})
+        partitions = sorted(metadata.partitions)
+        ends = {}
+        for partition in partitions:
+            _, high = consumer.get_watermark_offsets(
+                KafkaTopicPartition(topic, partition), timeout=timeout_s
+            )
+            ends[partition] = high
+        todo = {p for p in partitions if ends[p] > 0}
+        consumer.assign([KafkaTopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        records: dict[tuple[int, int], tuple[bytes | None, bytes | None, dict[str, bytes], int]]
+        records = {}
+        idle_polls = 0
+        while todo and idle_polls < int(timeout_s / 0.5):
+            message = consumer.poll(0.5)
+            if message is None:
+                idle_polls += 1
+                continue
+            if message.error() is not None:
+                if message.partition() is not None and message.offset() >= ends.get(
+                    message.partition(), 0
+                ):
+                    todo.discard(message.partition())
+                continue
+            headers = {k: v for k, v in (message.headers() or [])}
+            records[(message.partition(), message.offset())] = (
+                message.key(),
+                message.value(),
+                headers,
+                message.timestamp()[1],
+            )
+            if message.offset() + 1 >= ends[message.partition()]:
+                todo.discard(message.partition())
+        return TopicDump(records, ends)
+    finally:
+        consumer.close()
+
+
+def committed_offsets(
+    bootstrap_servers: str, group_id: str, topic: str, partitions: list[int]
+) -> dict[int, int]:
+    """The group's committed offset per partition (-1001 = none)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group_id})
+    try:
+        got = consumer.committed([KafkaTopicPartition(topic, p) for p in partitions], timeout=30)
+        return {tp.partition: tp.offset for tp in got}
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Verdict:
+    """The outcome of :func:`verify` for one input topic."""
+
+    topic: str
+    inputs: int
+    results: int
+    dead_lettered: int
+    missing: list[Coord]
+    duplicates: int
+    committed: dict[int, int]
+    end_offsets: dict[int, int]
+    latencies_ms: list[float] = field(default_factory=list)
+    examples: list[bytes] = field(default_factory=list)
+
+    @property
+    def committed_equals_end(self) -> bool:
+        return all(
+            self.committed.get(p, -1) == end for p, end in self.end_offsets.items() if end > 0
+        )
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and self.duplicates == 0 and self.committed_equals_end
+
+    def latency_percentiles(self) -> dict[str, float]:
+        if not self.latencies_ms:
+            return {}
+        values = np.asarray(self.latencies_ms)
+        return {f"p{q}": float(np.percentile(values, q)) for q in (50, 95, 99)}
+
+
+def _source_coord(headers: dict[str, bytes]) -> Coord | None:
+    try:
+        return (
+            headers[H_TOPIC].decode(),
+            int(headers[H_PARTITION]),
+            int(headers[H_OFFSET]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def verify(
+    bootstrap_servers: str,
+    input_topic: str,
+    output_topic: str,
+    dlq_topic: str,
+    group_id: str,
+    examples: int = 3,
+) -> Verdict:
+    """Count missing and duplicate results per input record and compare commits with ends."""
+    inputs = read_topic(bootstrap_servers, input_topic)
+    outputs = read_topic(bootstrap_servers, output_topic)
+    dlq = read_topic(bootstrap_servers, dlq_topic)
+    seen: Counter[Coord] = Counter()
+    first_result_ts: dict[Coord, int] = {}
+    example_values: list[bytes] = []
+    for _, value, headers, ts in outputs.records.values():
+        coord = _source_coord(headers)
+        if coord is None or coord[0] != input_topic:
+            continue
+        seen[coord] += 1
+        first_result_ts.setdefault(coord, ts)
+        if len(example_values) < examples and value is not None:
+            example_values.append(value)
+    dead = 0
+    for _, _, headers, _ in dlq.records.values():
+        coord = _source_coord(headers)
+        if coord is not None and coord[0] == input_topic:
+            seen[coord] += 1
+            dead += 1
+    input_coords = [(input_topic, p, o) for (p, o) in inputs.records]
+    missing = [c for c in input_coords if seen[c] == 0]
+    duplicates = sum(seen[c] - 1 for c in input_coords if seen[c] > 1)
+    latencies = [
+        float(first_result_ts[(input_topic, p, o)] - rec[3])
+        for (p, o), rec in inputs.records.items()
+        if (input_topic, p, o) in first_result_ts
+    ]
+    committed = committed_offsets(
+        bootstrap_servers, group_id, input_topic, sorted(inputs.end_offsets)
+    )
+    return Verdict(
+        topic=input_topic,
+        inputs=len(input_coords),
+        results=sum(1 for c in input_coords if c in first_result_ts),
+        dead_lettered=dead,
+        missing=missing,
+        duplicates=duplicates,
+        committed=committed,
+        end_offsets=inputs.end_offsets,
+        latencies_ms=latencies,
+        examples=example_values,
+    )

@@ -1,0 +1,265 @@
+"""The device worker: copy, compute and copy back, with a completion thread polling events.
+
+Per batch, on CUDA (stream ``k mod N``, N >= 2 so copy and compute of consecutive batches
+overlap)::
+
+    slab (pinned, uint8) --H2D non_blocking--> x --model--> outputs --D2H non_blocking--> pinned
+                     copy_event.record()                               done_event.record()
+
+The completion thread polls ``copy_event.query()`` to return the slab to the pool, and
+``done_event.query()`` to hand the host outputs to ``on_result`` in submission order; no thread
+ever synchronises a stream. On CPU the same code runs with ``device="cpu"``: the "copy" is a view,
+the model runs synchronously on the device thread and the events are already complete.
+
+In-flight batches are bounded by the caller (the dispatcher holds a slot per batch until
+``on_result`` returns), and by :attr:`DeviceWorker.max_in_flight` pinned output buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from streamproc.errors import ModelError, RecordError
+from streamproc.records import Batch
+from streamproc.worker.pool import Slab, StagingPool
+from streamproc.workloads.base import ModelFn
+
+
+@dataclass
+class DeviceJob:
+    """A decoded batch: rows ``0..len(batch)-1`` of ``slab`` hold the inputs.
+
+    ``failed`` maps row index -> error for rows whose decode failed (their slab row is zeros and
+    their outputs are ignored).
+    """
+
+    batch: Batch
+    slab: Slab
+    failed: dict[int, RecordError] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceResult:
+    """Host outputs of one batch, handed to ``on_result`` in submission order.
+
+    ``outputs`` are numpy views (n, ...) valid only during the ``on_result`` call; ``error`` is
+    set when the model failed for the whole batch. ``inference_s`` is launch-to-done wall time.
+    """
+
+    batch: Batch
+    outputs: tuple[np.ndarray, ...]
+    failed: dict[int, RecordError]
+    error: ModelError | None
+    inference_s: float
+
+
+class _Done:
+    """An event that has already completed (CPU)."""
+
+    @staticmethod
+    def query() -> bool:
+        return True
+
+
+@dataclass
+class _InFlight:
+    job: DeviceJob
+    copy_event: torch.cuda.Event | _Done
+    done_event: torch.cuda.Event | _Done
+    outputs: tuple[torch.Tensor, ...]
+    out_slot: int
+    started_s: float
+    error: ModelError | None = None
+    slab_released: bool = False
+
+
+class DeviceWorker:
+    """Runs ``model`` over submitted jobs on ``device``.
+
+    Args:
+        model: batch function from the workload.
+        device: torch device (cpu or cuda).
+        pool: the staging pool the job slabs come from.
+        max_in_flight: batches between launch and result delivery (>= 1).
+        streams: CUDA streams to rotate over (ignored on CPU).
+        on_result: called on the completion thread with each :class:`DeviceResult`, in order.
+        on_fatal: called with an exception that stops the worker.
+    """
+
+    def __init__(
+        self,
+        model: ModelFn,
+        device: torch.device,
+        pool: StagingPool,
+        max_in_flight: int,
+        streams: int,
+        on_result: Callable[[DeviceResult], None],
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.pool = pool
+        self.max_in_flight = max_in_flight
+        self.on_result = on_result
+        self.on_fatal = on_fatal
+        self.cuda = device.type == "cuda"
+        self._streams = [torch.cuda.Stream(device) for _ in range(streams)] if self.cuda else []
+        self._jobs: queue.Queue[DeviceJob | None] = queue.Queue(maxsize=max_in_flight)
+        self._inflight: deque[_InFlight] = deque()
+        self._cond = threading.Condition()
+        self._out_bufs: list[tuple[torch.Tensor, ...] | None] = [None] * max_in_flight
+        self._out_free = list(range(max_in_flight))
+        self.output_allocations = 0
+        self.batches = 0
+        self._stopping = False
+        self._threads = [
+            threading.Thread(target=self._guard(self._launch_loop), name="device", daemon=True),
+            threading.Thread(
+                target=self._guard(self._completion_loop), name="completion", daemon=True
+            ),
+        ]
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:
+                self.on_fatal(exc)
+
+        return run
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, job: DeviceJob) -> None:
+        """Queue a decoded batch for the device (blocks while ``max_in_flight`` are queued)."""
+        self._jobs.put(job)
+
+    # -- device thread ---------------------------------------------------------------------
+    def _launch_loop(self) -> None:
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        while (job := self._jobs.get()) is not None:
+            with self._cond:  # bounded in-flight batches: wait for an output slot
+                self._cond.wait_for(lambda: bool(self._out_free))
+                slot = self._out_free.pop()
+            self._inflight_append(self._launch(job, slot))
+
+    def _launch(self, job: DeviceJob, slot: int) -> _InFlight:
+        n = len(job.batch)
+        started_s = time.monotonic()
+        stream = self._streams[self.batches % len(self._streams)] if self.cuda else None
+        self.batches += 1
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        copy_event: torch.cuda.Event | _Done = _Done()
+        done_event: torch.cuda.Event | _Done = _Done()
+        with ctx:
+            x = job.slab.tensor[:n].to(self.device, non_blocking=True)
+            if stream is not None:
+                copy_event = torch.cuda.Event()
+                copy_event.record(stream)
+            try:
+                outputs = self.model(x)
+            except Exception as exc:
+                error = ModelError(f"model failed on batch {job.batch.batch_id}: {exc!r}")
+                return _InFlight(job, copy_event, done_event, (), slot, started_s, error)
+            if any(out.shape[0] != n for out in outputs):
+                error = ModelError(
+                    f"model returned {[tuple(o.shape) for o in outputs]} for {n} rows"
+                )
+                return _InFlight(job, copy_event, done_event, (), slot, started_s, error)
+            host = self._output_buffers(slot, outputs)
+            for dst, src in zip(host, outputs, strict=True):
+                dst[:n].copy_(src, non_blocking=True)
+            if stream is not None:
+                done_event = torch.cuda.Event()
+                done_event.record(stream)
+        return _InFlight(job, copy_event, done_event, host, slot, started_s)
+
+    def _output_buffers(
+        self, slot: int, outputs: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, ...]:
+        rows = self.pool.rows
+        bufs = self._out_bufs[slot]
+        if (
+            bufs is None
+            or any(
+                b.shape[1:] != o.shape[1:] or b.dtype != o.dtype
+                for b, o in zip(bufs, outputs, strict=False)
+            )
+            or len(bufs) != len(outputs)
+        ):
+            bufs = tuple(
+                torch.empty((rows, *o.shape[1:]), dtype=o.dtype, pin_memory=self.cuda)
+                for o in outputs
+            )
+            self.output_allocations += len(bufs)
+            self._out_bufs[slot] = bufs
+        return bufs
+
+    def _inflight_append(self, item: _InFlight) -> None:
+        with self._cond:
+            self._inflight.append(item)
+            self._cond.notify_all()
+
+    # -- completion thread -----------------------------------------------------------------
+    def _completion_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._inflight:
+                    if self._stopping:
+                        return
+                    self._cond.wait(0.1)
+                items = list(self._inflight)
+            for item in items:
+                if not item.slab_released and item.copy_event.query():
+                    self.pool.release(item.job.slab)
+                    item.slab_released = True
+            head = items[0]
+            if not head.done_event.query():
+                time.sleep(0.0002)
+                continue
+            if not head.slab_released:  # the copy event precedes the done event on the stream
+                self.pool.release(head.job.slab)
+                head.slab_released = True
+            n = len(head.job.batch)
+            result = DeviceResult(
+                batch=head.job.batch,
+                outputs=tuple(out[:n].numpy() for out in head.outputs),
+                failed=head.job.failed,
+                error=head.error,
+                inference_s=time.monotonic() - head.started_s,
+            )
+            try:
+                self.on_result(result)
+            finally:
+                with self._cond:
+                    self._inflight.popleft()
+                    self._out_free.append(head.out_slot)
+                    self._cond.notify_all()
+
+    def idle(self) -> bool:
+        """True when no batch is queued or in flight."""
+        with self._cond:
+            return self._jobs.empty() and not self._inflight
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Finish queued batches, then stop both threads (idempotent)."""
+        if self._stopping:
+            return
+        self._jobs.put(None)
+        self._threads[0].join(timeout_s)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._threads[1].join(timeout_s)

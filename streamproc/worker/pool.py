@@ -1,0 +1,98 @@
+"""A fixed pool of host staging buffers (pinned when CUDA is present).
+
+Each buffer ("slab") holds one batch: ``(max_batch_size, *item_shape)`` of ``item_dtype``.
+All slabs are allocated up front; :attr:`StagingPool.allocations` counts every host buffer the
+pool ever allocated, so a test or metric can prove nothing is allocated after warm-up.
+
+Ownership: a slab leased by the dispatcher belongs to it while decode writes into it, then to the
+device worker, which returns it (:meth:`StagingPool.release`) only after the event recorded
+after the slab's host-to-device copy has completed.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(eq=False)
+class Slab:
+    """One staging buffer.
+
+    Attributes:
+        index: position in the pool.
+        tensor: torch view (pinned when the pool is pinned), shape (rows, *item_shape).
+        array: numpy view of the same memory, written by decode.
+    """
+
+    index: int
+    tensor: torch.Tensor
+    array: np.ndarray
+
+
+class StagingPool:
+    """``count`` slabs of ``(rows, *item_shape)`` elements.
+
+    Args:
+        count: number of slabs (bounds batches between decode and copy completion).
+        rows: rows per slab (the maximum batch size).
+        item_shape: shape of one row.
+        dtype: numpy dtype of the rows.
+        pin: allocate page-locked memory (needs CUDA).
+    """
+
+    def __init__(
+        self,
+        count: int,
+        rows: int,
+        item_shape: tuple[int, ...],
+        dtype: np.dtype,
+        pin: bool,
+    ) -> None:
+        torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        self.pinned = pin
+        self.rows = rows
+        self.allocations = 0
+        self.slab_bytes = rows * int(np.prod(item_shape)) * np.dtype(dtype).itemsize
+        self._slabs: list[Slab] = []
+        for index in range(count):
+            tensor = torch.empty((rows, *item_shape), dtype=torch_dtype, pin_memory=pin)
+            self.allocations += 1
+            self._slabs.append(Slab(index, tensor, tensor.numpy()))
+        self._free = list(reversed(self._slabs))
+        self._leased: set[int] = set()
+        self._cond = threading.Condition()
+
+    @property
+    def capacity(self) -> int:
+        return len(self._slabs)
+
+    @property
+    def in_use(self) -> int:
+        with self._cond:
+            return len(self._leased)
+
+    def lease(self, timeout_s: float | None = None) -> Slab | None:
+        """Take a free slab, waiting up to ``timeout_s`` (None: forever); None on timeout."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self._free), timeout=timeout_s):
+                return None
+            slab = self._free.pop()
+            self._leased.add(slab.index)
+            return slab
+
+    def release(self, slab: Slab) -> None:
+        """Return a leased slab.
+
+        Raises:
+            ValueError: the slab is not leased from this pool (double release).
+        """
+        with self._cond:
+            if slab.index not in self._leased or self._slabs[slab.index] is not slab:
+                raise ValueError(f"slab {slab.index} released but not leased")
+            self._leased.discard(slab.index)
+            self._free.append(slab)
+            self._cond.notify()

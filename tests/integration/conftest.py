@@ -1,0 +1,72 @@
+"""Integration helpers: unique topics per test, config builder, output counting."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.admin import ensure_topics
+from streamproc.config import Config, load_config
+
+
+@dataclass(frozen=True)
+class Topics:
+    input: str
+    output: str
+    dlq: str
+    group: str
+
+
+@pytest.fixture
+def topics(bootstrap_servers: str) -> Topics:
+    suffix = uuid.uuid4().hex[:8]
+    t = Topics(f"frames.{suffix}", f"labels.{suffix}", f"frames.{suffix}.dlq", f"g-{suffix}")
+    ensure_topics(bootstrap_servers, {t.input: 3, t.output: 3, t.dlq: 1})
+    return t
+
+
+def make_config(bootstrap: str, t: Topics, **overrides: Any) -> Config:
+    data: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": t.group, "commit_interval_ms": 200},
+        "pipelines": [
+            {
+                "name": "frames",
+                "input_topic": t.input,
+                "output_topic": t.output,
+                "workload": "video",
+            }
+        ],
+        "metrics": {"port": 0},
+        "batching": {"max_batch_size": 4, "max_wait_ms": 10},
+    }
+    data.update(overrides)
+    return load_config(overrides=data)
+
+
+def end_offset_total(bootstrap: str, topic: str) -> int:
+    """Sum of the topic's high watermarks (records written so far)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(
+            consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=10)[1]
+            for p in parts
+        )
+    finally:
+        consumer.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` until true; fail the test after ``timeout_s``."""
+    deadline_s = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline_s:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.2)

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from streamproc.config import load_config
+from streamproc.errors import ConfigError
+
+PIPELINE = {"name": "f", "input_topic": "in", "output_topic": "out", "workload": "video"}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_file_and_defaults(tmp_path: Path) -> None:
+    cfg = load_config(
+        write(
+            tmp_path,
+            """
+kafka: {bootstrap_servers: "127.0.0.1:9092", group_id: g}
+pipelines:
+  - {name: frames, input_topic: video.frames, output_topic: video.labels, workload: video}
+processing_guarantee: at_least_once
+""",
+        )
+    )
+    assert cfg.kafka.group_id == "g"
+    assert cfg.pipelines[0].dead_letter_topic == "video.frames.dlq"
+    assert cfg.batching.max_wait_ms == 20.0
+    with pytest.raises(ValidationError):  # frozen
+        cfg.kafka.group_id = "x"  # type: ignore[misc]
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMPROC_BATCHING__MAX_WAIT_MS", "5")
+    monkeypatch.setenv("STREAMPROC_KAFKA__GROUP_ID", "from-env")
+    cfg = load_config(
+        write(
+            tmp_path,
+            "kafka: {group_id: g}\nbatching: {max_batch_size: 8}\n"
+            "pipelines: [{name: f, input_topic: i, output_topic: o, "
+            "workload: video}]\n",
+        )
+    )
+    assert cfg.batching.max_wait_ms == 5.0
+    assert cfg.batching.max_batch_size == 8
+    assert cfg.kafka.group_id == "from-env"
+
+
+def test_unknown_key_names_key_and_allowed_keys() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"pipelines": [PIPELINE], "batching": {"max_wait": 5}})
+    assert "batching.max_wait" in str(err.value)
+    assert "max_wait_ms" in str(err.value)
+
+
+def test_bad_enum_names_allowed_values() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"pipelines": [PIPELINE], "processing_guarantee": "twice"})
+    assert "processing_guarantee" in str(err.value)
+    assert "at_least_once" in str(err.value) and "'twice'" in str(err.value)
+
+
+def test_unknown_workload_and_bad_watermarks_fail_at_start() -> None:
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.workload.*allowed"):
+        load_config(overrides={"pipelines": [{**PIPELINE, "workload": "audio"}]})
+    with pytest.raises(ConfigError, match="low_watermark"):
+        load_config(
+            overrides={
+                "pipelines": [PIPELINE],
+                "buffers": {"high_watermark": 0.3, "low_watermark": 0.5},
+            }
+        )
+
+
+def test_missing_pipelines_and_unset_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="pipelines"):
+        load_config(overrides={})
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    cfg = load_config(overrides={"pipelines": [PIPELINE]})
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap_servers"):
+        _ = cfg.bootstrap_servers
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "h:1")
+    assert cfg.bootstrap_servers == "h:1"
+    assert (
+        load_config(overrides={"pipelines": [PIPELINE]}, bootstrap="b:2").bootstrap_servers == "b:2"
+    )
+
+
+def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, "kafka: [unclosed"))
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config(tmp_path / "absent.yaml")
