@@ -19,7 +19,8 @@ all: test
 
 deps: $(DEPS)/.complete
 
-$(DEPS)/.complete: requirements.lock
+# No file prerequisite: the folder name already carries the hash of requirements.lock.
+$(DEPS)/.complete:
 	@echo "building the shared dependency environment $(DEPS) (first time only) ..."
 	rm -rf "$(DEPS).partial"
 	$(PYTHON) -m venv "$(DEPS).partial"
@@ -38,8 +39,10 @@ $(STAMP): $(DEPS)/.complete pyproject.toml
 	$(PYTHON) -m venv --without-pip $(VENV)
 	echo "import site; site.addsitedir('$$(ls -d $(DEPS)/lib/python*/site-packages)')" \
 	  > "$$(ls -d $(VENV)/lib/python*/site-packages)/streamproc-deps.pth"
-	"$(DEPS)/bin/python" -m pip --python $(PY) install --quiet --no-deps --no-build-isolation \
-	  --editable .
+	PYTHONWARNINGS=ignore "$(DEPS)/bin/python" -m pip --python $(PY) install --quiet --no-deps \
+	  --no-build-isolation --editable . 2>&1 | grep -v -e '^ *$$' -e Warning -e '!!' -e '\*\*\*' \
+	  -e 'Please be careful' -e 'name as your package' -e 'with strategy' || true
+	$(PY) -c "import streamproc"
 	touch $@
 
 kafka-jars: venv
