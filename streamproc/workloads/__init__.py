@@ -1,47 +1,81 @@
 """Workloads: codec + model per kind of message, selected by name in config.
 
-``load_workload(spec)`` accepts a built-in name (``video``) or ``package.module:factory`` (a
-callable returning a :class:`~streamproc.workloads.base.Workload`, called with the pipeline's
-``options`` as keyword arguments).
+``load_workload(spec, options)`` accepts:
+
+* a built-in name: ``video``, ``iot``, ``trades``;
+* a TorchScript file path ending in ``.pt`` or ``.ts``, or a ``torch.export`` program saved
+  as ``.pt2`` (generic JSON-array codec; options ``input_shape`` and ``dtype``);
+* ``package.module:factory``: a callable returning a :class:`~streamproc.workloads.base.Workload`,
+  called with the pipeline's ``options`` as keyword arguments. The working directory is
+  importable, as with ``python -m``.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 from streamproc.errors import ConfigError
 from streamproc.workloads.base import Encoded, ModelFn, Workload
 
-__all__ = ["Encoded", "ModelFn", "Workload", "load_workload"]
+__all__ = ["BUILTIN", "Encoded", "ModelFn", "Workload", "load_workload"]
+
+BUILTIN = ("video", "iot", "trades")
+
+
+def _builtin(name: str) -> type[Workload]:
+    if name == "video":
+        from streamproc.workloads.video import VideoWorkload
+
+        return VideoWorkload
+    if name == "iot":
+        from streamproc.workloads.iot import IotWorkload
+
+        return IotWorkload
+    from streamproc.workloads.trades import TradesWorkload
+
+    return TradesWorkload
 
 
 def load_workload(spec: str, options: dict[str, Any] | None = None) -> Workload:
     """Instantiate the workload named by ``spec``.
 
     Raises:
-        ConfigError: unknown name, unimportable module, or a factory that does not return a
-            Workload.
+        ConfigError: unknown name, missing file, unimportable module, bad options, or a factory
+            that does not return a Workload.
     """
-    options = options or {}
-    if spec == "video":
-        from streamproc.workloads.video import VideoWorkload
+    options = dict(options or {})
+    try:
+        if spec in BUILTIN:
+            return _builtin(spec)(**options)
+        if spec.endswith((".pt", ".ts", ".pt2")):
+            from streamproc.workloads.torchscript import TorchScriptWorkload
 
-        return VideoWorkload(**options)
-    if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"pipelines.workload: cannot load {spec!r}: {exc}") from exc
-        workload = factory(**options)
-        if not isinstance(workload, Workload):
-            raise ConfigError(
-                f"pipelines.workload: {spec!r} returned {type(workload).__name__}, "
-                "expected a streamproc.workloads.Workload"
-            )
-        return workload
+            return TorchScriptWorkload(spec, **options)
+        if ":" in spec:
+            return _from_factory(spec, options)
+    except TypeError as exc:
+        raise ConfigError(f"pipelines.options for {spec!r}: {exc}") from exc
     raise ConfigError(
-        f"pipelines.workload: unknown workload {spec!r}; allowed: 'video' or "
-        "'package.module:factory'"
+        f"pipelines.workload: unknown workload {spec!r}; allowed: one of {list(BUILTIN)}, "
+        "a TorchScript (*.pt, *.ts) or torch.export (*.pt2) file path or 'package.module:factory'"
     )
+
+
+def _from_factory(spec: str, options: dict[str, Any]) -> Workload:
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"pipelines.workload: cannot load {spec!r}: {exc}") from exc
+    workload = factory(**options)
+    if not isinstance(workload, Workload):
+        raise ConfigError(
+            f"pipelines.workload: {spec!r} returned {type(workload).__name__}, "
+            "expected a streamproc.workloads.Workload"
+        )
+    return workload

@@ -43,9 +43,12 @@ class Workload:
         name: workload name used in config and metrics.
         item_shape: shape of one decoded row.
         item_dtype: numpy dtype of one decoded row.
+        default_priority: ``high``, ``normal`` or ``low``; the replay stamps it into the
+            ``priority`` header (latency-critical trades high, IoT normal, video low).
     """
 
     name: str = "workload"
+    default_priority: str = "normal"
     item_shape: tuple[int, ...] = ()
     item_dtype: np.dtype = np.dtype(np.uint8)
 

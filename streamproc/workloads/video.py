@@ -125,6 +125,7 @@ class VideoWorkload(Workload):
     name = "video"
     item_shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
     item_dtype = np.dtype(np.uint8)
+    default_priority = "low"
 
     def __init__(self) -> None:
         self.categories = imagenet_categories()

@@ -1,0 +1,232 @@
+"""Trades workload: one trade per message -> risk/anomaly score + features.
+
+Data: real daily OHLCV bars of AAPL, GOOG, IBM and MSFT (2000-2013, public domain, Quandl WIKI
+prices) shipped in ``bokeh-sampledata``. Real intraday ticks are not available offline, so each
+bar is expanded deterministically into :data:`TRADES_PER_BAR` trades: prices open, then low and
+high (in the order that matches the bar's direction), then close; each trade carries a quarter
+of the day's volume; side is the tick direction (the first trade against the previous close);
+times are synthesised at 14:30 UTC + 0/130/260/390 minutes. Prices and volumes are real,
+intra-bar timing is synthesised.
+
+Message value (JSON)::
+
+    {"trade_id": "AAPL-2000-03-02-1", "symbol": "AAPL", "ts_ms": 951993000000,
+     "price": 127.0, "size": 694775, "side": "buy",
+     "prev_close": 130.31, "adv_20": 9616100.0}
+
+``prev_close`` and ``adv_20`` (mean daily volume of the previous 20 sessions) are the reference
+fields a market-data feed carries with each trade; they make every message scorable on its own.
+
+Model: a small MLP autoencoder over the standardised features
+``[log(price/prev_close), log(size*4/adv_20), side, side*log(price/prev_close)]``, trained on
+bars before 2010-07-01 (``scripts/train_trades.py``, seed 0; weights in
+``weights/trades_autoencoder.pt``). Score = reconstruction error; ``anomaly`` at the 99th
+percentile of held-out scores.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+import torch
+from pydantic import BaseModel, Field, ValidationError
+
+from streamproc.errors import DecodeError
+from streamproc.records import Record
+from streamproc.workloads.base import Encoded, ModelFn, Workload
+from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
+
+TRADES_PER_BAR = 4
+FEATURES = 4
+WEIGHTS = Path(__file__).parent / "weights" / "trades_autoencoder.pt"
+SPLIT_DATE = "2010-07-01"
+
+
+class TradeMessage(BaseModel):
+    """The trade message schema (validated with pydantic)."""
+
+    trade_id: str | None = None
+    symbol: str = Field(min_length=1)
+    ts_ms: int
+    price: float = Field(gt=0)
+    size: int = Field(gt=0)
+    side: Literal["buy", "sell"]
+    prev_close: float = Field(gt=0)
+    adv_20: float = Field(gt=0)
+
+
+def features(price: float, size: float, side: str, prev_close: float, adv_20: float) -> list[float]:
+    """The model's raw feature row (see the module docstring)."""
+    ret = math.log(price / prev_close)
+    sign = 1.0 if side == "buy" else -1.0
+    return [ret, math.log(size * TRADES_PER_BAR / adv_20), sign, sign * ret]
+
+
+class Autoencoder(torch.nn.Module):
+    """(n, 4) standardised features -> reconstruction (n, 4)."""
+
+    def __init__(self, hidden: int = 16, code: int = 2) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(FEATURES, hidden),
+            torch.nn.Tanh(),
+            torch.nn.Linear(hidden, code),
+            torch.nn.Tanh(),
+            torch.nn.Linear(code, hidden),
+            torch.nn.Tanh(),
+            torch.nn.Linear(hidden, FEATURES),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def score(
+    model: Autoencoder, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
+) -> torch.Tensor:
+    """Per-row mean squared reconstruction error of standardised features: (n, 4) -> (n,)."""
+    z = (x - mean) / std
+    return (model(z) - z).pow(2).mean(dim=1)
+
+
+def expand_bar(bar: Bar, prev_close: float, adv_20: float) -> list[dict[str, Any]]:
+    """The deterministic trades of one daily bar (see the module docstring)."""
+    middle = (bar.low, bar.high) if bar.close >= bar.open else (bar.high, bar.low)
+    prices = (bar.open, *middle, bar.close)
+    base = bar.volume // TRADES_PER_BAR
+    sizes = [base] * (TRADES_PER_BAR - 1) + [bar.volume - base * (TRADES_PER_BAR - 1)]
+    day = dt.datetime.fromisoformat(bar.date).replace(hour=14, minute=30, tzinfo=dt.UTC)
+    trades = []
+    last = prev_close
+    for k, (price, size) in enumerate(zip(prices, sizes, strict=True)):
+        side = "buy" if price >= last else "sell"
+        last = price
+        trades.append(
+            {
+                "trade_id": f"{bar.symbol}-{bar.date}-{k}",
+                "symbol": bar.symbol,
+                "ts_ms": int((day + dt.timedelta(minutes=130 * k)).timestamp() * 1000),
+                "price": price,
+                "size": max(1, size),
+                "side": side,
+                "prev_close": prev_close,
+                "adv_20": adv_20,
+            }
+        )
+    return trades
+
+
+def all_trades(symbols: tuple[str, ...] = STOCK_SYMBOLS) -> list[dict[str, Any]]:
+    """Every trade of every symbol, interleaved by time (then symbol)."""
+    out = []
+    for symbol in symbols:
+        bars = stock_bars()[symbol]
+        for i in range(1, len(bars)):
+            window = bars[max(0, i - 20) : i]
+            adv_20 = sum(b.volume for b in window) / len(window)
+            if adv_20 <= 0 or bars[i].volume <= 0:
+                continue
+            out.extend(expand_bar(bars[i], bars[i - 1].close, adv_20))
+    out.sort(key=lambda t: (t["ts_ms"], t["symbol"]))
+    return out
+
+
+def load_checkpoint(device: torch.device) -> tuple[Autoencoder, dict[str, Any]]:
+    """The trained model (eval mode, on ``device``) and its metadata."""
+    checkpoint = torch.load(WEIGHTS, map_location="cpu", weights_only=True)
+    model = Autoencoder()
+    model.load_state_dict(checkpoint["state_dict"])
+    return model.eval().to(device), checkpoint
+
+
+class TradesWorkload(Workload):
+    """Score trades with the trained autoencoder.
+
+    Row: (4,) float32 raw features. Model outputs: score (n,) float32, anomaly flag (n,) bool.
+    """
+
+    name = "trades"
+    item_shape = (FEATURES,)
+    item_dtype = np.dtype(np.float32)
+    default_priority = "high"
+
+    def __init__(self) -> None:
+        self.threshold = float(
+            torch.load(WEIGHTS, map_location="cpu", weights_only=True)["threshold"]
+        )
+
+    def decode(self, record: Record, out: np.ndarray) -> None:
+        if record.value is None:
+            raise DecodeError("tombstone record: value is null")
+        if not record.value:
+            raise DecodeError("empty value")
+        try:
+            trade = TradeMessage.model_validate_json(record.value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            kind = "malformed JSON" if first["type"] == "json_invalid" else "schema"
+            where = ".".join(map(str, first["loc"])) or "<root>"
+            raise DecodeError(f"{kind}: {first['msg']} at {where}") from exc
+        out[...] = features(trade.price, trade.size, trade.side, trade.prev_close, trade.adv_20)
+
+    def build_model(self, device: torch.device) -> ModelFn:
+        model, checkpoint = load_checkpoint(device)
+        mean = checkpoint["mean"].to(device)
+        std = checkpoint["std"].to(device)
+        threshold = torch.tensor(checkpoint["threshold"], device=device)
+
+        @torch.inference_mode()
+        def run(batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            s = score(model, batch, mean, std)
+            return s, s > threshold, batch
+
+        return run
+
+    def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        value_score, flag, feats = outputs
+        head = orjson.loads(record.value or b"{}")
+        value = orjson.dumps(
+            {
+                "trade_id": head.get("trade_id"),
+                "symbol": head.get("symbol"),
+                "ts_ms": head.get("ts_ms"),
+                "score": float(value_score),
+                "anomaly": bool(flag),
+                "threshold": self.threshold,
+                "features": {
+                    "log_return_vs_prev_close": float(feats[0]),
+                    "log_size_vs_adv": float(feats[1]),
+                    "side": int(feats[2]),
+                },
+                "model": "trades autoencoder (daily OHLCV 2000-2010)",
+                "source": {
+                    "topic": record.tp.topic,
+                    "partition": record.tp.partition,
+                    "offset": record.offset,
+                },
+            }
+        )
+        return Encoded(value)
+
+
+def trade_messages() -> Iterator[tuple[bytes, bytes]]:
+    """Endless distinct (key=symbol, value) trade messages; looped passes get new trade ids."""
+    trades = all_trades()
+    loop = 0
+    while True:
+        for trade in trades:
+            if loop:
+                trade = {**trade, "trade_id": f"{trade['trade_id']}-r{loop}"}
+            yield trade["symbol"].encode(), orjson.dumps(trade)
+        loop += 1
+
+
+def recording_size() -> int:
+    """Distinct trade messages in one pass."""
+    return len(all_trades())

@@ -1,0 +1,83 @@
+"""The plug-in API: built-in names, TorchScript files and module:factory from config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import torch
+
+from streamproc.errors import ConfigError, DecodeError
+from streamproc.records import Record, TopicPartition
+from streamproc.workloads import BUILTIN, Workload, load_workload
+
+TP = TopicPartition("t", 0)
+
+
+def record(value: bytes | None) -> Record:
+    return Record(TP, 0, b"k", value, (), 0, 0.0, 1)
+
+
+def test_builtins_have_priorities() -> None:
+    priorities = {name: load_workload(name).default_priority for name in BUILTIN}
+    assert priorities == {"video": "low", "iot": "normal", "trades": "high"}
+
+
+class Scale(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, x.sum(dim=1)
+
+
+def test_torchscript_file_runs_with_json_array_codec(tmp_path: Path) -> None:
+    path = tmp_path / "scale.pt"
+    torch.jit.save(torch.jit.script(Scale()), str(path))
+    workload = load_workload(str(path), {"input_shape": [3]})
+    rows = np.zeros((2, 3), dtype=np.float32)
+    workload.decode(record(b"[1, 2, 3]"), rows[0])
+    workload.decode(record(b"[0.5, 0, 0]"), rows[1])
+    doubled, total = workload.build_model(torch.device("cpu"))(torch.from_numpy(rows))
+    assert total.tolist() == [6.0, 0.5]
+    doc = orjson.loads(
+        workload.encode(record(b"[1,2,3]"), (doubled[0].numpy(), total[0].numpy())).value
+    )
+    assert doc["outputs"] == [[2.0, 4.0, 6.0], 6.0]
+    with pytest.raises(DecodeError, match="shape"):
+        workload.decode(record(b"[1, 2]"), rows[0])
+    with pytest.raises(DecodeError, match="malformed JSON"):
+        workload.decode(record(b"[1, 2"), rows[0])
+
+
+def test_torch_export_program_runs(tmp_path: Path) -> None:
+    path = tmp_path / "scale.pt2"
+    torch.export.save(torch.export.export(Scale(), (torch.zeros(2, 3),)), str(path))
+    workload = load_workload(str(path), {"input_shape": [3]})
+    rows = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0]])
+    _, total = workload.build_model(torch.device("cpu"))(rows)
+    assert total.tolist() == [6.0, 1.0]
+
+
+def test_example_user_pipeline_loads_by_name() -> None:
+    workload = load_workload("examples.zscore:make_workload", {"window": 4, "threshold": 2.0})
+    assert isinstance(workload, Workload) and workload.item_shape == (4,)
+    rows = np.zeros((2, 4), dtype=np.float32)
+    workload.decode(record(b'{"sensor": "a", "values": [1, 1.1, 0.9, 1.0]}'), rows[0])
+    workload.decode(record(b'{"sensor": "a", "values": [1, 1.1, 0.9, 9.0]}'), rows[1])
+    _, alert = workload.build_model(torch.device("cpu"))(torch.from_numpy(rows))
+    assert alert.tolist() == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("spec", "options", "match"),
+    [
+        ("audio", {}, "allowed"),
+        ("/nonexistent/model.pt", {"input_shape": [2]}, "does not exist"),
+        ("examples.nope:make", {}, "cannot load"),
+        ("examples.zscore:make_workload", {"bogus": 1}, "options"),
+        ("json:JSONDecoder", {}, "expected a streamproc.workloads.Workload"),
+    ],
+)
+def test_bad_workload_specs_fail_at_start_up(spec: str, options: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_workload(spec, options)
