@@ -1,33 +1,83 @@
-"""Topic administration with confluent-kafka's AdminClient."""
+"""Topic administration with confluent-kafka's AdminClient; Kafka errors become BrokerError."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+
+from streamproc.errors import BrokerError
+
+
+def _admin(bootstrap_or_config: str | dict[str, Any]) -> tuple[AdminClient, str]:
+    config = (
+        {"bootstrap.servers": bootstrap_or_config}
+        if isinstance(bootstrap_or_config, str)
+        else dict(bootstrap_or_config)
+    )
+    return AdminClient(config), str(config.get("bootstrap.servers"))
+
+
+def cluster_metadata(
+    bootstrap_or_config: str | dict[str, Any], timeout_s: float = 30
+) -> ClusterMetadata:
+    """Topic and broker metadata.
+
+    Raises:
+        BrokerError: the cluster did not answer within ``timeout_s`` seconds.
+    """
+    admin, where = _admin(bootstrap_or_config)
+    try:
+        return admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise BrokerError(
+            f"cannot reach Kafka at {where} within {timeout_s:.0f} s: {exc.args[0].str()}"
+        ) from None
 
 
 def ensure_topics(
-    bootstrap_servers: str, partitions: dict[str, int], timeout_s: float = 30
-) -> None:
-    """Create each topic with the given partition count unless it exists (replication 1 on a
-    single-node cluster, else the broker default).
+    bootstrap_or_config: str | dict[str, Any],
+    partitions: dict[str, int],
+    timeout_s: float = 30,
+) -> list[str]:
+    """Create each topic with the given partition count unless it exists. Replication factor:
+    the number of brokers, at most 3. Returns the topics created.
+
+    Args:
+        bootstrap_or_config: ``host:port`` or AdminClient settings (with security settings).
+        partitions: topic -> partition count (-1: the broker default).
 
     Raises:
-        KafkaException: creation failed for a reason other than "already exists".
+        BrokerError: the cluster is unreachable, or creation failed for a reason other than
+            "already exists" (e.g. not authorised).
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    existing = admin.list_topics(timeout=timeout_s).topics
-    brokers = len(admin.list_topics(timeout=timeout_s).brokers)
+    metadata = cluster_metadata(bootstrap_or_config, timeout_s)
+    admin, where = _admin(bootstrap_or_config)
+    replication = min(len(metadata.brokers), 3) or -1
     todo = [
-        NewTopic(name, num_partitions=count, replication_factor=min(brokers, 3) or -1)
+        NewTopic(name, num_partitions=count, replication_factor=replication)
         for name, count in partitions.items()
-        if name not in existing
+        if name not in metadata.topics
     ]
     if not todo:
-        return
-    for future in admin.create_topics(todo, operation_timeout=timeout_s).values():
+        return []
+    created = []
+    for name, future in admin.create_topics(todo, operation_timeout=timeout_s).items():
         try:
             future.result(timeout_s)
+            created.append(name)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+                raise BrokerError(
+                    f"cannot create topic {name!r} on {where}: {exc.args[0].str()}"
+                ) from None
+    return created
+
+
+def partition_count(metadata: ClusterMetadata, topic: str) -> int | None:
+    """Partitions of ``topic`` in ``metadata``, or None when the topic does not exist."""
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
+        return None
+    return len(found.partitions)

@@ -44,10 +44,24 @@ def kafka_start(
     ),
 ) -> None:
     """Start a local broker in the background; the last line is KAFKA_BOOTSTRAP_SERVERS=..."""
-    from streamproc.kafka_local import LocalKafka, ensure_kafka_jars, read_pid, terminate_pid
+    from streamproc.kafka_local import (
+        LocalKafka,
+        alive,
+        ensure_kafka_jars,
+        read_pid,
+        terminate_pid,
+    )
 
     directory = directory.resolve()
     old = read_pid(directory / "broker.pid")
+    bootstrap_file = directory / "bootstrap"
+    if old is not None and alive(old) and bootstrap_file.exists():
+        typer.echo(
+            f"broker already running (pid {old}); stop it with `streamproc kafka stop "
+            f"--dir {directory}`"
+        )
+        typer.echo(f"KAFKA_BOOTSTRAP_SERVERS={bootstrap_file.read_text().strip()}")
+        return
     if old is not None:
         terminate_pid(old, 20.0)
     try:
@@ -94,7 +108,10 @@ def produce_cmd(
         raise _fail(ValueError(f"workload: unknown {workload!r}; allowed: {list(WORKLOADS)}"))
     if not bootstrap:
         raise _fail(ValueError("no broker: pass --bootstrap or set KAFKA_BOOTSTRAP_SERVERS"))
-    count = produce(workload, topic, bootstrap, partitions, limit, rate)
+    try:
+        count = produce(workload, topic, bootstrap, partitions, limit, rate)
+    except (StreamprocError, RuntimeError) as exc:
+        raise _fail(exc) from exc
     typer.echo(f"produced {count} {workload} messages to {topic}")
 
 
@@ -134,7 +151,10 @@ def run_cmd(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    summary = pipeline.run(exit_when_idle_s=exit_when_idle_s)
+    try:
+        summary = pipeline.run(exit_when_idle_s=exit_when_idle_s)
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
     if summary.error:
         typer.echo(f"error: {summary.error}", err=True)
     raise typer.Exit(summary.exit_code)

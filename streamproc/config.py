@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from streamproc.errors import ConfigError
+from streamproc.logs import SECRET_KEY as _SECRET_KEY
 
 BUILTIN_WORKLOADS = ("video", "iot", "trades")
 Scalar = str | int | float | bool
@@ -30,7 +31,12 @@ class _Section(BaseModel):
 
 
 class KafkaConfig(_Section):
-    """Kafka client settings. ``consumer``/``producer`` pass raw librdkafka keys through."""
+    """Kafka client settings. ``consumer``/``producer`` pass raw librdkafka keys through.
+
+    ``create_topics``: at start-up, create missing output topics (with the input topic's
+    partition count) and dead-letter topics (1 partition). ``startup_timeout_s``: how long to
+    wait for the cluster to answer before failing.
+    """
 
     bootstrap_servers: str | None = None
     group_id: str = Field(default="streamproc", min_length=1)
@@ -39,6 +45,8 @@ class KafkaConfig(_Section):
     poll_timeout_ms: int = Field(default=100, gt=0, le=1000)
     session_timeout_ms: int = Field(default=45_000, gt=0)
     max_poll_interval_ms: int = Field(default=300_000, gt=0)
+    startup_timeout_s: float = Field(default=30.0, gt=0)
+    create_topics: bool = True
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
 
@@ -118,10 +126,13 @@ class WorkerConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    """Prometheus endpoint; ``port: 0`` disables it."""
+    """Prometheus ``/metrics`` and the ``/healthz``, ``/readyz`` probes; ``port: 0`` disables
+    the endpoint (the metrics are still kept in-process)."""
 
     port: int = Field(default=9108, ge=0, le=65535)
     host: str = "0.0.0.0"
+    lag_interval_s: float = Field(default=5.0, gt=0)
+    liveness_timeout_s: float = Field(default=30.0, gt=0)
 
 
 class LoggingConfig(_Section):
@@ -165,12 +176,25 @@ class Config(BaseSettings):
         # Environment overrides the file (passed as init kwargs).
         return (env_settings, init_settings)
 
+    @field_validator("processing_guarantee")
+    @classmethod
+    def _available(cls, value: str) -> str:
+        if value == "exactly_once":
+            raise ValueError(
+                "'exactly_once' is not available in this version yet; allowed now: 'at_least_once'"
+            )
+        return value
+
     @model_validator(mode="after")
     def _checks(self) -> Config:
-        if self.processing_guarantee == "exactly_once":
+        loops = [
+            p.input_topic
+            for p in self.pipelines
+            if p.input_topic in (p.output_topic, p.dead_letter_topic)
+        ]
+        if loops:
             raise ValueError(
-                "processing_guarantee: 'exactly_once' is not available in this version; "
-                "allowed: 'at_least_once'"
+                f"pipelines: output_topic or dlq_topic equals input_topic {loops} (a feedback loop)"
             )
         inputs = [p.input_topic for p in self.pipelines]
         if len(set(inputs)) != len(inputs):
@@ -198,13 +222,22 @@ class Config(BaseSettings):
 
 def _format_error(err: ValidationError) -> str:
     lines = []
-    for item in err.errors():
+    errors = err.errors()
+    nested = {str(e["loc"][0]) for e in errors if len(e["loc"]) > 1}
+    for item in errors:
         key = ".".join(str(part) for part in item["loc"]) or "<root>"
+        if item["type"] == "too_short" and key in nested:
+            continue  # a consequence of an invalid entry, reported on its own line
+        if key == "<root>":  # model-level check: the message names the keys
+            lines.append(item["msg"].removeprefix("Value error, "))
+            continue
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = f"unknown key; allowed: {_allowed_keys(item['loc'])}"
         elif "input" in item and item["type"] not in ("missing",):
-            message = f"{message} (got {item['input']!r})"
+            shown = "***" if _SECRET_KEY.search(key) else repr(item["input"])
+            message = f"{message} (got {shown})"
+        message = message.removeprefix("Value error, ")
         lines.append(f"{key}: {message}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
@@ -226,6 +259,24 @@ def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
+_NOT_CONFIG_ENV = {"STREAMPROC_CONFIG", "STREAMPROC_CACHE_DIR", "STREAMPROC_INSTANCE_ID"}
+
+
+def _check_environment() -> None:
+    """A ``STREAMPROC_<SECTION>__...`` variable must name a real section (typos fail loudly)."""
+    sections = set(Config.model_fields)
+    for name in os.environ:
+        upper = name.upper()
+        if not upper.startswith("STREAMPROC_") or upper in _NOT_CONFIG_ENV:
+            continue
+        section = upper.removeprefix("STREAMPROC_").split("__", 1)[0].lower()
+        if section not in sections:
+            raise ConfigError(
+                f"environment variable {name}: unknown config section {section!r}; "
+                f"allowed: {sorted(sections)}"
+            )
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
@@ -242,10 +293,12 @@ def load_config(
         ConfigError: unreadable file, invalid YAML, or any invalid key (named with allowed values).
     """
     path = path or os.environ.get("STREAMPROC_CONFIG")
+    _check_environment()
     data: dict[str, Any] = {}
     if path:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            with Path(path).open() as handle:  # the file name appears in YAML error marks
+                loaded = yaml.safe_load(handle)
         except OSError as exc:
             raise ConfigError(f"config file {path}: {exc.strerror}") from exc
         except yaml.YAMLError as exc:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -122,6 +123,7 @@ def run_demo(
     broker: LocalKafka | None = None
     bootstrap = bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     run_dir = work_dir or Path(tempfile.mkdtemp(prefix="streamproc-demo-"))
+    passed = False
     try:
         if not bootstrap:
             print(
@@ -196,7 +198,13 @@ def run_demo(
             w: verify(bootstrap, inp, out, f"{inp}.dlq", group_id, examples=2)
             for w, (inp, out) in topics.items()
         }
-        return DemoReport(verdicts, summary, processing_s)
+        report = DemoReport(verdicts, summary, processing_s)
+        passed = report.ok
+        return report
     finally:
         if broker is not None:
             broker.stop()
+        if passed and work_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif broker is not None:
+            print(f"broker files kept for inspection: {run_dir}", flush=True)

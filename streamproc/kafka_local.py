@@ -39,6 +39,7 @@ from streamproc.errors import BrokerError
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"
 _PR_SET_PDEATHSIG = 1
+MARKER = ".streamproc-broker"
 
 _POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -152,7 +153,8 @@ class LocalKafka:
 
     Args:
         run_dir: folder for config, data (``data/``), logs (``logs/server.log``) and the pid file;
-            wiped on start.
+            ``data/`` and ``logs/`` are wiped on start. A non-empty folder that streamproc did
+            not create is refused (BrokerError), so user files are never deleted.
         libs: folder of Kafka jars from :func:`ensure_kafka_jars`.
         own_lifetime: kill the broker when the starting thread dies (tests, demo).
         heap_mb: Java heap size in MiB.
@@ -202,7 +204,9 @@ class LocalKafka:
             BrokerError: the broker exited or did not answer within ``timeout_s``; the message
                 names the log file.
         """
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self._claim_run_dir()
+        for sub in ("data", "logs"):
+            shutil.rmtree(self.run_dir / sub, ignore_errors=True)
         (self.run_dir / "logs").mkdir(parents=True)
         self.port = free_port()
         controller_port = free_port()
@@ -269,6 +273,17 @@ class LocalKafka:
             raise
         return self.bootstrap_servers
 
+    def _claim_run_dir(self) -> None:
+        """Use ``run_dir`` only if it is new, empty, or was made by us (never wipe user files)."""
+        marker = self.run_dir / MARKER
+        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not marker.exists():
+            raise BrokerError(
+                f"{self.run_dir} is not empty and was not created by streamproc; "
+                "choose a new folder for the broker"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text("state folder of a local Apache Kafka broker started by streamproc\n")
+
     def _wait_ready(self, timeout_s: float) -> None:
         from confluent_kafka.admin import AdminClient
 
@@ -319,6 +334,11 @@ def terminate_pid(pid: int, timeout_s: float, proc: subprocess.Popen[bytes] | No
             elif not _alive(pid):
                 return
             time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    return _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -10,34 +10,36 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
-_SECRET_KEY = re.compile(r"(password|secret|token|sasl\.|ssl\.key|\.key$|credential)", re.I)
+SECRET_KEY = re.compile(r"(password|secret|token|sasl\.|ssl\.key|\.key$|credential)", re.I)
 
 
 def redact(settings: dict[str, Any]) -> dict[str, Any]:
     """Return ``settings`` with credential-like values replaced by ``***``."""
-    return {k: ("***" if _SECRET_KEY.search(k) else v) for k, v in settings.items()}
+    return {k: ("***" if SECRET_KEY.search(k) else v) for k, v in settings.items()}
 
 
 def _redact_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key, value in list(event.items()):
         if isinstance(value, dict):
             event[key] = redact(value)
-        elif _SECRET_KEY.search(key):
+        elif SECRET_KEY.search(key):
             event[key] = "***"
     return event
 
 
-def configure(level: str = "info", fmt: str = "auto") -> None:
-    """Configure structlog and the standard library root logger once per process."""
-    json_lines = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
+    """Configure structlog for the process: JSON lines or console lines to ``stream``
+    (default stderr)."""
+    stream = stream or sys.stderr
+    json_lines = fmt == "json" or (fmt == "auto" and not stream.isatty())
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if json_lines
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
     structlog.configure(
         processors=[
@@ -51,8 +53,8 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,  # configure() may come after first use
     )
 
 

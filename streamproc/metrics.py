@@ -6,7 +6,7 @@ process (tests, the demo); :meth:`Metrics.serve` exposes it over HTTP on ``metri
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS_S = (
     0.001,
@@ -114,6 +114,41 @@ class Metrics:
             registry=reg,
         )
 
-    def serve(self, port: int, host: str) -> None:
-        """Expose ``/metrics`` on ``host:port`` from a daemon thread."""
-        start_http_server(port, addr=host, registry=self.registry)
+        self.consumer_lag = Gauge(
+            "streamproc_consumer_lag_messages",
+            "Latest offset minus the next offset the source will deliver",
+            ["topic", "partition"],
+            registry=reg,
+        )
+        self.gpu_utilization = Gauge(
+            "streamproc_gpu_utilization_ratio",
+            "GPU utilisation (0..1, NVML)",
+            ["gpu"],
+            registry=reg,
+        )
+        self.gpu_memory_used = Gauge(
+            "streamproc_gpu_memory_used_bytes",
+            "GPU memory in use (NVML)",
+            ["gpu"],
+            registry=reg,
+        )
+        self._nvml: object | None = None
+
+    def sample_gpu(self) -> None:
+        """Update the GPU gauges from NVML when a GPU and nvidia-ml-py are present."""
+        try:
+            import pynvml
+        except ImportError:
+            return
+        try:
+            if self._nvml is None:
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                self.gpu_utilization.labels(str(index)).set(util.gpu / 100.0)
+                self.gpu_memory_used.labels(str(index)).set(memory.used)
+        except pynvml.NVMLError:
+            return  # no driver / no GPU: the gauges stay absent

@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from streamproc.admin import cluster_metadata, ensure_topics, partition_count
 from streamproc.batcher import Batcher
 from streamproc.buffers import PartitionBuffers
 from streamproc.commit import OffsetTracker
-from streamproc.config import Config
+from streamproc.config import Config, Scalar
 from streamproc.dispatch import Dispatcher
 from streamproc.errors import FatalPipelineError
+from streamproc.health import HealthServer
+from streamproc.lag import LagMonitor
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.results import ResultHandler
@@ -95,6 +98,25 @@ class Pipeline:
             for p in config.pipelines
         }
         self.source = Source(config, self.lanes, self.tracker, self.metrics, self._on_fatal)
+        self.lag = LagMonitor(
+            {"bootstrap.servers": config.bootstrap_servers, **self._security_settings()},
+            config.kafka.group_id,
+            self.source.positions,
+            self.metrics,
+            config.metrics.lag_interval_s,
+            on_tick=self.metrics.sample_gpu,
+        )
+        self.http = (
+            HealthServer(
+                config.metrics.host,
+                config.metrics.port,
+                self.metrics.registry,
+                self.liveness,
+                self.readiness,
+            )
+            if config.metrics.port
+            else None
+        )
         self.workers: list[DeviceWorker] = []
         self.dispatchers: list[Dispatcher] = []
         for spec in config.pipelines:
@@ -163,8 +185,10 @@ class Pipeline:
         """Start every thread (sink, workers, dispatchers, then the source)."""
         if self.state is not State.CREATED:
             raise RuntimeError(f"cannot start a pipeline in state {self.state.value}")
-        if self.config.metrics.port:
-            self.metrics.serve(self.config.metrics.port, self.config.metrics.host)
+        self._prepare_topics()
+        if self.http is not None:
+            self.http.start()
+        self.lag.start()
         self.sink.start()
         for worker in self.workers:
             worker.start()
@@ -178,6 +202,49 @@ class Pipeline:
             topics=[p.input_topic for p in self.config.pipelines],
         )
 
+    def _prepare_topics(self) -> None:
+        """Fail fast when the cluster is unreachable; create missing output and DLQ topics."""
+        admin_config = {
+            "bootstrap.servers": self.config.bootstrap_servers,
+            **self._security_settings(),
+        }
+        timeout_s = self.config.kafka.startup_timeout_s
+        metadata = cluster_metadata(admin_config, timeout_s)
+        if not self.config.kafka.create_topics:
+            return
+        wanted: dict[str, int] = {}
+        for spec in self.config.pipelines:
+            wanted[spec.output_topic] = partition_count(metadata, spec.input_topic) or -1
+            wanted[spec.dead_letter_topic] = 1
+        created = ensure_topics(admin_config, wanted, timeout_s)
+        if created:
+            log.info("created topics", topics=created)
+
+    def _security_settings(self) -> dict[str, Scalar]:
+        return {
+            k: v
+            for k, v in self.config.kafka.consumer.items()
+            if k.startswith(("security.", "sasl.", "ssl.", "client."))
+        }
+
+    def liveness(self) -> tuple[bool, str]:
+        """``/healthz``: the poll loop polled recently (a revoke may hold it for a while)."""
+        limit_s = max(self.config.metrics.liveness_timeout_s, 2 * self.config.revoke_timeout_s)
+        since_s = time.monotonic() - self.source.last_poll_s
+        if self.state is State.CLOSED:
+            return False, "closed"
+        if since_s > limit_s:
+            return False, f"poll loop silent for {since_s:.1f} s (limit {limit_s:.0f} s)"
+        return True, f"polled {since_s:.2f} s ago"
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: running and owning at least one partition."""
+        if self.state is not State.RUNNING:
+            return False, self.state.value
+        if not self.source.assigned:
+            return False, "no partitions assigned"
+        return True, f"{len(self.source.assigned)} partitions assigned"
+
     def idle(self) -> bool:
         """Nothing waiting in rings, nothing in flight, nothing awaiting acknowledgement."""
         return self.tracker.total_pending() == 0 and all(w.idle() for w in self.workers)
@@ -190,7 +257,11 @@ class Pipeline:
         """
         started_s = time.monotonic()
         if self.state is State.CREATED:
-            self.start()
+            try:
+                self.start()
+            except BaseException:
+                self.close()
+                raise
         while not self._stop.wait(0.1):
             if exit_when_idle_s is not None:
                 now_s = time.monotonic()
@@ -206,7 +277,7 @@ class Pipeline:
                     log.info("idle; exiting", idle_s=round(quiet_s, 1))
                     break
         self.close()
-        error = None if self._fatal is None else repr(self._fatal)
+        error = None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}"
         return RunSummary(
             exit_code=0 if self._fatal is None else 1,
             elapsed_s=time.monotonic() - started_s,
@@ -223,9 +294,17 @@ class Pipeline:
             3. let the device workers finish their in-flight batches;
             4. flush the producer, so every acknowledgement reaches the tracker;
             5. commit the final watermarks and close the consumer (leave the group);
-            6. stop the sink and the decode pool.
+            6. stop the lag monitor, the HTTP endpoint, the sink and the decode pool.
         """
         if self.state in (State.CLOSED, State.DRAINING):
+            return
+        if self.state is State.CREATED:  # never started: just release the clients
+            self.source.close(0.0)
+            self.sink.close(1.0)
+            if self.http is not None:
+                self.http.close()
+            self._decode_pool.shutdown(wait=False)
+            self.state = State.CLOSED
             return
         self.state = State.DRAINING
         timeout_s = self.config.shutdown_timeout_s
@@ -245,6 +324,9 @@ class Pipeline:
         # Step 5
         self.source.close(max(1.0, deadline_s - time.monotonic()))
         # Step 6
+        self.lag.close()
+        if self.http is not None:
+            self.http.close()
         self.sink.close(1.0)
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.late_results.inc(self.tracker.late_results)

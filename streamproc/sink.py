@@ -195,6 +195,6 @@ class Sink:
             return
         self.flush(timeout_s)
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.ident is not None:
             self._thread.join(timeout_s)
         self._producer = None  # type: ignore[assignment]  # destroys the librdkafka handle

@@ -81,6 +81,7 @@ class Source:
         self._control: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
         self._generations: dict[TopicPartition, int] = {}
         self._seek_floor: dict[TopicPartition, int] = {}
+        self._positions: dict[TopicPartition, int | None] = {}
         self._stop = threading.Event()
         self._fetching = True
         self.last_poll_s = time.monotonic()
@@ -123,6 +124,10 @@ class Source:
         if flow:
             self._control.put(flow)
 
+    def positions(self) -> dict[TopicPartition, int | None]:
+        """Next offset to deliver per assigned partition (None before its first message)."""
+        return dict(self._positions)
+
     def stop_fetching(self) -> None:
         """Pause every assigned partition; polling (and group membership) continues."""
         self._control.put("stop_fetching")
@@ -130,7 +135,11 @@ class Source:
     def close(self, timeout_s: float) -> None:
         """Commit final watermarks, close the consumer (leaving the group), join the thread."""
         self._stop.set()
-        self._thread.join(timeout_s)
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        else:  # never started
+            with contextlib.suppress(Exception):
+                self._consumer.close()
 
     # -- the source thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -158,9 +167,7 @@ class Source:
             if self.last_poll_s >= next_commit_s:
                 self._commit(synchronous=False)
                 next_commit_s = self.last_poll_s + commit_every_s
-                self._metrics.paused.set(
-                    sum(len(lane.buffers.paused) for lane in self._lanes.values())
-                )
+                self._export_buffer_gauges()
 
     def _handle(self, message: Message) -> None:
         err = message.error()
@@ -205,9 +212,20 @@ class Source:
             self._consumer.seek(_ktp(tp, offset))
             return
         self.last_input_s = record.consumed_at_s
+        self._positions[tp] = offset + 1
         self._metrics.consumed.labels(topic).inc()
         if flow.pause:
             self._consumer.pause([_ktp(t) for t in flow.pause])
+
+    def _export_buffer_gauges(self) -> None:
+        paused = 0
+        for lane in self._lanes.values():
+            with lane.cond:
+                fills = lane.buffers.fill_ratios()
+                paused += len(lane.buffers.paused)
+            for tp, fill in fills.items():
+                self._metrics.ring_fill.labels(tp.topic, str(tp.partition)).set(fill)
+        self._metrics.paused.set(paused)
 
     def _drain_control(self) -> None:
         while True:
@@ -266,6 +284,7 @@ class Source:
         self._generations.update(generations)
         for tp in tps:
             self._seek_floor.pop(tp, None)
+            self._positions[tp] = None
             lane = self._lanes[tp.topic]
             with lane.cond:
                 lane.buffers.assign([tp])
@@ -317,6 +336,7 @@ class Source:
         for tp in tps:
             self._generations.pop(tp, None)
             self._seek_floor.pop(tp, None)
+            self._positions.pop(tp, None)
             with contextlib.suppress(Exception):
                 self._metrics.ring_fill.remove(tp.topic, str(tp.partition))
         self.assigned = self.assigned - set(tps)

@@ -97,3 +97,24 @@ def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
         load_config(write(tmp_path, "kafka: [unclosed"))
     with pytest.raises(ConfigError, match="No such file"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_feedback_loop_and_unavailable_guarantee_name_their_keys() -> None:
+    with pytest.raises(ConfigError, match="feedback loop"):
+        load_config(overrides={"pipelines": [{**PIPELINE, "output_topic": "in"}]})
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"pipelines": [PIPELINE], "processing_guarantee": "exactly_once"})
+    assert str(err.value).splitlines()[1].strip().startswith("processing_guarantee:")
+
+
+def test_misspelled_environment_section_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMPROC_BATCHNG__MAX_WAIT_MS", "5")
+    with pytest.raises(ConfigError, match=r"STREAMPROC_BATCHNG__MAX_WAIT_MS.*batching"):
+        load_config(overrides={"pipelines": [PIPELINE]})
+
+
+def test_one_bad_pipeline_entry_gives_one_error_line() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"pipelines": [{**PIPELINE, "workload": "vidoe"}]})
+    lines = str(err.value).splitlines()[1:]
+    assert len(lines) == 1 and "pipelines.0.workload" in lines[0]

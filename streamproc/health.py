@@ -1,0 +1,77 @@
+"""HTTP endpoint on ``metrics.port``: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+* ``/metrics``: Prometheus text format from the process's own registry.
+* ``/healthz`` (liveness): 200 while the source thread's poll loop has polled within
+  ``liveness_timeout_s``, else 503. A revoke may hold the poll loop for up to
+  ``revoke_timeout_s``, so the timeout is at least twice that.
+* ``/readyz`` (readiness): 200 when the pipeline is running and owns at least one partition,
+  else 503.
+
+The server runs on daemon threads (stdlib ``ThreadingHTTPServer``) and reads state through two
+callables, so it holds no pipeline logic.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+Probe = Callable[[], tuple[bool, str]]
+
+
+class HealthServer:
+    """Serve metrics and probes.
+
+    Args:
+        host: bind address.
+        port: TCP port (0 picks a free one; see :attr:`port`).
+        registry: Prometheus registry to expose.
+        live: returns (alive, reason).
+        ready: returns (ready, reason).
+    """
+
+    def __init__(
+        self, host: str, port: int, registry: CollectorRegistry, live: Probe, ready: Probe
+    ) -> None:
+        routes: dict[str, Callable[[], tuple[int, bytes, str]]] = {
+            "/metrics": lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST),
+            "/healthz": lambda: _probe(live),
+            "/readyz": lambda: _probe(ready),
+        }
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                route = routes.get(self.path.split("?", 1)[0])
+                status, body, content_type = (
+                    route() if route else (404, b"not found\n", "text/plain")
+                )
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return  # probes every few seconds would flood the logs
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()
+
+
+def _probe(check: Probe) -> tuple[int, bytes, str]:
+    ok, reason = check()
+    return (200 if ok else 503), f"{reason}\n".encode(), "text/plain; charset=utf-8"

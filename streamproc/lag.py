@@ -1,0 +1,132 @@
+"""Consumer lag per partition, correct while partitions are paused.
+
+librdkafka's own lag statistics come from fetch responses, which stop while a partition is
+paused, so they go stale exactly when lag matters. This monitor asks the broker for the latest
+offset of every assigned partition (AdminClient ``list_offsets``, off the consumer thread) and
+subtracts the source's position (next offset it will hand to the pipeline). Series of partitions
+no longer assigned are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
+from streamproc.records import TopicPartition
+
+log = get_logger(__name__)
+
+
+class LagMonitor:
+    """Refresh ``streamproc_consumer_lag_messages`` every ``interval_s`` seconds.
+
+    Args:
+        admin_config: librdkafka settings for the AdminClient (bootstrap, security).
+        group_id: the consumer group (its committed offset stands in for partitions the
+            source has not consumed from yet).
+        positions: returns, per assigned partition, the next offset the source will deliver,
+            or None when it has not consumed from it yet.
+        metrics: where the gauge lives.
+        interval_s: refresh period in seconds.
+        on_tick: also called every period (e.g. GPU sampling), errors logged.
+    """
+
+    def __init__(
+        self,
+        admin_config: dict[str, object],
+        group_id: str,
+        positions: Callable[[], dict[TopicPartition, int | None]],
+        metrics: Metrics,
+        interval_s: float = 5.0,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        self._admin = AdminClient({**admin_config, "log_level": 3})
+        self._group_id = group_id
+        self._positions = positions
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._on_tick = on_tick
+        self._exported: set[TopicPartition] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lag", daemon=True)
+        self.latest: dict[TopicPartition, int] = {}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.refresh()
+                if self._on_tick is not None:
+                    self._on_tick()
+            except Exception as exc:  # the broker may be away; lag is best effort
+                log.debug("lag refresh failed", error=repr(exc))
+
+    def refresh(self, timeout_s: float = 10.0) -> dict[TopicPartition, int]:
+        """Query end offsets now, update the gauges; return lag per partition."""
+        positions = self._positions()
+        for tp in self._exported - positions.keys():
+            with contextlib.suppress(KeyError):
+                self._metrics.consumer_lag.remove(tp.topic, str(tp.partition))
+        self._exported &= positions.keys()
+        if not positions:
+            return {}
+        ends = self._offsets(positions, OffsetSpec.latest(), timeout_s)
+        unknown = [tp for tp, pos in positions.items() if pos is None]
+        starts = self._starts(unknown, timeout_s) if unknown else {}
+        lags = {}
+        for tp, end in ends.items():
+            self.latest[tp] = end
+            position = positions.get(tp)
+            if position is None:
+                position = starts.get(tp)
+            if position is None:
+                continue
+            lag = max(0, end - position)
+            lags[tp] = lag
+            if tp in self._positions():  # still ours after the round trip
+                self._metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+                self._exported.add(tp)
+        return lags
+
+    def _offsets(
+        self, tps: object, spec: OffsetSpec, timeout_s: float
+    ) -> dict[TopicPartition, int]:
+        futures = self._admin.list_offsets(
+            {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in tps},  # type: ignore[attr-defined]
+            request_timeout=timeout_s,
+        )
+        out = {}
+        for ktp, future in futures.items():
+            with contextlib.suppress(KafkaException):
+                out[TopicPartition(ktp.topic, ktp.partition)] = future.result(timeout_s).offset
+        return out
+
+    def _starts(self, tps: list[TopicPartition], timeout_s: float) -> dict[TopicPartition, int]:
+        """Committed offset of the group, else the earliest offset (auto.offset.reset)."""
+        request = ConsumerGroupTopicPartitions(
+            self._group_id, [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
+        )
+        committed: dict[TopicPartition, int] = {}
+        with contextlib.suppress(KafkaException):
+            for future in self._admin.list_consumer_group_offsets([request]).values():
+                for ktp in future.result(timeout_s).topic_partitions:
+                    if ktp.offset >= 0:
+                        committed[TopicPartition(ktp.topic, ktp.partition)] = ktp.offset
+        missing = [tp for tp in tps if tp not in committed]
+        if missing:
+            committed.update(self._offsets(missing, OffsetSpec.earliest(), timeout_s))
+        return committed

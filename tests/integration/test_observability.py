@@ -1,0 +1,132 @@
+"""Metrics, probes and logs during a real run against the broker."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamproc import logs
+from streamproc.admin import ensure_topics
+from streamproc.config import load_config
+from streamproc.errors import ConfigError
+from streamproc.kafka_local import free_port
+from streamproc.pipeline import Pipeline
+from streamproc.replay import produce
+from tests.integration.conftest import wait_for
+
+SECRET = "hunter2-do-not-log"
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def total(values: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
+    return sum(
+        v
+        for (n, lbl), v in values.items()
+        if n == name and all((k, val) in lbl for k, val in labels.items())
+    )
+
+
+def test_metrics_probes_and_lag_move_during_a_real_run(bootstrap_servers: str) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    inp, out = f"trades.{suffix}", f"scores.{suffix}"
+    ensure_topics(bootstrap_servers, {inp: 3, out: 3, f"{inp}.dlq": 1})
+    count = produce("trades", inp, bootstrap_servers, 3, limit=400, progress=False)
+    port = free_port()
+    stream = io.StringIO()
+    logs.configure("debug", "json", stream=stream)
+    try:
+        config = load_config(
+            overrides={
+                "kafka": {
+                    "bootstrap_servers": bootstrap_servers,
+                    "group_id": f"g-{suffix}",
+                    "consumer": {
+                        "sasl.username": "svc",
+                        "sasl.password": SECRET,
+                        "ssl.key.password": SECRET,
+                    },
+                },
+                "pipelines": [
+                    {"name": "t", "input_topic": inp, "output_topic": out, "workload": "trades"}
+                ],
+                "metrics": {"port": port, "host": "127.0.0.1", "lag_interval_s": 0.3},
+            }
+        )
+        pipeline = Pipeline(config)
+        base = f"http://127.0.0.1:{port}"
+        assert pipeline.readiness() == (False, "created")
+        summary: list = []
+        runner = threading.Thread(target=lambda: summary.append(pipeline.run()))
+        runner.start()
+        try:
+            wait_for(lambda: get(f"{base}/readyz")[0] == 200, 60, "readiness")
+            assert get(f"{base}/healthz")[0] == 200
+
+            def drained() -> bool:
+                values = samples(get(f"{base}/metrics")[1])
+                lag = [v for (n, _), v in values.items() if n == "streamproc_consumer_lag_messages"]
+                return (
+                    total(values, "streamproc_messages_produced_total", topic=out) == count
+                    and len(lag) == 3
+                    and all(v == 0 for v in lag)
+                )
+
+            wait_for(drained, 120, "all results produced and lag back to 0")
+            values = samples(get(f"{base}/metrics")[1])
+            assert total(values, "streamproc_messages_consumed_total", topic=inp) == count
+            assert total(values, "streamproc_messages_dead_lettered_total") == 0
+            assert total(values, "streamproc_end_to_end_seconds_count", topic=inp) == count
+            assert total(values, "streamproc_batch_size_messages_sum", topic=inp) == count
+            assert total(values, "streamproc_inference_seconds_count", topic=inp) > 0
+            assert total(values, "streamproc_pinned_pool_capacity_buffers", topic=inp) > 0
+            assert get(f"{base}/nope")[0] == 404
+            metrics_text = get(f"{base}/metrics")[1]
+        finally:
+            pipeline.request_stop()
+            runner.join(60)
+        assert summary and summary[0].exit_code == 0
+        wait_for(lambda: pipeline.liveness()[0] is False, 10, "liveness to drop after close")
+        assert SECRET not in metrics_text
+    finally:
+        logs.configure("info", "auto")
+    log_text = stream.getvalue()
+    lines = [json.loads(line) for line in log_text.splitlines() if line.startswith("{")]
+    assert any(line.get("event") == "partitions assigned" for line in lines)
+    assert any(line.get("event") == "consumer config" for line in lines)  # config was logged
+    assert SECRET not in log_text
+
+
+def test_config_errors_never_echo_secret_values() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            overrides={
+                "pipelines": [
+                    {"name": "p", "input_topic": "i", "output_topic": "o", "workload": "iot"}
+                ],
+                "kafka": {"consumer": {"sasl.password": [SECRET]}},
+            }
+        )
+    assert "kafka.consumer.sasl.password" in str(err.value)
+    assert SECRET not in str(err.value)
