@@ -259,7 +259,9 @@ def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
-_NOT_CONFIG_ENV = {"STREAMPROC_CONFIG", "STREAMPROC_CACHE_DIR", "STREAMPROC_INSTANCE_ID"}
+_NOT_CONFIG_ENV = {
+    "STREAMPROC_CONFIG", "STREAMPROC_CACHE_DIR", "STREAMPROC_INSTANCE_ID", "STREAMPROC_TEST_BROKER",
+}
 
 
 def _check_environment() -> None:

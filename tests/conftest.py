@@ -1,8 +1,13 @@
 """Shared fixtures.
 
 Integration tests need a real Apache Kafka broker and get one, in this order:
-``$KAFKA_BOOTSTRAP_SERVERS`` when set; else a local broker fetched from Maven Central and started
-on loopback for the test session (stopped at the end, even on failure or interrupt).
+
+1. ``$KAFKA_BOOTSTRAP_SERVERS`` when set (an existing cluster);
+2. a container from testcontainers-python's Kafka module (KRaft) when a Docker engine answers;
+3. else a local Apache Kafka broker fetched from Maven Central and started on loopback.
+
+``STREAMPROC_TEST_BROKER=local|docker`` forces 2 or 3. The broker lives for the test session and
+is stopped at the end, even on failure or interrupt.
 With ``CI`` set, a skipped test fails the run: nothing skipped is counted as done.
 """
 
@@ -24,6 +29,10 @@ def bootstrap_servers() -> Iterator[str]:
     if given:
         yield given
         return
+    choice = os.environ.get("STREAMPROC_TEST_BROKER", "auto")
+    if choice == "docker" or (choice == "auto" and _docker_engine_answers()):
+        yield from _container_broker()
+        return
     from streamproc.kafka_local import LocalKafka, ensure_kafka_jars
 
     run_dir = Path(tempfile.mkdtemp(prefix="streamproc-test-kafka-"))
@@ -38,6 +47,24 @@ def bootstrap_servers() -> Iterator[str]:
 
 
 _BROKER_LOGS: list[Path] = []
+KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"  # testcontainers' Kafka module targets this image
+
+
+def _docker_engine_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:
+        return False
+    return True
+
+
+def _container_broker() -> Iterator[str]:
+    from testcontainers.kafka import KafkaContainer
+
+    with KafkaContainer(KAFKA_IMAGE).with_kraft() as kafka:
+        yield kafka.get_bootstrap_server()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
