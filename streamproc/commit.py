@@ -86,6 +86,12 @@ class OffsetTracker:
             track = self._tracks.get(tp)
             return None if track is None else track.generation
 
+    def is_current(self, tp: TopicPartition, generation: int) -> bool:
+        """True when ``tp`` is assigned under ``generation`` (not revoked, not rewound)."""
+        with self._lock:
+            track = self._tracks.get(tp)
+            return track is not None and track.generation == generation
+
     def consumed(self, tp: TopicPartition, offset: int) -> None:
         """Record that ``offset`` of ``tp`` entered the pipeline."""
         with self._lock:

@@ -12,6 +12,7 @@ Every invalid value raises :class:`~streamproc.errors.ConfigError` at start-up, 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +36,8 @@ class KafkaConfig(_Section):
 
     ``create_topics``: at start-up, create missing output topics (with the input topic's
     partition count) and dead-letter topics (1 partition). ``startup_timeout_s``: how long to
-    wait for the cluster to answer before failing.
+    wait for the cluster to answer before failing. ``transactional_id`` (exactly-once only):
+    stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
     """
 
     bootstrap_servers: str | None = None
@@ -47,6 +49,7 @@ class KafkaConfig(_Section):
     max_poll_interval_ms: int = Field(default=300_000, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)
     create_topics: bool = True
+    transactional_id: str | None = None
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
 
@@ -132,6 +135,7 @@ class MetricsConfig(_Section):
     port: int = Field(default=9108, ge=0, le=65535)
     host: str = "0.0.0.0"
     lag_interval_s: float = Field(default=5.0, gt=0)
+    stall_timeout_s: float = Field(default=60.0, gt=0)
     liveness_timeout_s: float = Field(default=30.0, gt=0)
 
 
@@ -176,15 +180,6 @@ class Config(BaseSettings):
         # Environment overrides the file (passed as init kwargs).
         return (env_settings, init_settings)
 
-    @field_validator("processing_guarantee")
-    @classmethod
-    def _available(cls, value: str) -> str:
-        if value == "exactly_once":
-            raise ValueError(
-                "'exactly_once' is not available in this version yet; allowed now: 'at_least_once'"
-            )
-        return value
-
     @model_validator(mode="after")
     def _checks(self) -> Config:
         loops = [
@@ -203,6 +198,16 @@ class Config(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError(f"pipelines: each name may appear once, got {names}")
         return self
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
+
+    @property
+    def transactional_id(self) -> str:
+        """Stable per instance: config, else ``<group_id>-<$STREAMPROC_INSTANCE_ID|hostname>``."""
+        instance = os.environ.get("STREAMPROC_INSTANCE_ID") or socket.gethostname()
+        return self.kafka.transactional_id or f"{self.kafka.group_id}-{instance}"
 
     @property
     def bootstrap_servers(self) -> str:
@@ -260,7 +265,10 @@ def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
 
 
 _NOT_CONFIG_ENV = {
-    "STREAMPROC_CONFIG", "STREAMPROC_CACHE_DIR", "STREAMPROC_INSTANCE_ID", "STREAMPROC_TEST_BROKER",
+    "STREAMPROC_CONFIG",
+    "STREAMPROC_CACHE_DIR",
+    "STREAMPROC_INSTANCE_ID",
+    "STREAMPROC_TEST_BROKER",
 }
 
 

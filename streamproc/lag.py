@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
@@ -36,6 +37,8 @@ class LagMonitor:
         metrics: where the gauge lives.
         interval_s: refresh period in seconds.
         on_tick: also called every period (e.g. GPU sampling), errors logged.
+        stall_timeout_s: a partition with lag > 0 whose position has not moved for this long
+            is *stalled*: counted in ``streamproc_stalled_partitions`` and logged once.
     """
 
     def __init__(
@@ -46,8 +49,14 @@ class LagMonitor:
         metrics: Metrics,
         interval_s: float = 5.0,
         on_tick: Callable[[], None] | None = None,
+        stall_timeout_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._admin = AdminClient({**admin_config, "log_level": 3})
+        self._stall_timeout_s = stall_timeout_s
+        self._clock = clock
+        self._progress: dict[TopicPartition, tuple[int | None, float]] = {}
+        self.stalled: set[TopicPartition] = set()
+        self._admin = AdminClient({"log_level": 3, **admin_config})
         self._group_id = group_id
         self._positions = positions
         self._metrics = metrics
@@ -78,6 +87,9 @@ class LagMonitor:
     def refresh(self, timeout_s: float = 10.0) -> dict[TopicPartition, int]:
         """Query end offsets now, update the gauges; return lag per partition."""
         positions = self._positions()
+        for tp in set(self._progress) - positions.keys():
+            self._progress.pop(tp, None)
+            self.stalled.discard(tp)
         for tp in self._exported - positions.keys():
             with contextlib.suppress(KeyError):
                 self._metrics.consumer_lag.remove(tp.topic, str(tp.partition))
@@ -96,11 +108,35 @@ class LagMonitor:
             if position is None:
                 continue
             lag = max(0, end - position)
+            self._watch(tp, positions.get(tp), lag)
             lags[tp] = lag
             if tp in self._positions():  # still ours after the round trip
                 self._metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
                 self._exported.add(tp)
         return lags
+
+    def _watch(self, tp: TopicPartition, position: int | None, lag: int) -> None:
+        """Stalled-partition watchdog: assigned, lag > 0, no progress for stall_timeout_s."""
+        now_s = self._clock()
+        last_position, since_s = self._progress.get(tp, (position, now_s))
+        if position != last_position or lag == 0:
+            since_s = now_s
+        self._progress[tp] = (position, since_s)
+        stalled = lag > 0 and now_s - since_s >= self._stall_timeout_s
+        if stalled and tp not in self.stalled:
+            log.warning(
+                "partition stalled",
+                topic=tp.topic,
+                partition=tp.partition,
+                lag=lag,
+                position=position,
+                stalled_s=round(now_s - since_s, 1),
+            )
+        if stalled:
+            self.stalled.add(tp)
+        else:
+            self.stalled.discard(tp)
+        self._metrics.stalled.set(len(self.stalled))
 
     def _offsets(
         self, tps: object, spec: OffsetSpec, timeout_s: float

@@ -120,6 +120,11 @@ class Metrics:
             ["topic", "partition"],
             registry=reg,
         )
+        self.stalled = Gauge(
+            "streamproc_stalled_partitions",
+            "Assigned partitions with lag > 0 and no progress for metrics.stall_timeout_s",
+            registry=reg,
+        )
         self.gpu_utilization = Gauge(
             "streamproc_gpu_utilization_ratio",
             "GPU utilisation (0..1, NVML)",

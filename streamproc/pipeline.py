@@ -88,6 +88,7 @@ class Pipeline:
             self.tracker,
             self.metrics,
             self._on_fatal,
+            transactional_id=config.transactional_id if config.exactly_once else None,
         )
         buf = config.buffers
         self.lanes = {
@@ -97,7 +98,9 @@ class Pipeline:
             )
             for p in config.pipelines
         }
-        self.source = Source(config, self.lanes, self.tracker, self.metrics, self._on_fatal)
+        self.source = Source(
+            config, self.lanes, self.tracker, self.metrics, self._on_fatal, self.sink.transactions
+        )
         self.lag = LagMonitor(
             {"bootstrap.servers": config.bootstrap_servers, **self._security_settings()},
             config.kafka.group_id,
@@ -105,6 +108,7 @@ class Pipeline:
             self.metrics,
             config.metrics.lag_interval_s,
             on_tick=self.metrics.sample_gpu,
+            stall_timeout_s=config.metrics.stall_timeout_s,
         )
         self.http = (
             HealthServer(

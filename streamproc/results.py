@@ -1,12 +1,17 @@
 """Result handling: encode each output row and hand it to the sink, in batch order.
 
 Runs on the device worker's completion thread. Rows whose decode failed, or whose batch the
-model failed on, or whose encode raises, become dead-letter records with the stage and reason.
+model failed on, or whose encode (the result callback) still raises after its retries, become
+dead-letter records with the stage and reason; one bad record never stops the stream, and its
+offset is committed only once its dead-letter record is acknowledged.
 """
 
 from __future__ import annotations
 
 import threading
+
+import numpy as np
+from tenacity import Retrying, stop_after_attempt, wait_exponential
 
 from streamproc.config import PipelineConfig
 from streamproc.errors import RecordError
@@ -14,7 +19,7 @@ from streamproc.metrics import Metrics
 from streamproc.records import Record
 from streamproc.sink import H_INFERENCE_MS, H_QUEUE_MS, Sink
 from streamproc.worker import DeviceResult
-from streamproc.workloads import Workload
+from streamproc.workloads import Encoded, Workload
 
 
 class ResultHandler:
@@ -26,6 +31,8 @@ class ResultHandler:
         sink: producer.
         slots: the dispatcher's in-flight semaphore, released once per batch.
         metrics: process metrics.
+        attempts: tries of ``workload.encode`` per record (backoff 5 ms doubling, at most
+            100 ms) before the record is dead-lettered with stage ``encode``.
     """
 
     def __init__(
@@ -35,7 +42,9 @@ class ResultHandler:
         sink: Sink,
         slots: threading.Semaphore,
         metrics: Metrics,
+        attempts: int = 3,
     ) -> None:
+        self._attempts = attempts
         self._pipeline = pipeline
         self._workload = workload
         self._sink = sink
@@ -57,9 +66,7 @@ class ResultHandler:
             error: RecordError | None = result.failed.get(row) or result.error
             if error is None:
                 try:
-                    encoded = self._workload.encode(
-                        record, tuple(out[row] for out in result.outputs)
-                    )
+                    encoded = self._encode(record, tuple(out[row] for out in result.outputs))
                 except Exception as exc:
                     self._dead_letter(record, dlq, "encode", exc)
                     continue
@@ -77,6 +84,17 @@ class ResultHandler:
                 )
             else:
                 self._dead_letter(record, dlq, error.stage, error)
+
+    def _encode(self, record: Record, row: tuple[np.ndarray, ...]) -> Encoded:
+        """The result callback, retried with exponential backoff before giving up."""
+        for attempt in Retrying(
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential(multiplier=0.005, max=0.1),
+            reraise=True,
+        ):
+            with attempt:
+                return self._workload.encode(record, row)
+        raise AssertionError("unreachable")  # Retrying either returns or re-raises
 
     def _dead_letter(self, record: Record, dlq: str, stage: str, exc: BaseException) -> None:
         self._sink.dead_letter(record, dlq, stage, type(exc).__name__, str(exc))

@@ -25,6 +25,7 @@ from streamproc.errors import FatalPipelineError
 from streamproc.logs import get_logger, redact
 from streamproc.metrics import Metrics
 from streamproc.records import Headers, Record
+from streamproc.transactions import Transactions
 
 log = get_logger(__name__)
 
@@ -57,6 +58,10 @@ class Sink:
         tracker: offset tracker to mark inputs done on acknowledgement.
         metrics: metrics to count produced / dead-lettered records.
         on_fatal: called (from the sink thread) when the pipeline must stop.
+        transactional_id: exactly-once mode: every record is produced inside the open
+            transaction, and an input is done once its record is in it (the transaction commits
+            results and offsets atomically; a failed record makes the commit abort and the
+            source rewind). Records of a generation that is no longer current are dropped.
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class Sink:
         tracker: OffsetTracker,
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
+        transactional_id: str | None = None,
     ) -> None:
         config = {
             "linger.ms": 2,
@@ -73,8 +79,11 @@ class Sink:
             "enable.idempotence": True,
             "acks": "all",
         }
+        if transactional_id:
+            config["transactional.id"] = transactional_id
         log.debug("producer config", settings=redact(config))
         self._producer = Producer(config)
+        self.transactions = Transactions(self._producer) if transactional_id else None
         self._tracker = tracker
         self._metrics = metrics
         self._on_fatal = on_fatal
@@ -106,7 +115,17 @@ class Sink:
                 self._metrics.end_to_end.labels(record.tp.topic).observe(
                     max(0.0, time.time() - record.timestamp_ms / 1000.0)
                 )
-                self._tracker.done(record.tp, record.offset, record.generation)
+                if self.transactions is None:
+                    self._tracker.done(record.tp, record.offset, record.generation)
+                return
+            if self.transactions is not None:
+                log.warning(
+                    "record failed inside the transaction; it will abort",
+                    topic=record.tp.topic,
+                    partition=record.tp.partition,
+                    offset=record.offset,
+                    error=str(err),
+                )
                 return
             log.warning(
                 "result rejected",
@@ -115,13 +134,13 @@ class Sink:
                 offset=record.offset,
                 error=str(err),
             )
-            self.dead_letter(record, dlq_topic, "produce", "KafkaError", err.str())
+            self.dead_letter(record, dlq_topic, "produce", f"KafkaError.{err.name()}", err.str())
 
         try:
-            self._produce(topic, record.key, value, headers, delivered)
+            self._send(record, topic, record.key, value, headers, delivered)
         except KafkaException as exc:
             err = exc.args[0]
-            self.dead_letter(record, dlq_topic, "produce", "KafkaException", str(err))
+            self.dead_letter(record, dlq_topic, "produce", f"KafkaError.{err.name()}", err.str())
 
     # -- dead-letter -----------------------------------------------------------------------
     def dead_letter(
@@ -151,8 +170,11 @@ class Sink:
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is None:
                 self._metrics.dead_lettered.labels(record.tp.topic, stage).inc()
-                self._tracker.done(record.tp, record.offset, record.generation)
+                if self.transactions is None:
+                    self._tracker.done(record.tp, record.offset, record.generation)
                 return
+            if self.transactions is not None:
+                return  # the transaction aborts and the record is retried after the rewind
             self._on_fatal(
                 FatalPipelineError(
                     f"dead-letter topic {dlq_topic!r} rejected the record from "
@@ -161,11 +183,33 @@ class Sink:
             )
 
         try:
-            self._produce(dlq_topic, record.key, record.value, headers, delivered)
+            self._send(record, dlq_topic, record.key, record.value, headers, delivered)
         except KafkaException as exc:
             self._on_fatal(
                 FatalPipelineError(f"dead-letter topic {dlq_topic!r} rejected a record: {exc}")
             )
+
+    def _send(
+        self,
+        record: Record,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        """Produce one record for ``record``; in exactly-once mode inside the transaction."""
+        if self.transactions is None:
+            self._produce(topic, key, value, headers, on_delivery)
+            return
+        with self.transactions.lock:
+            if not self._tracker.is_current(record.tp, record.generation):
+                self._tracker.late_results += 1
+                return  # revoked or rewound since: its input will be processed again
+            self.transactions.produce(
+                lambda: self._produce(topic, key, value, headers, on_delivery)
+            )
+            self._tracker.done(record.tp, record.offset, record.generation)
 
     def _produce(
         self,

@@ -24,7 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+)
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.buffers import FlowControl, PartitionBuffers
@@ -33,6 +40,7 @@ from streamproc.config import Config
 from streamproc.logs import get_logger, redact
 from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
+from streamproc.transactions import Transactions
 
 log = get_logger(__name__)
 _CONSUME_BATCH = 500
@@ -63,6 +71,9 @@ class Source:
         tracker: offset tracker shared with the sink.
         metrics: process metrics.
         on_fatal: called when the consumer hits a fatal error.
+        transactions: exactly-once mode: commits go through the producer's transaction
+            (``send_offsets_to_transaction``) instead of ``Consumer.commit``; an aborted
+            transaction rewinds every assigned partition to its committed offset.
     """
 
     def __init__(
@@ -72,8 +83,10 @@ class Source:
         tracker: OffsetTracker,
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
+        transactions: Transactions | None = None,
     ) -> None:
         self._config = config
+        self._transactions = transactions
         self._lanes = lanes
         self._tracker = tracker
         self._metrics = metrics
@@ -88,6 +101,7 @@ class Source:
         self.last_input_s = time.monotonic()
         self.last_rebalance_s = time.monotonic()
         self.ever_assigned = False
+        self.rebalance_counts = {"assigned": 0, "revoked": 0, "lost": 0}
         self.assigned: frozenset[TopicPartition] = frozenset()
         kafka = config.kafka
         settings: dict[str, Any] = {
@@ -102,6 +116,8 @@ class Source:
             "on_commit": self._on_commit,
             **kafka.consumer,
         }
+        if transactions is not None:
+            settings["isolation.level"] = "read_committed"
         log.debug(
             "consumer config",
             settings=redact({k: v for k, v in settings.items() if not callable(v)}),
@@ -245,6 +261,9 @@ class Source:
 
     # -- commits ---------------------------------------------------------------------------
     def _commit(self, synchronous: bool, only: set[TopicPartition] | None = None) -> None:
+        if self._transactions is not None:
+            self._commit_transaction()
+            return
         candidates = self._tracker.commit_candidates()
         if only is not None:
             candidates = {tp: o for tp, o in candidates.items() if tp in only}
@@ -259,6 +278,55 @@ class Source:
             return
         if synchronous and result is not None:
             self._on_commit(None, result)
+
+    def _commit_transaction(self) -> None:
+        """Exactly-once: close the open transaction with every moved watermark."""
+        assert self._transactions is not None
+        with self._transactions.lock:  # no record may join between reading offsets and commit
+            candidates = self._tracker.commit_candidates()
+            committed = self._transactions.commit(
+                candidates, self._consumer.consumer_group_metadata()
+            )
+            if committed:
+                if candidates:
+                    self._tracker.mark_committed(candidates)
+                    self._metrics.commits.inc()
+                return
+            self._metrics.commit_failures.inc()
+            self._rewind()
+
+    def _rewind(self) -> None:
+        """After an abort: every assigned partition restarts from its committed offset, with a
+        fresh ring and generation (results of the old generation are dropped by the sink)."""
+        tps = sorted(self.assigned)
+        committed = self._consumer.committed([_ktp(tp) for tp in tps], timeout=30)
+        self._tracker.revoke(tps)
+        self._generations.update(self._tracker.assign(tps))
+        for tp in tps:
+            lane = self._lanes[tp.topic]
+            with lane.cond:
+                lane.buffers.revoke([tp])
+                lane.buffers.assign([tp])
+                lane.cond.notify_all()
+            self._seek_floor.pop(tp, None)
+            self._positions[tp] = None
+        for ktp in committed:
+            offset = (
+                ktp.offset
+                if ktp.offset >= 0
+                else (
+                    OFFSET_BEGINNING
+                    if self._config.kafka.auto_offset_reset == "earliest"
+                    else OFFSET_END
+                )
+            )
+            self._consumer.seek(KafkaTopicPartition(ktp.topic, ktp.partition, offset))
+        if self._fetching:
+            self._consumer.resume([_ktp(tp) for tp in tps])
+        log.warning(
+            "transaction aborted; rewound to committed offsets",
+            partitions=[f"{t.topic}[{t.partition}]" for t in tps],
+        )
 
     def _commit_failed(self, candidates: dict[TopicPartition, int], exc: object) -> None:
         # Counted and retried on the next cycle, never fatal (e.g. REBALANCE_IN_PROGRESS).
@@ -280,6 +348,7 @@ class Source:
     # -- rebalance callbacks (run on the source thread, inside consume) ----------------------
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self.rebalance_counts["assigned"] += 1
         generations = self._tracker.assign(tps)
         self._generations.update(generations)
         for tp in tps:
@@ -300,6 +369,7 @@ class Source:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self.rebalance_counts["revoked"] += 1
         limits = {}
         for tp in tps:
             lane = self._lanes.get(tp.topic)
@@ -322,6 +392,7 @@ class Source:
 
     def _on_lost(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self.rebalance_counts["lost"] += 1
         for tp in tps:
             lane = self._lanes.get(tp.topic)
             if lane is not None:

@@ -27,10 +27,13 @@ class TopicDump:
 
     records: dict[tuple[int, int], tuple[bytes | None, bytes | None, dict[str, bytes], int]]
     end_offsets: dict[int, int]
+    stable: bool = True  # read_committed reached every end offset: no transaction left open
 
 
 def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> TopicDump:
-    """Read ``topic`` from the beginning to its current end (read_committed)."""
+    """Read ``topic`` from the beginning to its current end (read_committed). When a
+    transaction is still open the end is never reached: ``stable`` is then False (after
+    ``timeout_s`` seconds without progress)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap_servers,
@@ -67,6 +70,8 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> T
                 ):
                     todo.discard(message.partition())
                 continue
+            if message.partition() is None:
+                continue
             headers = {k: v for k, v in (message.headers() or [])}
             records[(message.partition(), message.offset())] = (
                 message.key(),
@@ -76,7 +81,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> T
             )
             if message.offset() + 1 >= ends[message.partition()]:
                 todo.discard(message.partition())
-        return TopicDump(records, ends)
+        return TopicDump(records, ends, stable=not todo)
     finally:
         consumer.close()
 
@@ -107,6 +112,7 @@ class Verdict:
     end_offsets: dict[int, int]
     latencies_ms: list[float] = field(default_factory=list)
     examples: list[bytes] = field(default_factory=list)
+    output_stable: bool = True
 
     @property
     def committed_equals_end(self) -> bool:
@@ -187,4 +193,5 @@ def verify(
         end_offsets=inputs.end_offsets,
         latencies_ms=latencies,
         examples=example_values,
+        output_stable=outputs.stable and dlq.stable,
     )

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
@@ -48,6 +53,33 @@ def make_config(bootstrap: str, t: Topics, **overrides: Any) -> Config:
     }
     data.update(overrides)
     return load_config(overrides=data)
+
+
+def write_config(path: Path, bootstrap: str, t: Topics, **overrides: Any) -> Path:
+    """Write a YAML config for a consumer subprocess; ``overrides`` replace top-level keys."""
+    data: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": t.group, "commit_interval_ms": 200},
+        "pipelines": [
+            {"name": "p", "input_topic": t.input, "output_topic": t.output, "workload": "trades"}
+        ],
+        "metrics": {"port": 0},
+        "batching": {"max_batch_size": 4, "max_wait_ms": 10},
+    }
+    data.update(overrides)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def start_consumer(
+    config: Path, log: Path, idle_s: float | None = 2.0, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``streamproc run`` as a real process (output appended to ``log``)."""
+    args = [sys.executable, "-m", "streamproc", "run", "--config", str(config)]
+    if idle_s is not None:
+        args += ["--exit-when-idle-s", str(idle_s)]
+    return subprocess.Popen(
+        args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
 
 
 def end_offset_total(bootstrap: str, topic: str) -> int:

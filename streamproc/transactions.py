@@ -1,0 +1,127 @@
+"""Exactly-once: results, dead-letter records and input offsets in one Kafka transaction.
+
+Used only with ``processing_guarantee: exactly_once``. The sink produces every record inside the
+open transaction (beginning one on the first record); the source thread closes it every
+``commit_interval_ms``, on revoke and on shutdown::
+
+    send_offsets_to_transaction(watermarks, consumer group metadata) -> commit_transaction
+
+Error handling follows the transactional producer's contract:
+
+* retriable error on commit -> retry ``commit_transaction`` (bounded by ``max_attempts``);
+* abortable error -> ``abort_transaction`` and return False: the caller rewinds every assigned
+  partition to its committed offset and drops work of the aborted generation;
+* fatal error (e.g. fenced by a newer instance with the same ``transactional.id``: we are the
+  zombie) -> :class:`~streamproc.errors.FatalPipelineError`; this process stops, nobody else.
+
+``transactional.id`` must be stable per instance (e.g. ``<group>-<StatefulSet pod name>``) so a
+restarted instance fences its predecessor and aborts the predecessor's open transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.errors import FatalPipelineError
+from streamproc.logs import get_logger
+from streamproc.records import TopicPartition
+
+log = get_logger(__name__)
+
+
+class Transactions:
+    """The transaction state of one transactional producer.
+
+    Args:
+        producer: a producer configured with ``transactional.id``.
+        timeout_s: timeout of each transactional call, in seconds.
+        max_attempts: tries of ``commit_transaction`` on retriable errors.
+    """
+
+    def __init__(self, producer: Producer, timeout_s: float = 30.0, max_attempts: int = 5) -> None:
+        self._producer = producer
+        self._timeout_s = timeout_s
+        self._max_attempts = max_attempts
+        self.lock = threading.RLock()
+        self._open = False
+        self.commits = 0
+        self.aborts = 0
+        producer.init_transactions(timeout_s)  # fences older instances, aborts their txn
+
+    def produce(self, produce: Callable[[], None]) -> None:
+        """Run ``produce`` inside the open transaction (beginning one if needed)."""
+        with self.lock:
+            if not self._open:
+                self._producer.begin_transaction()
+                self._open = True
+            produce()
+
+    def commit(self, offsets: dict[TopicPartition, int], group_metadata: Any) -> bool:
+        """Commit the open transaction with ``offsets``; False when it had to be aborted.
+
+        Raises:
+            FatalPipelineError: fatal producer error (fenced zombie, unrecoverable state).
+        """
+        with self.lock:
+            if not self._open and not offsets:
+                return True
+            try:
+                if not self._open:
+                    self._producer.begin_transaction()
+                    self._open = True
+                if offsets:
+                    self._producer.send_offsets_to_transaction(
+                        [
+                            KafkaTopicPartition(tp.topic, tp.partition, o)
+                            for tp, o in offsets.items()
+                        ],
+                        group_metadata,
+                        self._timeout_s,
+                    )
+                self._commit_with_retries()
+            except KafkaException as exc:
+                return self._handle(exc)
+            self._open = False
+            self.commits += 1
+            return True
+
+    def _commit_with_retries(self) -> None:
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                self._producer.commit_transaction(self._timeout_s)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not err.retriable() or attempt == self._max_attempts:
+                    raise
+                log.warning(
+                    "commit_transaction retriable error; retrying", attempt=attempt, error=err.str()
+                )
+
+    def _handle(self, exc: KafkaException) -> bool:
+        err = exc.args[0]
+        if err.fatal():
+            raise FatalPipelineError(
+                f"transactional producer failed fatally ({err.str()}); another instance with "
+                "the same transactional.id may have fenced this one"
+            ) from None
+        if err.txn_requires_abort():
+            log.warning("aborting transaction", error=err.str())
+            self._producer.abort_transaction(self._timeout_s)
+            self._open = False
+            self.aborts += 1
+            return False
+        raise FatalPipelineError(f"transaction commit failed: {err.str()}") from None
+
+    def abort(self) -> None:
+        """Abort the open transaction, if any (shutdown without a clean drain)."""
+        with self.lock:
+            if self._open:
+                self._producer.abort_transaction(self._timeout_s)
+                self._open = False
+                self.aborts += 1

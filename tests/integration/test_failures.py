@@ -1,0 +1,239 @@
+"""Delivery guarantees under failure, with real processes against the real broker.
+
+Each scenario ends with the verifier: it reads the output and dead-letter topics
+(read_committed) and the group's committed offsets, and counts missing and duplicate inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from streamproc.config import load_config
+from streamproc.pipeline import Pipeline
+from streamproc.replay import produce
+from streamproc.sink import H_MESSAGE, H_STAGE
+from streamproc.verify import read_topic, verify
+from tests.integration.conftest import (
+    Topics,
+    end_offset_total,
+    start_consumer,
+    wait_for,
+    write_config,
+)
+
+
+def report(name: str, verdict) -> None:  # type: ignore[no-untyped-def]
+    print(
+        f"\n[{name}] inputs={verdict.inputs} results={verdict.results} "
+        f"dead={verdict.dead_lettered} missing={len(verdict.missing)} "
+        f"duplicates={verdict.duplicates} committed==end={verdict.committed_equals_end} "
+        f"stable={verdict.output_stable}"
+    )
+
+
+def test_sigterm_with_batches_in_flight_drains_and_restart_has_no_duplicates(
+    bootstrap_servers: str, topics: Topics, tmp_path: Path
+) -> None:
+    total = 300
+    produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
+    config = write_config(
+        tmp_path / "c.yaml",
+        bootstrap_servers,
+        topics,
+        pipelines=[
+            {
+                "name": "p",
+                "input_topic": topics.input,
+                "output_topic": topics.output,
+                "workload": "tests.support.slow:make_workload",
+                "options": {"delay_s": 0.05},
+            }
+        ],
+        shutdown_timeout_s=20,
+    )
+    log = tmp_path / "consumer.log"
+    consumer = start_consumer(config, log, idle_s=None)
+    try:
+        wait_for(
+            lambda: end_offset_total(bootstrap_servers, topics.output) >= 40,
+            120,
+            "40 results before SIGTERM",
+        )
+        sent_s = time.monotonic()
+        consumer.send_signal(signal.SIGTERM)
+        assert consumer.wait(30) == 0, log.read_text()[-2000:]
+        drain_s = time.monotonic() - sent_s
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+    written = end_offset_total(bootstrap_servers, topics.output)
+    assert written < total, "SIGTERM came too late to test anything"
+    restart = start_consumer(config, log)
+    assert restart.wait(120) == 0, log.read_text()[-2000:]
+    verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
+    report(f"sigterm after {written} results, drained in {drain_s:.1f} s", verdict)
+    assert verdict.missing == [] and verdict.duplicates == 0
+    assert verdict.committed_equals_end
+
+
+def test_output_failures_are_dead_lettered_and_never_committed_past(
+    bootstrap_servers: str, topics: Topics
+) -> None:
+    # Results of 50 kB against a producer limit of 20 kB: every result is rejected for good
+    # (MSG_SIZE_TOO_LARGE) and must go to the dead-letter topic before its offset commits.
+    produce("trades", topics.input, bootstrap_servers, 3, limit=60, progress=False)
+    config = load_config(
+        overrides={
+            "kafka": {
+                "bootstrap_servers": bootstrap_servers,
+                "group_id": topics.group,
+                "commit_interval_ms": 200,
+                "producer": {"message.max.bytes": 20_000},
+            },
+            "pipelines": [
+                {
+                    "name": "p",
+                    "input_topic": topics.input,
+                    "output_topic": topics.output,
+                    "workload": "tests.support.slow:bloated",
+                    "options": {"size_bytes": 50_000},
+                }
+            ],
+            "metrics": {"port": 0},
+        }
+    )
+    summary = Pipeline(config).run(exit_when_idle_s=2)
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
+    report("oversized results", verdict)
+    assert verdict.results == 0 and verdict.dead_lettered == 60
+    assert verdict.missing == [] and verdict.committed_equals_end
+    for _, _, headers, _ in read_topic(bootstrap_servers, topics.dlq).records.values():
+        assert headers[H_STAGE] == b"produce"
+        assert b"too large" in headers[H_MESSAGE].lower()
+
+
+def test_missing_output_topic_is_dead_lettered_after_the_delivery_timeout(
+    bootstrap_servers: str, topics: Topics
+) -> None:
+    produce("trades", topics.input, bootstrap_servers, 3, limit=20, progress=False)
+    missing = f"{topics.output}.absent"
+    config = load_config(
+        overrides={
+            "kafka": {
+                "bootstrap_servers": bootstrap_servers,
+                "group_id": topics.group,
+                "create_topics": False,
+                "commit_interval_ms": 200,
+                "producer": {"message.timeout.ms": 3000},
+            },
+            "pipelines": [
+                {
+                    "name": "p",
+                    "input_topic": topics.input,
+                    "output_topic": missing,
+                    "workload": "trades",
+                }
+            ],
+            "metrics": {"port": 0},
+        }
+    )
+    pipeline = Pipeline(config)
+    pipeline.start()
+    # while the results are failing, nothing may be committed
+    wait_for(
+        lambda: pipeline.metrics.consumed.labels(topics.input)._value.get() == 20,
+        60,
+        "all inputs consumed",
+    )
+    assert pipeline.tracker.commit_candidates() == {} or all(
+        o == 0 for o in pipeline.tracker.commit_candidates().values()
+    )
+    summary = pipeline.run(exit_when_idle_s=2)
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap_servers, topics.input, missing, topics.dlq, topics.group)
+    report("missing output topic", verdict)
+    assert verdict.dead_lettered == 20 and verdict.missing == []
+    assert verdict.committed_equals_end
+
+
+def test_batch_slower_than_max_poll_interval_keeps_group_membership(
+    bootstrap_servers: str, topics: Topics
+) -> None:
+    produce("trades", topics.input, bootstrap_servers, 3, limit=8, progress=False)
+    config = load_config(
+        overrides={
+            "kafka": {
+                "bootstrap_servers": bootstrap_servers,
+                "group_id": topics.group,
+                "session_timeout_ms": 6000,
+                "max_poll_interval_ms": 6000,
+            },
+            "pipelines": [
+                {
+                    "name": "p",
+                    "input_topic": topics.input,
+                    "output_topic": topics.output,
+                    "workload": "tests.support.slow:make_workload",
+                    "options": {"delay_s": 7.5},
+                }
+            ],
+            "batching": {"max_batch_size": 4, "max_wait_ms": 1},
+            "metrics": {"port": 0},
+        }
+    )
+    pipeline = Pipeline(config)
+    summary = pipeline.run(exit_when_idle_s=1)
+    assert summary.exit_code == 0, summary.error
+    counts = pipeline.source.rebalance_counts
+    print(f"\n[slow batch 7.5 s > max.poll.interval 6 s] rebalances={counts}")
+    assert counts["lost"] == 0
+    assert counts["assigned"] == 1  # never kicked out and re-joined
+    verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
+    assert verdict.missing == [] and verdict.duplicates == 0 and verdict.committed_equals_end
+
+
+@pytest.mark.parametrize("kills", [2])
+def test_exactly_once_with_kill_9_has_no_missing_and_no_duplicates(
+    bootstrap_servers: str, topics: Topics, tmp_path: Path, kills: int
+) -> None:
+    total = 600
+    produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
+    config = write_config(
+        tmp_path / "c.yaml", bootstrap_servers, topics, processing_guarantee="exactly_once"
+    )
+    env = {"STREAMPROC_INSTANCE_ID": "eos-0"}  # the restart fences the killed instance
+    log = tmp_path / "consumer.log"
+    for kill in range(kills):
+        consumer = start_consumer(config, log, idle_s=None, env=env)
+        try:
+            threshold = 100 * (kill + 1)
+            wait_for(
+                lambda t=threshold: end_offset_total(bootstrap_servers, topics.output) > t,
+                120,
+                f"{threshold} records before kill -9",
+            )
+            os.kill(consumer.pid, signal.SIGKILL)
+            assert consumer.wait(30) == -signal.SIGKILL
+        finally:
+            if consumer.poll() is None:
+                consumer.kill()
+    final = start_consumer(config, log, env=env)
+    assert final.wait(180) == 0, log.read_text()[-3000:]
+    verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
+    report(f"exactly-once, {kills} kill -9", verdict)
+    assert verdict.inputs == total
+    assert verdict.missing == [] and verdict.duplicates == 0
+    assert verdict.output_stable  # no transaction left open
+    assert verdict.committed_equals_end
+    ids = [
+        orjson.loads(v)["trade_id"]
+        for _, v, _, _ in read_topic(bootstrap_servers, topics.output).records.values()
+    ]
+    assert len(ids) == len(set(ids)) == total

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from streamproc.config import PipelineConfig
+from streamproc.errors import DecodeError
+from streamproc.lag import LagMonitor
+from streamproc.metrics import Metrics
+from streamproc.records import Batch, Record, TopicPartition
+from streamproc.results import ResultHandler
+from streamproc.worker import DeviceResult
+from streamproc.workloads import Encoded, Workload
+
+TP = TopicPartition("in", 0)
+SPEC = PipelineConfig(name="p", input_topic="in", output_topic="out", workload="x:y")
+
+
+class MemorySink:
+    def __init__(self) -> None:
+        self.results: list[tuple[int, bytes]] = []
+        self.dead: list[tuple[int, str, str]] = []
+
+    def send_result(
+        self, record: Record, topic: str, value: bytes, headers: object, dlq: str
+    ) -> None:
+        self.results.append((record.offset, value))
+
+    def dead_letter(self, record: Record, dlq: str, stage: str, cls: str, msg: str) -> None:
+        self.dead.append((record.offset, stage, cls))
+
+
+class Flaky(Workload):
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RuntimeError("callback failed")
+        return Encoded(b"ok")
+
+
+def run(workload: Workload, failed: dict | None = None) -> tuple[MemorySink, threading.Semaphore]:  # type: ignore[type-arg]
+    sink = MemorySink()
+    slots = threading.Semaphore(0)
+    handler = ResultHandler(SPEC, workload, sink, slots, Metrics(), attempts=3)  # type: ignore[arg-type]
+    records = tuple(Record(TP, i, None, b"v", (), 0, 0.0, 1) for i in range(2))
+    handler(DeviceResult(Batch(1, records, 0.0), (np.zeros((2, 1)),), failed or {}, None, 0.01))
+    return sink, slots
+
+
+def test_failing_callback_is_retried_then_succeeds() -> None:
+    workload = Flaky(failures=2)
+    sink, slots = run(workload)
+    assert [offset for offset, _ in sink.results] == [0, 1]
+    assert workload.calls == 4 and sink.dead == []
+    assert slots.acquire(blocking=False)  # the in-flight slot was released
+
+
+def test_callback_failing_every_retry_is_dead_lettered_and_stream_goes_on() -> None:
+    workload = Flaky(failures=100)
+    sink, _ = run(workload)
+    assert sink.dead == [(0, "encode", "RuntimeError"), (1, "encode", "RuntimeError")]
+    assert workload.calls == 6  # 3 attempts per record
+
+
+def test_decode_failures_are_dead_lettered_in_order() -> None:
+    sink, _ = run(Flaky(failures=0), failed={0: DecodeError("bad")})
+    assert sink.dead == [(0, "decode", "DecodeError")]
+    assert [offset for offset, _ in sink.results] == [1]
+
+
+def test_stalled_partition_watchdog_with_fake_clock() -> None:
+    now = [0.0]
+    metrics = Metrics()
+    monitor = LagMonitor(
+        {"bootstrap.servers": "127.0.0.1:9", "log_level": 0},
+        "g",
+        dict,
+        metrics,
+        stall_timeout_s=10,
+        clock=lambda: now[0],
+    )
+    monitor._watch(TP, 5, lag=3)
+    now[0] = 9.0
+    monitor._watch(TP, 5, lag=3)
+    assert monitor.stalled == set()
+    now[0] = 10.0
+    monitor._watch(TP, 5, lag=3)
+    assert monitor.stalled == {TP} and metrics.stalled._value.get() == 1
+    now[0] = 11.0
+    monitor._watch(TP, 6, lag=2)  # progress clears it
+    assert monitor.stalled == set() and metrics.stalled._value.get() == 0
+    now[0] = 30.0
+    monitor._watch(TP, 6, lag=0)  # no lag: never stalled
+    assert monitor.stalled == set()
