@@ -45,6 +45,7 @@ class KafkaConfig(_Section):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     commit_interval_ms: int = Field(default=1000, gt=0)
     poll_timeout_ms: int = Field(default=100, gt=0, le=1000)
+    consume_batch_messages: int = Field(default=100, ge=1, le=100_000)
     session_timeout_ms: int = Field(default=45_000, gt=0)
     max_poll_interval_ms: int = Field(default=300_000, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)

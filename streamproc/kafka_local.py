@@ -255,6 +255,16 @@ class LocalKafka:
         )
         if fmt.returncode != 0:
             raise BrokerError(f"kafka storage format failed: {fmt.stdout}{fmt.stderr}")
+        return self._launch(timeout_s)
+
+    def restart(self, timeout_s: float = 90.0) -> str:
+        """Stop the broker and start it again on the same ports with the same data (for
+        broker-restart failure tests). Returns the (unchanged) bootstrap address."""
+        self.stop()
+        return self._launch(timeout_s)
+
+    def _launch(self, timeout_s: float) -> str:
+        props = self.run_dir / "server.properties"
         stdout = (self.run_dir / "logs" / "stdout.log").open("ab")
         self._proc = subprocess.Popen(
             self._java("kafka.Kafka", str(props)),

@@ -43,7 +43,6 @@ from streamproc.records import Record, TopicPartition
 from streamproc.transactions import Transactions
 
 log = get_logger(__name__)
-_CONSUME_BATCH = 500
 
 
 @dataclass
@@ -95,6 +94,7 @@ class Source:
         self._generations: dict[TopicPartition, int] = {}
         self._seek_floor: dict[TopicPartition, int] = {}
         self._positions: dict[TopicPartition, int | None] = {}
+        self._last_commit_error: str | None = None
         self._stop = threading.Event()
         self._fetching = True
         self.last_poll_s = time.monotonic()
@@ -176,7 +176,7 @@ class Source:
         next_commit_s = time.monotonic() + commit_every_s
         while not self._stop.is_set():
             self._drain_control()
-            messages = self._consumer.consume(_CONSUME_BATCH, timeout_s)
+            messages = self._consumer.consume(kafka.consume_batch_messages, timeout_s)
             self.last_poll_s = time.monotonic()
             for message in messages:
                 self._handle(message)
@@ -332,7 +332,12 @@ class Source:
         # Counted and retried on the next cycle, never fatal (e.g. REBALANCE_IN_PROGRESS).
         self._metrics.commit_failures.inc()
         self._tracker.forget_committed(candidates)
-        log.warning("commit failed", error=str(exc), partitions=len(candidates))
+        reason = str(exc)
+        if reason != self._last_commit_error:  # one line per distinct error, not per retry
+            log.warning(
+                "commit failed; retrying next cycle", error=reason, partitions=len(candidates)
+            )
+        self._last_commit_error = reason
 
     def _on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
         failed = {
@@ -344,6 +349,7 @@ class Source:
             self._commit_failed(failed, err or partitions[0].error)
         if len(failed) < len(partitions):
             self._metrics.commits.inc()
+            self._last_commit_error = None
 
     # -- rebalance callbacks (run on the source thread, inside consume) ----------------------
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:

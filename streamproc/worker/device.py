@@ -138,8 +138,24 @@ class DeviceWorker:
         return run
 
     def start(self) -> None:
+        """Warm the model up (first-call allocations and kernel selection happen here, not on
+        the first real batch), then start the device and completion threads."""
+        self.warm_up()
         for thread in self._threads:
             thread.start()
+
+    def warm_up(self) -> None:
+        """Run the model once on a full zero batch from the pool (synchronously)."""
+        slab = self.pool.lease()
+        assert slab is not None
+        try:
+            slab.array[...] = 0
+            with torch.inference_mode():
+                self.model(slab.tensor.to(self.device))
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.pool.release(slab)
 
     def submit(self, job: DeviceJob) -> None:
         """Queue a decoded batch for the device (blocks while ``max_in_flight`` are queued)."""
