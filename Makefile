@@ -59,8 +59,20 @@ format: venv
 	$(DEPS)/bin/ruff check --fix streamproc tests benchmarks examples scripts
 	$(DEPS)/bin/ruff format streamproc tests benchmarks examples scripts
 
-test: venv kafka-jars lint
+test: venv kafka-jars lint tools
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Deployment tooling (helm, kubeconform, hadolint, schemas) under $(CACHE)/tools; see deploy/tools.sh.
+.PHONY: tools lint-deploy compose-test
+tools:
+	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/tools.sh >/dev/null
+
+lint-deploy: tools
+	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/lint.sh
+
+# Needs Docker with the compose plugin: the whole stack end to end (deploy/compose/compose-test.sh).
+compose-test:
+	deploy/compose/compose-test.sh
 
 test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

@@ -1,0 +1,355 @@
+{{/* Chart name, overridable. */}}
+{{- define "streamproc.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified app name; 52 characters leave room for StatefulSet pod suffixes. */}}
+{{- define "streamproc.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "streamproc.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Kubernetes recommended labels. */}}
+{{- define "streamproc.labels" -}}
+helm.sh/chart: {{ include "streamproc.chart" . }}
+{{ include "streamproc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: consumer
+app.kubernetes.io/part-of: streamproc
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "streamproc.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "streamproc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "streamproc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "streamproc.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "streamproc.image" -}}
+{{- $image := .Values.image -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- $suffix := ternary .Values.gpu.imageTagSuffix "" .Values.gpu.enabled -}}
+{{- printf "%s:%s" $image.repository (default (printf "%s%s" .Chart.AppVersion $suffix) $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* True (non-empty) when an autoscaler owns the replica count. */}}
+{{- define "streamproc.autoscaled" -}}
+{{- if or .Values.keda.enabled .Values.autoscaling.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* librdkafka security settings derived from kafkaAuth (no secret values). */}}
+{{- define "streamproc.kafkaSecurity" -}}
+{{- $sasl := .Values.kafkaAuth.sasl -}}
+{{- $tls := .Values.kafkaAuth.tls -}}
+{{- if or $sasl.enabled $tls.enabled -}}
+security.protocol: {{ ternary (ternary "SASL_SSL" "SASL_PLAINTEXT" $tls.enabled) "SSL" $sasl.enabled }}
+{{- end }}
+{{- if $sasl.enabled }}
+sasl.mechanism: {{ $sasl.mechanism }}
+{{- end }}
+{{- if $tls.enabled }}
+ssl.ca.location: /etc/streamproc/tls/{{ $tls.caKey }}
+{{- if $tls.certKey }}
+ssl.certificate.location: /etc/streamproc/tls/{{ $tls.certKey }}
+{{- end }}
+{{- if $tls.keyKey }}
+ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The config file: .Values.config plus the derived settings above. */}}
+{{- define "streamproc.config" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $kafka := deepCopy (default dict $config.kafka) -}}
+{{- $security := include "streamproc.kafkaSecurity" . | fromYaml -}}
+{{- $_ := set $kafka "consumer" (mergeOverwrite (deepCopy $security) (default dict $kafka.consumer)) -}}
+{{- $_ := set $kafka "producer" (mergeOverwrite (deepCopy $security) (default dict $kafka.producer)) -}}
+{{- $_ := set $config "kafka" $kafka -}}
+{{- if .Values.gpu.enabled -}}
+{{- $worker := deepCopy (default dict $config.worker) -}}
+{{- if eq (default "auto" $worker.device) "auto" -}}
+{{- $_ := set $worker "device" "cuda" -}}
+{{- end -}}
+{{- $_ := set $config "worker" $worker -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* Path of the config file the process reads. */}}
+{{- define "streamproc.configPath" -}}
+{{- if .Values.kafkaAuth.sasl.enabled -}}/run/streamproc/config.yaml{{- else -}}/etc/streamproc/config.yaml{{- end -}}
+{{- end -}}
+
+{{- define "streamproc.metricsPort" -}}
+{{- $metrics := default dict .Values.config.metrics -}}
+{{- if and (hasKey $metrics "port") (not (kindIs "invalid" $metrics.port)) -}}
+{{- int $metrics.port -}}
+{{- else -}}
+9108
+{{- end -}}
+{{- end -}}
+
+{{/* Refuses inconsistent values; included by every workload template. */}}
+{{- define "streamproc.validate" -}}
+{{- $config := .Values.config -}}
+{{- $kind := .Values.workload.kind -}}
+{{- if not (has $kind (list "Deployment" "StatefulSet")) -}}
+{{- fail (printf "workload.kind must be Deployment or StatefulSet, got %q" $kind) -}}
+{{- end -}}
+{{- if not $config.pipelines -}}
+{{- fail "config.pipelines: at least one pipeline is required" -}}
+{{- end -}}
+{{- $shutdown := float64 (default 30 $config.shutdown_timeout_s) -}}
+{{- if le (float64 .Values.terminationGracePeriodSeconds) $shutdown -}}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be greater than config.shutdown_timeout_s (%v): the pod would be killed before it drains, flushes and commits" .Values.terminationGracePeriodSeconds $shutdown) -}}
+{{- end -}}
+{{- if and (eq (default "at_least_once" $config.processing_guarantee) "exactly_once") (ne $kind "StatefulSet") -}}
+{{- fail "config.processing_guarantee exactly_once needs workload.kind StatefulSet (stable pod names for Kafka transactional ids)" -}}
+{{- end -}}
+{{- if eq (include "streamproc.metricsPort" .) "0" -}}
+{{- fail "config.metrics.port must not be 0 in Kubernetes: the probes use /healthz and /readyz on it" -}}
+{{- end -}}
+{{- if and .Values.gpu.enabled (eq (default "auto" ((default dict $config.worker).device)) "cpu") -}}
+{{- fail "gpu.enabled is true but config.worker.device is cpu" -}}
+{{- end -}}
+{{- $kafka := default dict $config.kafka -}}
+{{- range $client := list "consumer" "producer" -}}
+{{- range $key, $_ := (default dict (get $kafka $client)) -}}
+{{- if regexMatch "(password|secret|jaas|^ssl\\.key\\.pem$)" $key -}}
+{{- fail (printf "config.kafka.%s.%s looks like a credential: it would end up in a ConfigMap; use kafkaAuth with an existing Secret" $client $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.kafkaAuth.sasl.enabled (not .Values.kafkaAuth.sasl.existingSecret) -}}
+{{- fail "kafkaAuth.sasl.enabled needs kafkaAuth.sasl.existingSecret" -}}
+{{- end -}}
+{{- if and .Values.kafkaAuth.tls.enabled (not .Values.kafkaAuth.tls.existingSecret) -}}
+{{- fail "kafkaAuth.tls.enabled needs kafkaAuth.tls.existingSecret" -}}
+{{- end -}}
+{{- if and .Values.keda.enabled (not $kafka.bootstrap_servers) -}}
+{{- fail "keda.enabled needs config.kafka.bootstrap_servers (the scaler connects to the brokers)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod template shared by the Deployment and the StatefulSet. */}}
+{{- define "streamproc.podTemplate" -}}
+{{- $sasl := .Values.kafkaAuth.sasl -}}
+{{- $tls := .Values.kafkaAuth.tls -}}
+{{- $gpu := .Values.gpu -}}
+metadata:
+  labels:
+    {{- include "streamproc.selectorLabels" . | nindent 4 }}
+    app.kubernetes.io/component: consumer
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    checksum/config: {{ include "streamproc.config" . | sha256sum }}
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "streamproc.serviceAccountName" . }}
+  automountServiceAccountToken: {{ .Values.serviceAccount.automountToken }}
+  terminationGracePeriodSeconds: {{ int .Values.terminationGracePeriodSeconds }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- if and $gpu.enabled $gpu.runtimeClassName }}
+  runtimeClassName: {{ $gpu.runtimeClassName }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  {{- $nodeSelector := deepCopy .Values.nodeSelector }}
+  {{- if $gpu.enabled }}
+  {{- $nodeSelector = mergeOverwrite $nodeSelector (deepCopy $gpu.nodeSelector) }}
+  {{- end }}
+  {{- with $nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- $tolerations := .Values.tolerations }}
+  {{- if $gpu.enabled }}
+  {{- $tolerations = concat $tolerations $gpu.tolerations }}
+  {{- end }}
+  {{- with $tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $sasl.enabled }}
+  initContainers:
+    # Merges the SASL credentials (Secret files) into the config, in a memory-backed volume.
+    - name: render-config
+      image: {{ include "streamproc.image" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      command: ["streamproc-render-config"]
+      args:
+        - --in=/etc/streamproc/config.yaml
+        - --out=/run/streamproc/config.yaml
+        {{- range $client := list "consumer" "producer" }}
+        - --secret=kafka/{{ $client }}/sasl.username=/var/run/secrets/streamproc/sasl/username
+        - --secret=kafka/{{ $client }}/sasl.password=/var/run/secrets/streamproc/sasl/password
+        {{- end }}
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
+      resources:
+        requests:
+          cpu: 10m
+          memory: 32Mi
+        limits:
+          memory: 128Mi
+      volumeMounts:
+        - name: config
+          mountPath: /etc/streamproc/config.yaml
+          subPath: config.yaml
+          readOnly: true
+        - name: rendered-config
+          mountPath: /run/streamproc
+        - name: sasl
+          mountPath: /var/run/secrets/streamproc/sasl
+          readOnly: true
+  {{- end }}
+  containers:
+    - name: streamproc
+      image: {{ include "streamproc.image" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args: ["run", "--config", "{{ include "streamproc.configPath" . }}"]
+      env:
+        - name: STREAMPROC_CONFIG
+          value: {{ include "streamproc.configPath" . }}
+        # Stable per pod with a StatefulSet (<name>-0, -1, ...): the base of exactly-once
+        # transactional ids.
+        - name: STREAMPROC_INSTANCE_ID
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        - name: POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - name: http-metrics
+          containerPort: {{ include "streamproc.metricsPort" . }}
+          protocol: TCP
+      startupProbe:
+        httpGet:
+          path: /healthz
+          port: http-metrics
+        {{- toYaml .Values.probes.startup | nindent 8 }}
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: http-metrics
+        {{- toYaml .Values.probes.liveness | nindent 8 }}
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: http-metrics
+        {{- toYaml .Values.probes.readiness | nindent 8 }}
+      {{- $resources := deepCopy (default dict .Values.resources) }}
+      {{- if $gpu.enabled }}
+      {{- $limits := default dict $resources.limits }}
+      {{- $_ := set $limits $gpu.resourceName (int $gpu.count) }}
+      {{- $_ := set $resources "limits" $limits }}
+      {{- end }}
+      {{- with $resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
+      volumeMounts:
+        - name: config
+          mountPath: /etc/streamproc/config.yaml
+          subPath: config.yaml
+          readOnly: true
+        - name: tmp
+          mountPath: /tmp
+        {{- if $sasl.enabled }}
+        - name: rendered-config
+          mountPath: /run/streamproc
+          readOnly: true
+        {{- end }}
+        {{- if $tls.enabled }}
+        - name: tls
+          mountPath: /etc/streamproc/tls
+          readOnly: true
+        {{- end }}
+        {{- with .Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  volumes:
+    - name: config
+      configMap:
+        name: {{ include "streamproc.fullname" . }}
+    - name: tmp
+      emptyDir:
+        {{- with .Values.tmp.medium }}
+        medium: {{ . }}
+        {{- end }}
+        {{- with .Values.tmp.sizeLimit }}
+        sizeLimit: {{ . }}
+        {{- end }}
+    {{- if $sasl.enabled }}
+    - name: rendered-config
+      emptyDir:
+        medium: Memory
+        sizeLimit: 1Mi
+    - name: sasl
+      secret:
+        secretName: {{ $sasl.existingSecret }}
+        defaultMode: 0440
+        items:
+          - key: {{ $sasl.usernameKey }}
+            path: username
+          - key: {{ $sasl.passwordKey }}
+            path: password
+    {{- end }}
+    {{- if $tls.enabled }}
+    - name: tls
+      secret:
+        secretName: {{ $tls.existingSecret }}
+        defaultMode: 0440
+    {{- end }}
+    {{- with .Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}

@@ -1,0 +1,209 @@
+"""docker-compose.yml and deploy/compose: schema, referenced files, wiring, dashboards, alerts.
+
+Docker is not needed: `make compose-test` runs the stack for real where Docker exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from streamproc.config import load_config
+from tests.deploy.conftest import ROOT
+
+COMPOSE = ROOT / "docker-compose.yml"
+GPU_OVERRIDE = ROOT / "deploy" / "compose" / "docker-compose.gpu.yml"
+AUX = ROOT / "deploy" / "compose"
+METRICS = {
+    "streamproc_messages_consumed_total",
+    "streamproc_messages_produced_total",
+    "streamproc_messages_dead_lettered_total",
+    "streamproc_batch_size_messages",
+    "streamproc_queue_wait_seconds",
+    "streamproc_inference_seconds",
+    "streamproc_end_to_end_seconds",
+    "streamproc_ring_fill_ratio",
+    "streamproc_paused_partitions",
+    "streamproc_consumer_lag_messages",
+    "streamproc_commits_total",
+    "streamproc_commit_failures_total",
+    "streamproc_pinned_pool_in_use_buffers",
+    "streamproc_pinned_pool_capacity_buffers",
+    "streamproc_gpu_utilization_ratio",
+    "streamproc_gpu_memory_used_bytes",
+}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def validate(tools: dict[str, str], *files: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            tools["TOOLS_PYTHON"],
+            str(ROOT / "deploy" / "validate_compose.py"),
+            "--schema",
+            tools["COMPOSE_SCHEMA"],
+            *map(str, files),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_compose_files_match_the_compose_specification(tools: dict[str, str]) -> None:
+    result = validate(tools, COMPOSE, GPU_OVERRIDE)
+    assert result.returncode == 0, result.stderr
+    assert "valid against compose-spec" in result.stdout
+
+
+def test_validator_catches_unknown_keys_and_missing_files(
+    tools: dict[str, str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text(
+        "services:\n  app:\n    image: busybox:1.36\n    restartt: always\n"
+        "    volumes: ['./missing.yaml:/etc/x.yaml:ro']\n    env_file: [absent.env]\n"
+    )
+    result = validate(tools, bad)
+    assert result.returncode == 1
+    assert "'restartt' was unexpected" in result.stderr
+    assert "./missing.yaml does not exist" in result.stderr
+    assert "absent.env does not exist" in result.stderr
+
+
+def test_images_are_pinned(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        image = service.get("image", "")
+        assert image, name
+        if "build" in service:
+            assert service["build"]["dockerfile"] == "Dockerfile", name
+            continue
+        repo, _, tag = image.rpartition(":")
+        assert repo and tag and tag != "latest" and re.search(r"\d", tag), (name, image)
+    assert services["kafka"]["image"] == "apache/kafka:4.1.1"
+    assert services["topic-init"]["image"] == services["kafka"]["image"]
+    assert services["prometheus"]["image"].startswith("prom/prometheus:v")
+    assert services["grafana"]["image"].startswith("grafana/grafana:")
+
+
+def test_kafka_runs_kraft_single_node(compose: dict[str, Any]) -> None:
+    env = compose["services"]["kafka"]["environment"]
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093"
+    assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 1
+    assert "kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert "kafka-broker-api-versions.sh" in " ".join(
+        compose["services"]["kafka"]["healthcheck"]["test"]
+    )
+
+
+def test_streamproc_and_replayers_wiring(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    config = yaml.safe_load((AUX / "streamproc.yaml").read_text())
+    app = services["streamproc"]
+    assert app["command"][:1] == ["run"]
+    assert "./deploy/compose/streamproc.yaml:/etc/streamproc/config.yaml:ro" in app["volumes"]
+    assert app["read_only"] is True and app["user"] == "10001:10001" and app["cap_drop"] == ["ALL"]
+    assert int(app["stop_grace_period"].rstrip("s")) > config["shutdown_timeout_s"]
+    assert app["depends_on"]["topic-init"]["condition"] == "service_completed_successfully"
+    topics = set(services["topic-init"]["environment"]["TOPICS"].split())
+    inputs = set()
+    for pipeline in config["pipelines"]:
+        inputs.add(pipeline["input_topic"])
+        dlq = pipeline.get("dlq_topic") or f"{pipeline['input_topic']}.dlq"
+        assert {pipeline["input_topic"], pipeline["output_topic"], dlq} <= topics
+    replayed = set()
+    for name, service in services.items():
+        if name.startswith("replay-"):
+            command = service["command"]
+            assert command[0] == "produce" and command[1] in ("video", "iot", "trades")
+            assert service["image"] == app["image"] and service["build"] == app["build"]
+            assert service["healthcheck"] == {"disable": True}
+            replayed.add(command[command.index("--topic") + 1])
+    assert replayed == inputs
+
+
+def test_compose_config_is_valid_for_the_package() -> None:
+    config = load_config(AUX / "streamproc.yaml")
+    assert config.metrics.port == 9108
+    assert config.bootstrap_servers == "kafka:9092"
+
+
+def test_prometheus_scrapes_streamproc() -> None:
+    prometheus = yaml.safe_load((AUX / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    assert jobs["streamproc"]["static_configs"][0]["targets"] == ["streamproc:9108"]
+    assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    alerts = yaml.safe_load((AUX / "prometheus" / "alerts.yml").read_text())
+    rules = [rule for group in alerts["groups"] for rule in group["rules"]]
+    assert {r["alert"] for r in rules} >= {
+        "StreamprocConsumerLagGrowing",
+        "StreamprocDeadLettering",
+        "StreamprocCommitFailures",
+        "StreamprocPartitionsStalled",
+        "StreamprocNotReady",
+    }
+    for rule in rules:
+        assert set(re.findall(r"streamproc_[a-z_]+", rule["expr"])) <= {
+            f"{m}{suffix}" for m in METRICS for suffix in ("", "_bucket")
+        }, rule["alert"]
+
+
+def test_grafana_provisioning_and_dashboard() -> None:
+    datasources = yaml.safe_load(
+        (AUX / "grafana/provisioning/datasources/prometheus.yaml").read_text()
+    )
+    assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((AUX / "grafana/provisioning/dashboards/streamproc.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/etc/grafana/dashboards"
+    dashboard = json.loads((AUX / "grafana/dashboards/streamproc.json").read_text())
+    panels = {p["title"]: p for p in dashboard["panels"] if p["type"] != "row"}
+    exprs = {title: " ".join(t["expr"] for t in p["targets"]) for title, p in panels.items()}
+    wanted = {
+        "Throughput": "streamproc_messages_consumed_total",
+        "End-to-end latency P50 / P99": "streamproc_end_to_end_seconds_bucket",
+        "Batch size": "streamproc_batch_size_messages",
+        "Consumer lag": "streamproc_consumer_lag_messages",
+        "Paused partitions": "streamproc_paused_partitions",
+        "Dead-letter rate": "streamproc_messages_dead_lettered_total",
+        "GPU utilisation": "streamproc_gpu_utilization_ratio",
+        "GPU memory used": "streamproc_gpu_memory_used_bytes",
+    }
+    for prefix, metric in wanted.items():
+        title = next((t for t in panels if t.startswith(prefix)), None)
+        assert title, f"no panel {prefix!r}"
+        assert metric in exprs[title], title
+    latency = exprs[next(t for t in panels if t.startswith("End-to-end"))]
+    assert "histogram_quantile(0.5," in latency and "histogram_quantile(0.99," in latency
+    used = set(re.findall(r"streamproc_[a-z_]+", " ".join(exprs.values())))
+    known = {f"{m}{s}" for m in METRICS for s in ("", "_bucket", "_sum", "_count")}
+    assert used <= known, used - known
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_shell_scripts_pass_shellcheck(tools: dict[str, str]) -> None:
+    scripts = [
+        ROOT / "deploy/tools.sh",
+        ROOT / "deploy/lint.sh",
+        AUX / "compose-test.sh",
+        AUX / "create-topics.sh",
+    ]
+    result = subprocess.run(
+        [tools["SHELLCHECK"], *map(str, scripts)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout
+    text = (AUX / "compose-test.sh").read_text()
+    assert "set -euo pipefail" in text and "trap cleanup EXIT" in text and "down --volumes" in text

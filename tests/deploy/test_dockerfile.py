@@ -1,0 +1,164 @@
+"""Dockerfile, .dockerignore and the config renderer shipped in the image."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.deploy.conftest import ROOT
+
+DOCKERFILE = ROOT / "Dockerfile"
+RENDERER = ROOT / "deploy" / "docker" / "streamproc-render-config"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            result.append((word.upper(), rest.strip()))
+    return result
+
+
+def final_stage() -> list[tuple[str, str]]:
+    items = instructions()
+    last_from = max(i for i, (word, _) in enumerate(items) if word == "FROM")
+    return items[last_from:]
+
+
+def test_hadolint_is_clean(tools: dict[str, str]) -> None:
+    result = subprocess.run(
+        [tools["HADOLINT"], str(DOCKERFILE)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_multi_stage_cpu_by_default_cuda_by_build_arg() -> None:
+    items = instructions()
+    froms = [args for word, args in items if word == "FROM"]
+    assert len(froms) >= 2
+    assert all(f.startswith("${BASE_IMAGE}") for f in froms)
+    args = [args for word, args in items if word == "ARG"]
+    assert "VARIANT=cpu" in args
+    assert any(a.startswith("BASE_IMAGE=python:3.11") for a in args)
+    assert "cuda)" in DOCKERFILE.read_text()
+
+
+def test_final_stage_is_non_root_without_compilers() -> None:
+    stage = final_stage()
+    words = dict(stage)
+    user = words["USER"]
+    assert re.fullmatch(r"\d+:\d+", user) and not user.startswith("0:"), user
+    assert json.loads(words["ENTRYPOINT"]) == ["streamproc"]
+    runs = " ".join(args for word, args in stage if word == "RUN")
+    for tool in ("gcc", "g++", "build-essential", "make ", "curl", "apt-get install"):
+        assert tool not in runs, tool
+    copies = [args for word, args in stage if word == "COPY"]
+    assert all("--from=build" in c for c in copies), "only the built virtualenv is copied"
+
+
+def test_healthcheck_uses_python_urllib_on_healthz() -> None:
+    check = dict(final_stage())["HEALTHCHECK"]
+    assert "urllib.request" in check and "/healthz" in check and "curl" not in check
+
+
+def test_writable_paths_point_at_tmp() -> None:
+    env = " ".join(args for word, args in final_stage() if word == "ENV")
+    for name in ("HOME", "STREAMPROC_CACHE_DIR", "TORCH_HOME", "XDG_CACHE_HOME"):
+        match = re.search(rf"\b{name}=(\S+)", env)
+        assert match and match.group(1).startswith("/tmp"), name
+
+
+def test_image_environment_is_accepted_by_the_package(monkeypatch) -> None:
+    """The image's STREAMPROC_* variables must not trip the package's unknown-variable check."""
+    from streamproc.config import load_config
+
+    env = " ".join(args for word, args in final_stage() if word == "ENV")
+    names = set(re.findall(r"\b(STREAMPROC_[A-Z_]+)=", env))
+    assert {"STREAMPROC_CACHE_DIR", "STREAMPROC_CONFIG"} <= names
+    for name in [n for n in os.environ if n.upper().startswith("STREAMPROC_")]:
+        monkeypatch.delenv(name)
+    for name in names:
+        monkeypatch.setenv(name, "/tmp/unused")
+    load_config(ROOT / "deploy" / "compose" / "streamproc.yaml")
+
+
+def test_dockerignore_allows_exactly_what_the_build_copies() -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "allow-list: everything else stays out of the build context"
+    allowed = [line[1:].rstrip("/") for line in lines if line.startswith("!")]
+    for word, args in instructions():
+        if word != "COPY" or "--from=" in args:
+            continue
+        sources = [part for part in args.split() if not part.startswith("--")][:-1]
+        for source in sources:
+            assert (ROOT / source).exists(), source
+            assert any(source == a or source.startswith(f"{a}/") for a in allowed), source
+
+
+def test_render_config_merges_secret_files(tmp_path: Path) -> None:
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        "kafka:\n  consumer: {security.protocol: SASL_SSL}\n"
+        "pipelines: [{name: a, input_topic: a, output_topic: b, workload: iot}]\n"
+    )
+    (tmp_path / "password").write_text("s3cr3t:pa$$\n")
+    (tmp_path / "username").write_text("svc-user")
+    out = tmp_path / "run" / "config.yaml"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(RENDERER),
+            f"--in={base}",
+            f"--out={out}",
+            f"--secret=kafka/consumer/sasl.password={tmp_path / 'password'}",
+            f"--secret=kafka/producer/sasl.username={tmp_path / 'username'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "s3cr3t" not in result.stdout + result.stderr
+    rendered = yaml.safe_load(out.read_text())
+    assert rendered["kafka"]["consumer"] == {
+        "security.protocol": "SASL_SSL",
+        "sasl.password": "s3cr3t:pa$$",
+    }
+    assert rendered["kafka"]["producer"] == {"sasl.username": "svc-user"}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert os.access(RENDERER, os.X_OK)
+
+
+def test_render_config_rejects_bad_arguments(tmp_path: Path) -> None:
+    base = tmp_path / "base.yaml"
+    base.write_text("kafka: {}\n")
+    for secret in ("no-equals-sign", f"kafka/consumer/x={tmp_path / 'absent'}"):
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(RENDERER),
+                f"--in={base}",
+                f"--out={tmp_path / 'o'}",
+                f"--secret={secret}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 2, secret
+        assert not (tmp_path / "o").exists()
