@@ -3,25 +3,32 @@
 The dispatcher asks :meth:`Batcher.decide` only when a device slot is free, so batches are cut
 at dispatch time (never on a timer while the device is busy). A cut happens when
 
-(a) ``max_batch_size`` messages are waiting (or their bytes reach ``max_batch_bytes``), or
-(b) the oldest waiting message was consumed ``max_wait_ms`` ago or more (deadline counted from
-    its consume time, not from when the device became free).
+(a) the batch target is reached: ``target`` messages are waiting (``target`` comes from the
+    :class:`AdaptiveBatchSize` model, at most ``max_batch_size``), or their bytes reach
+    ``max_batch_bytes``;
+(b) a waiting message reached its deadline: consume time + its priority class's max wait
+    (``high`` waits least; latency-critical classes therefore cut early). Deadlines count from
+    the consume time, never from when the device became free.
 
-Otherwise the answer is "wait until the oldest message's deadline". Batches are never empty.
+Otherwise the answer is "wait until the earliest deadline". Records leave the rings
+earliest-deadline-first across partitions (in offset order within one), so an old low-priority
+record eventually outranks fresh high-priority ones: nothing starves. Batches are never empty.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamproc.buffers import RingView
+
+PRIORITIES = ("high", "normal", "low")
 
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """Take up to ``count`` messages now (oldest first); ``reason`` is "size", "bytes" or
-    "deadline"."""
+    """Take up to ``count`` messages now; ``reason`` is "size", "bytes" or "deadline"."""
 
     count: int
     reason: str
@@ -34,32 +41,114 @@ class Wait:
     until_s: float | None
 
 
+@dataclass
+class AdaptiveBatchSize:
+    """Finds the throughput-optimal batch size for this device and model by measuring.
+
+    Candidate sizes are powers of two up to ``max_batch_size`` (plus ``max_batch_size``). Each
+    observed batch updates an exponentially weighted service time per size; the target is the
+    size with the best measured throughput (messages per second). Sizes never measured are tried
+    in increasing order first (a full batch is needed to measure a size, so under light load the
+    deadline cuts small batches and the target stays where latency is lowest anyway).
+
+    Args:
+        max_batch_size: the cap.
+        alpha: EWMA weight of a new observation.
+        explore_every: every this many observations, re-measure the neighbour above the best
+            size (the device or model may have warmed up or been shared).
+    """
+
+    max_batch_size: int
+    alpha: float = 0.3
+    explore_every: int = 50
+    _service_s: dict[int, float] = field(default_factory=dict)
+    _observations: int = 0
+
+    @property
+    def candidates(self) -> list[int]:
+        sizes = [2**i for i in range(int(math.log2(self.max_batch_size)) + 1)]
+        return sorted({*sizes, self.max_batch_size})
+
+    def observe(self, size: int, service_s: float) -> None:
+        """Record that a batch of ``size`` messages took ``service_s`` seconds on the device."""
+        if size not in self.candidates or service_s <= 0:
+            return
+        old = self._service_s.get(size)
+        self._service_s[size] = (
+            service_s if old is None else (self.alpha * service_s + (1 - self.alpha) * old)
+        )
+        self._observations += 1
+
+    def throughput(self, size: int) -> float | None:
+        """Measured messages per second at ``size``, or None if never measured."""
+        service_s = self._service_s.get(size)
+        return None if service_s is None else size / service_s
+
+    def target(self) -> int:
+        """The batch size to aim for now."""
+        for size in self.candidates:
+            if size not in self._service_s:
+                return size
+        best = max(self.candidates, key=lambda s: self.throughput(s) or 0.0)
+        if self.explore_every and self._observations % self.explore_every == 0:
+            above = [s for s in self.candidates if s > best]
+            if above:
+                return above[0]
+        return best
+
+
 class Batcher:
     """Batch-cut policy.
 
     Args:
         max_batch_size: most messages per batch (>= 1).
         max_batch_bytes: most key+value bytes per batch (the first message is always taken).
-        max_wait_ms: longest time the oldest message may wait after it was consumed.
+        max_wait_ms: per priority class, the longest a message may wait after it was consumed,
+            e.g. ``{"high": 2, "normal": 20, "low": 50}``; a float applies to every class.
+        adaptive: measure and aim for the throughput-optimal batch size (see
+            :class:`AdaptiveBatchSize`); else always aim for ``max_batch_size``.
     """
 
-    def __init__(self, max_batch_size: int, max_batch_bytes: int, max_wait_ms: float) -> None:
+    def __init__(
+        self,
+        max_batch_size: int,
+        max_batch_bytes: int,
+        max_wait_ms: float | dict[str, float],
+        adaptive: bool = False,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.max_batch_size = max_batch_size
         self.max_batch_bytes = max_batch_bytes
-        self.max_wait_s = max_wait_ms / 1000.0
+        waits = (
+            max_wait_ms if isinstance(max_wait_ms, dict) else dict.fromkeys(PRIORITIES, max_wait_ms)
+        )
+        unknown = set(waits) - set(PRIORITIES)
+        if unknown:
+            raise ValueError(f"unknown priority classes {sorted(unknown)}; allowed {PRIORITIES}")
+        normal = waits.get("normal", 20.0)
+        self.max_wait_s = tuple(waits.get(p, normal) / 1000.0 for p in PRIORITIES)
+        self.sizer = AdaptiveBatchSize(max_batch_size) if adaptive else None
+
+    @property
+    def target(self) -> int:
+        return self.sizer.target() if self.sizer is not None else self.max_batch_size
+
+    def observe(self, size: int, service_s: float) -> None:
+        """Feed back one batch's device time (used by the adaptive size model)."""
+        if self.sizer is not None:
+            self.sizer.observe(size, service_s)
 
     def decide(self, views: Sequence[RingView], now_s: float) -> Cut | Wait:
         """Decide on the waiting messages described by ``views`` at time ``now_s``."""
         if not views:
             return Wait(None)
-        waiting = sum(v.size for v in views)
-        if waiting >= self.max_batch_size:
-            return Cut(self.max_batch_size, "size")
+        target = self.target
+        if sum(v.size for v in views) >= target:
+            return Cut(target, "size")
         if sum(v.bytes for v in views) >= self.max_batch_bytes:
-            return Cut(self.max_batch_size, "bytes")
-        deadline_s = min(v.oldest_consumed_at_s for v in views) + self.max_wait_s
+            return Cut(target, "bytes")
+        deadline_s = min(v.deadline_s(self.max_wait_s) for v in views)
         if now_s >= deadline_s:
-            return Cut(self.max_batch_size, "deadline")
+            return Cut(target, "deadline")
         return Wait(deadline_s)

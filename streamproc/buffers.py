@@ -14,6 +14,8 @@ Flow control, per partition (capacity ``C``, high watermark ``H``, low watermark
 from __future__ import annotations
 
 import heapq
+import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -23,11 +25,14 @@ from streamproc.records import Record, TopicPartition
 class RingBuffer:
     """A bounded FIFO of records in offset order over a preallocated slot array.
 
+    Besides the FIFO it keeps, per priority class, the consume times of its records in order,
+    so the earliest deadline in the ring is O(1) to find.
+
     Args:
         capacity: number of slots (messages).
     """
 
-    __slots__ = ("_head", "_size", "_slots", "bytes", "capacity")
+    __slots__ = ("_classes", "_head", "_size", "_slots", "bytes", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -37,6 +42,22 @@ class RingBuffer:
         self._head = 0
         self._size = 0
         self.bytes = 0
+        self._classes: tuple[deque[float], ...] = (deque(), deque(), deque())
+
+    def oldest_by_class(self) -> tuple[float | None, ...]:
+        """Per priority class (high, normal, low), the oldest consume time, or None."""
+        return tuple(times[0] if times else None for times in self._classes)
+
+    def deadline(self, max_wait_s: tuple[float, ...]) -> float:
+        """Earliest ``consumed_at_s + max_wait_s[priority]`` among the records (inf if empty)."""
+        return min(
+            (
+                times[0] + wait
+                for times, wait in zip(self._classes, max_wait_s, strict=True)
+                if times
+            ),
+            default=math.inf,
+        )
 
     def __len__(self) -> int:
         return self._size
@@ -52,6 +73,7 @@ class RingBuffer:
         self._slots[(self._head + self._size) % self.capacity] = record
         self._size += 1
         self.bytes += record.size_bytes
+        self._classes[record.priority].append(record.consumed_at_s)
         return True
 
     def peek(self) -> Record | None:
@@ -72,6 +94,7 @@ class RingBuffer:
         self._head = (self._head + 1) % self.capacity
         self._size -= 1
         self.bytes -= record.size_bytes
+        self._classes[record.priority].popleft()
         return record
 
     def clear(self) -> list[Record]:
@@ -101,6 +124,14 @@ class RingView:
     size: int
     bytes: int
     oldest_consumed_at_s: float
+    oldest_by_class: tuple[float | None, ...]
+
+    def deadline_s(self, max_wait_s: tuple[float, ...]) -> float:
+        """Earliest deadline in the ring given per-class max waits (seconds)."""
+        return min(
+            (t + w for t, w in zip(self.oldest_by_class, max_wait_s, strict=True) if t is not None),
+            default=math.inf,
+        )
 
 
 class PartitionBuffers:
@@ -171,21 +202,38 @@ class PartitionBuffers:
         for tp, ring in self._rings.items():
             head = ring.peek()
             if head is not None:
-                out.append(RingView(tp, len(ring), ring.bytes, head.consumed_at_s))
+                out.append(
+                    RingView(
+                        tp,
+                        len(ring),
+                        ring.bytes,
+                        head.consumed_at_s,
+                        ring.oldest_by_class(),
+                    )
+                )
         return out
 
-    def take(self, count: int, max_bytes: int | None = None) -> tuple[list[Record], FlowControl]:
-        """Remove up to ``count`` records, oldest consume time first across partitions.
+    def take(
+        self,
+        count: int,
+        max_bytes: int | None = None,
+        max_wait_s: tuple[float, ...] = (0.0, 0.0, 0.0),
+    ) -> tuple[list[Record], FlowControl]:
+        """Remove up to ``count`` records, earliest deadline first across partitions.
 
-        Within a partition records leave in offset order. ``max_bytes`` stops the cut before the
-        record that would exceed it (the first record is always taken).
+        Deadlines use ``max_wait_s`` per priority class (the batcher's); with equal waits this
+        is oldest consume time first. Within a partition records leave in offset order (a
+        partition whose ring holds an
+        urgent record behind older ones is served first, head first). ``max_bytes`` stops the
+        cut before the record that would exceed it (the first record is always taken).
 
         Returns:
             The records and the partitions to resume (paused ones now at or below the low
             watermark).
         """
+        wait = max_wait_s
         heap = [
-            (ring.peek().consumed_at_s, index, tp)  # type: ignore[union-attr]
+            (ring.deadline(wait), index, tp)
             for index, (tp, ring) in enumerate(self._rings.items())
             if len(ring)
         ]
@@ -201,11 +249,10 @@ class PartitionBuffers:
                 break
             taken.append(ring.pop())
             size_bytes += head.size_bytes
-            nxt = ring.peek()
-            if nxt is None:
+            if not len(ring):
                 heapq.heappop(heap)
             else:
-                heapq.heapreplace(heap, (nxt.consumed_at_s, index, tp))
+                heapq.heapreplace(heap, (ring.deadline(wait), index, tp))
         return taken, self._resumable({r.tp for r in taken})
 
     def _resumable(self, touched: set[TopicPartition]) -> FlowControl:

@@ -63,6 +63,7 @@ class PipelineConfig(_Section):
     output_topic: str = Field(min_length=1)
     workload: str = Field(min_length=1)
     dlq_topic: str | None = None
+    priority: Priority | None = None  # default: the workload's (trades high, video low)
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("workload")
@@ -100,12 +101,33 @@ class BuffersConfig(_Section):
         return self
 
 
+Priority = Literal["high", "normal", "low"]
+
+
 class BatchingConfig(_Section):
-    """When the batcher cuts a batch."""
+    """When the batcher cuts a batch.
+
+    ``max_wait_ms`` is the normal class's longest wait after consume; ``priority_max_wait_ms``
+    overrides it per class (latency-critical ``high`` cuts early). ``adaptive_batch_size``
+    measures the device and aims for the throughput-optimal size up to ``max_batch_size``.
+    """
 
     max_batch_size: int = Field(default=4, ge=1, le=4096)
     max_batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_wait_ms: float = Field(default=20.0, ge=0.0)
+    priority_max_wait_ms: dict[Priority, float] = Field(
+        default_factory=lambda: {"high": 2.0, "low": 50.0}
+    )
+    adaptive_batch_size: bool = True
+
+    @property
+    def max_wait_s(self) -> tuple[float, float, float]:
+        """Seconds per class in (high, normal, low) order."""
+        waits = {"normal": self.max_wait_ms, **self.priority_max_wait_ms}
+        return tuple(
+            waits.get(p, self.max_wait_ms) / 1000.0  # type: ignore[return-value]
+            for p in ("high", "normal", "low")
+        )
 
 
 class WorkerConfig(_Section):

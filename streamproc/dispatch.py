@@ -114,7 +114,7 @@ class Dispatcher:
                 decision = self._batcher.decide(self._lane.buffers.views(), now_s)
                 if isinstance(decision, Cut):
                     records, flow = self._lane.buffers.take(
-                        decision.count, self._batcher.max_batch_bytes
+                        decision.count, self._batcher.max_batch_bytes, self._batcher.max_wait_s
                     )
                     break
                 cond.wait(None if decision.until_s is None else decision.until_s - now_s)

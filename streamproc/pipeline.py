@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import torch
 
 from streamproc.admin import cluster_metadata, ensure_topics, partition_count
-from streamproc.batcher import Batcher
+from streamproc.batcher import PRIORITIES, Batcher
 from streamproc.buffers import PartitionBuffers
 from streamproc.commit import OffsetTracker
-from streamproc.config import Config, Scalar
+from streamproc.config import Config, PipelineConfig, Scalar
 from streamproc.dispatch import Dispatcher
 from streamproc.errors import FatalPipelineError
 from streamproc.health import HealthServer
@@ -126,10 +126,7 @@ class Pipeline:
         for spec in config.pipelines:
             self._build_lane(spec)
 
-    def _build_lane(self, spec: object) -> None:
-        from streamproc.config import PipelineConfig
-
-        assert isinstance(spec, PipelineConfig)
+    def _build_lane(self, spec: PipelineConfig) -> None:
         cfg = self.config
         workload = load_workload(spec.workload, spec.options)
         pool = StagingPool(
@@ -142,8 +139,23 @@ class Pipeline:
         topic = spec.input_topic
         self.metrics.pool_capacity.labels(topic).set(pool.capacity)
         self.metrics.pool_allocations.labels(topic).set(pool.allocations)
+        lane = self.lanes[topic]
+        lane.default_priority = PRIORITIES.index(spec.priority or workload.default_priority)
+        batching = cfg.batching
+        high, normal, low = batching.max_wait_s
+        batcher = Batcher(
+            batching.max_batch_size,
+            batching.max_batch_bytes,
+            {"high": high * 1000, "normal": normal * 1000, "low": low * 1000},
+            adaptive=batching.adaptive_batch_size,
+        )
+
+        def observe(size: int, service_s: float) -> None:
+            with lane.cond:  # the dispatcher reads the size model under the same lock
+                batcher.observe(size, service_s)
+
         slots = threading.Semaphore(cfg.worker.max_in_flight_batches)
-        handler = ResultHandler(spec, workload, self.sink, slots, self.metrics)
+        handler = ResultHandler(spec, workload, self.sink, slots, self.metrics, observe=observe)
         worker = DeviceWorker(
             workload.build_model(self.device),
             self.device,
@@ -152,9 +164,6 @@ class Pipeline:
             cfg.worker.cuda_streams,
             handler,
             self._on_fatal,
-        )
-        batcher = Batcher(
-            cfg.batching.max_batch_size, cfg.batching.max_batch_bytes, cfg.batching.max_wait_ms
         )
         self.workers.append(worker)
         self.dispatchers.append(

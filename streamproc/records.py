@@ -35,6 +35,8 @@ class Record:
         consumed_at_s: ``time.monotonic()`` when the source polled it; batch deadlines count
             from here.
         generation: the assignment generation of ``tp`` when consumed.
+        priority: 0 high, 1 normal, 2 low (from the ``priority`` header, else the topic's
+            default).
     """
 
     tp: TopicPartition
@@ -45,6 +47,7 @@ class Record:
     timestamp_ms: int
     consumed_at_s: float
     generation: int = 0
+    priority: int = 1
 
     @property
     def size_bytes(self) -> int:

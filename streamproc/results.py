@@ -9,6 +9,7 @@ offset is committed only once its dead-letter record is acknowledged.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 from tenacity import Retrying, stop_after_attempt, wait_exponential
@@ -33,6 +34,7 @@ class ResultHandler:
         metrics: process metrics.
         attempts: tries of ``workload.encode`` per record (backoff 5 ms doubling, at most
             100 ms) before the record is dead-lettered with stage ``encode``.
+        observe: called with (batch size, device seconds) per batch (the adaptive batch size).
     """
 
     def __init__(
@@ -43,8 +45,10 @@ class ResultHandler:
         slots: threading.Semaphore,
         metrics: Metrics,
         attempts: int = 3,
+        observe: Callable[[int, float], None] | None = None,
     ) -> None:
         self._attempts = attempts
+        self._observe = observe
         self._pipeline = pipeline
         self._workload = workload
         self._sink = sink
@@ -61,6 +65,8 @@ class ResultHandler:
         topic = self._pipeline.input_topic
         dlq = self._pipeline.dead_letter_topic
         self._metrics.inference.labels(topic).observe(result.inference_s)
+        if self._observe is not None and result.error is None:
+            self._observe(len(result.batch), result.inference_s)
         inference_ms = f"{result.inference_s * 1000:.3f}".encode()
         for row, record in enumerate(result.batch.records):
             error: RecordError | None = result.failed.get(row) or result.error

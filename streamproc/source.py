@@ -51,8 +51,19 @@ class TopicLane:
 
     buffers: PartitionBuffers
     cond: threading.Condition
-    max_message_bytes: int = 0
+    default_priority: int = 1  # 0 high, 1 normal, 2 low
     last_input_s: float = field(default_factory=time.monotonic)
+
+
+_PRIORITY = {b"high": 0, b"normal": 1, b"low": 2}
+
+
+def _priority(headers: tuple[tuple[str, bytes], ...], default: int) -> int:
+    """Priority class from the ``priority`` header (high|normal|low), else ``default``."""
+    for key, value in headers:
+        if key == "priority":
+            return _PRIORITY.get(value, default)
+    return default
 
 
 def _ktp(tp: TopicPartition, offset: int | None = None) -> KafkaTopicPartition:
@@ -205,17 +216,19 @@ class Source:
                 return  # fetched before our seek took effect; it will come again
             del self._seek_floor[tp]
         _, timestamp_ms = message.timestamp()
+        lane = self._lanes[topic]
+        headers = tuple(message.headers() or ())
         record = Record(
             tp=tp,
             offset=offset,
             key=message.key(),
             value=message.value(),
-            headers=tuple(message.headers() or ()),
+            headers=headers,
             timestamp_ms=timestamp_ms,
             consumed_at_s=time.monotonic(),
             generation=generation,
+            priority=_priority(headers, lane.default_priority),
         )
-        lane = self._lanes[topic]
         with lane.cond:
             flow = lane.buffers.push(record)
             if flow is not None:

@@ -77,3 +77,64 @@ def test_zero_wait_cuts_immediately_and_never_empty(bufs: PartitionBuffers) -> N
 def test_rejects_nonpositive_batch_size() -> None:
     with pytest.raises(ValueError, match="max_batch_size"):
         Batcher(0, 1, 1)
+
+
+def prio(bufs: PartitionBuffers, tp: TopicPartition, at_s: float, priority: int) -> None:
+    offset = bufs.total() + 100 * tp.partition
+    bufs.push(Record(tp, offset, None, b"x", (), 0, at_s, 1, priority))
+
+
+WAITS = {"high": 2, "normal": 20, "low": 50}
+
+
+def test_high_priority_cuts_early_and_low_waits_longer(bufs: PartitionBuffers) -> None:
+    batcher = Batcher(8, 1 << 20, WAITS)
+    prio(bufs, A, 100.0, priority=2)  # low: deadline 100.050
+    assert batcher.decide(bufs.views(), 100.010) == Wait(pytest.approx(100.050))
+    prio(bufs, B, 100.009, priority=0)  # high: deadline 100.011
+    assert batcher.decide(bufs.views(), 100.010) == Wait(pytest.approx(100.011))
+    assert batcher.decide(bufs.views(), 100.011) == Cut(8, "deadline")
+
+
+def test_take_is_earliest_deadline_first_and_low_priority_ages(bufs: PartitionBuffers) -> None:
+    batcher = Batcher(8, 1 << 20, WAITS)
+    prio(bufs, A, 100.000, priority=2)  # low, deadline 100.050
+    prio(bufs, B, 100.049, priority=0)  # high, deadline 100.051
+    taken, _ = bufs.take(1, None, batcher.max_wait_s)
+    assert taken[0].tp == A  # the old low-priority record has aged past the fresh high one
+    prio(bufs, A, 100.050, priority=2)  # fresh low, deadline 100.100
+    taken, _ = bufs.take(1, None, batcher.max_wait_s)
+    assert taken[0].tp == B
+
+
+def test_urgent_record_behind_older_ones_pulls_its_partition_first(bufs: PartitionBuffers) -> None:
+    batcher = Batcher(8, 1 << 20, WAITS)
+    prio(bufs, A, 100.000, priority=2)
+    prio(bufs, A, 100.001, priority=0)  # high, but behind a low one in offset order
+    prio(bufs, B, 100.000, priority=1)  # normal, deadline 100.020
+    taken, _ = bufs.take(2, None, batcher.max_wait_s)
+    assert [(r.tp, r.priority) for r in taken] == [(A, 2), (A, 0)]  # offset order kept
+
+
+def test_adaptive_size_finds_the_throughput_optimum() -> None:
+    # service times measured here for EfficientNet-Lite0 on 2 CPU cores (issue 4):
+    # 46 img/s at batch 1, 63 at 4, 32 at 16 -> the optimum is 4, not the maximum.
+    profile = {1: 1 / 46, 2: 2 / 55, 4: 4 / 63, 8: 8 / 45, 16: 16 / 32}
+    batcher = Batcher(16, 1 << 30, 20.0, adaptive=True)
+    sizer = batcher.sizer
+    assert sizer is not None and sizer.candidates == [1, 2, 4, 8, 16]
+    for _ in range(40):
+        size = batcher.target
+        batcher.observe(size, profile[size])
+    assert batcher.target == 4
+    assert sizer.throughput(4) == pytest.approx(63)
+
+
+def test_adaptive_size_is_used_for_size_cuts(bufs: PartitionBuffers) -> None:
+    batcher = Batcher(16, 1 << 30, 1000.0, adaptive=True)
+    fill(bufs, A, [100.0])
+    assert batcher.decide(bufs.views(), 100.0) == Cut(1, "size")  # first size to measure: 1
+    for size, rate in ((1, 10.0), (2, 30.0), (4, 20.0), (8, 10.0), (16, 5.0)):
+        batcher.observe(size, size / rate)
+    fill(bufs, A, [100.0])
+    assert batcher.decide(bufs.views(), 100.0) == Cut(2, "size")
