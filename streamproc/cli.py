@@ -188,6 +188,14 @@ def demo_cmd(
     raise typer.Exit(0 if report.ok else 1)
 
 
+@app.command("bench")
+def bench_cmd(bootstrap: Bootstrap = None) -> None:
+    """The side-by-side benchmark (passthrough, model-only, serial, streamproc, Quix Streams)."""
+    from streamproc.benchmark import main as bench_main
+
+    raise typer.Exit(bench_main(bootstrap))
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

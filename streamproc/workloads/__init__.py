@@ -18,9 +18,17 @@ import sys
 from typing import Any
 
 from streamproc.errors import ConfigError
-from streamproc.workloads.base import Encoded, ModelFn, Workload
+from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json, require_value
 
-__all__ = ["BUILTIN", "Encoded", "ModelFn", "Workload", "load_workload"]
+__all__ = [
+    "BUILTIN",
+    "Encoded",
+    "ModelFn",
+    "Workload",
+    "load_workload",
+    "parse_json",
+    "require_value",
+]
 
 BUILTIN = ("video", "iot", "trades")
 

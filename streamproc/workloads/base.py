@@ -19,13 +19,41 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ValidationError
 
+from streamproc.errors import DecodeError
 from streamproc.records import Headers, Record
 
 ModelFn = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+M = TypeVar("M", bound=BaseModel)
+
+
+def require_value(record: Record) -> bytes:
+    """The record's value; DecodeError for a tombstone (null) or an empty value."""
+    if record.value is None:
+        raise DecodeError("tombstone record: value is null")
+    if not record.value:
+        raise DecodeError("empty value")
+    return record.value
+
+
+def parse_json(record: Record, schema: type[M]) -> M:
+    """Validate the record's JSON value against a pydantic ``schema``.
+
+    Raises:
+        DecodeError: tombstone, empty, malformed JSON or schema violation (with the field).
+    """
+    try:
+        return schema.model_validate_json(require_value(record))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        kind = "malformed JSON" if first["type"] == "json_invalid" else "schema"
+        where = ".".join(map(str, first["loc"])) or "<root>"
+        raise DecodeError(f"{kind}: {first['msg']} at {where}") from exc
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import orjson
 import torch
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from streamproc.errors import DecodeError
 from streamproc.records import Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload
+from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 
 WINDOW = 32
@@ -113,18 +113,7 @@ class IotWorkload(Workload):
         )
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        if record.value is None:
-            raise DecodeError("tombstone record: value is null")
-        if not record.value:
-            raise DecodeError("empty value")
-        try:
-            message = IotMessage.model_validate_json(record.value)
-        except ValidationError as exc:
-            kind = "malformed JSON" if exc.errors()[0]["type"] == "json_invalid" else "schema"
-            raise DecodeError(
-                f"{kind}: {exc.errors()[0]['msg']} at "
-                f"{'.'.join(map(str, exc.errors()[0]['loc'])) or '<root>'}"
-            ) from exc
+        message = parse_json(record, IotMessage)
         if tuple(message.channels) != CYCLING_CHANNELS:
             raise DecodeError(
                 f"schema: channels {message.channels}, expected {list(CYCLING_CHANNELS)}"

@@ -24,7 +24,7 @@ import torch
 
 from streamproc.errors import ConfigError, DecodeError
 from streamproc.records import Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload
+from streamproc.workloads.base import Encoded, ModelFn, Workload, require_value
 
 
 class TorchScriptWorkload(Workload):
@@ -54,10 +54,7 @@ class TorchScriptWorkload(Workload):
         self.item_shape = tuple(int(d) for d in input_shape)
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        if record.value is None:
-            raise DecodeError("tombstone record: value is null")
-        if not record.value:
-            raise DecodeError("empty value")
+        require_value(record)
         try:
             values = np.asarray(orjson.loads(record.value), dtype=self.item_dtype)
         except orjson.JSONDecodeError as exc:

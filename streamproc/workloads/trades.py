@@ -35,11 +35,10 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 import torch
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from streamproc.errors import DecodeError
 from streamproc.records import Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload
+from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
 
 TRADES_PER_BAR = 4
@@ -162,17 +161,7 @@ class TradesWorkload(Workload):
         )
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        if record.value is None:
-            raise DecodeError("tombstone record: value is null")
-        if not record.value:
-            raise DecodeError("empty value")
-        try:
-            trade = TradeMessage.model_validate_json(record.value)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            kind = "malformed JSON" if first["type"] == "json_invalid" else "schema"
-            where = ".".join(map(str, first["loc"])) or "<root>"
-            raise DecodeError(f"{kind}: {first['msg']} at {where}") from exc
+        trade = parse_json(record, TradeMessage)
         out[...] = features(trade.price, trade.size, trade.side, trade.prev_close, trade.adv_20)
 
     def build_model(self, device: torch.device) -> ModelFn:

@@ -28,7 +28,7 @@ from PIL import Image
 
 from streamproc.errors import DecodeError
 from streamproc.records import Headers, Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload
+from streamproc.workloads.base import Encoded, ModelFn, Workload, require_value
 
 IMAGE_SIZE = 224
 RESIZE_SHORTER_TO = 256
@@ -131,10 +131,7 @@ class VideoWorkload(Workload):
         self.categories = imagenet_categories()
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        if record.value is None:
-            raise DecodeError("tombstone record: value is null")
-        if not record.value:
-            raise DecodeError("empty value")
+        require_value(record)
         try:
             with Image.open(io.BytesIO(record.value)) as img:
                 preprocess_image(img, out)

@@ -1,0 +1,411 @@
+"""``streamproc bench``: every contender on the same broker, the same pre-produced input and the
+same model, in one run, reported as ratios.
+
+Contenders, per workload (video and trades):
+
+* passthrough ceiling: bare confluent-kafka consume -> produce, no model;
+* model-only ceiling: the model on preloaded, already decoded batches (no Kafka), best batch size;
+* serial baseline: consume one -> decode -> model(batch of 1) -> produce -> flush -> commit;
+* streamproc: the real pipeline;
+* Quix Streams (latest release), same decode + model per message, in its own virtual environment
+  layered over this one (it pins confluent-kafka < 2.13 and pydantic < 2.14; see
+  ``benchmarks/quix_app.py``); skipped with a note when that environment cannot be built.
+
+Throughput (msg/s) is ``(n - 1) / (last output timestamp - first output timestamp)`` from the
+output topic, the same for every contender (start-up and model loading excluded). Latency:
+streamproc under an open-loop paced replay at 50 % and 80 % of its own measured maximum,
+end-to-end = output record timestamp - input record timestamp, P50/P99.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from confluent_kafka import Consumer, Producer
+
+from streamproc.admin import ensure_topics
+from streamproc.config import Config, load_config
+from streamproc.errors import RecordError
+from streamproc.pipeline import Pipeline
+from streamproc.records import Record, TopicPartition
+from streamproc.replay import produce
+from streamproc.verify import read_topic
+from streamproc.workloads import load_workload
+
+PLAN = {"video": {"messages": 370, "serial": 120}, "trades": {"messages": 20_000, "serial": 1000}}
+
+
+@dataclass
+class Row:
+    workload: str
+    contender: str
+    messages: int
+    throughput_msg_s: float | None
+    note: str = ""
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rate_from_output(bootstrap: str, topic: str) -> tuple[int, float | None]:
+    records = read_topic(bootstrap, topic).records.values()
+    stamps = sorted(ts for _, _, _, ts in records)
+    if len(stamps) < 2 or stamps[-1] == stamps[0]:
+        return len(stamps), None
+    return len(stamps), (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1000.0)
+
+
+def _record(message: Any) -> Record:
+    return Record(
+        TopicPartition(message.topic(), message.partition()),
+        message.offset(),
+        message.key(),
+        message.value(),
+        tuple(message.headers() or ()),
+        message.timestamp()[1],
+        time.monotonic(),
+    )
+
+
+def _consumer(bootstrap: str, topic: str) -> Consumer:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    return consumer
+
+
+def passthrough(bootstrap: str, source: str, sink: str, n: int) -> None:
+    """Bare consume -> produce, batched polls, no model."""
+    consumer = _consumer(bootstrap, source)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all"})
+    done = 0
+    while done < n:
+        for message in consumer.consume(500, 1.0):
+            if message.error() is None:
+                producer.produce(sink, key=message.key(), value=message.value())
+                done += 1
+        producer.poll(0)
+    producer.flush(60)
+    consumer.close()
+
+
+def serial(bootstrap: str, source: str, sink: str, n: int, workload_name: str) -> None:
+    """The naive loop: one message at a time, flush and commit after each."""
+    workload = load_workload(workload_name)
+    model = workload.build_model(torch.device("cpu"))
+    row = np.zeros((1, *workload.item_shape), dtype=workload.item_dtype)
+    consumer = _consumer(bootstrap, source)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    done = 0
+    while done < n:
+        message = consumer.poll(1.0)
+        if message is None or message.error() is not None:
+            continue
+        record = _record(message)
+        try:
+            workload.decode(record, row[0])
+        except RecordError:
+            continue
+        outputs = model(torch.from_numpy(row))
+        value = workload.encode(record, tuple(o[0].numpy() for o in outputs)).value
+        producer.produce(sink, key=message.key(), value=value)
+        producer.flush(10)
+        consumer.commit(message=message, asynchronous=False)
+        done += 1
+    consumer.close()
+
+
+def model_only(
+    workload_name: str, records: list[Record], sizes: tuple[int, ...]
+) -> dict[int, float]:
+    """Throughput of the model alone on preloaded, decoded batches, per batch size."""
+    workload = load_workload(workload_name)
+    model = workload.build_model(torch.device("cpu"))
+    rows = np.zeros((len(records), *workload.item_shape), dtype=workload.item_dtype)
+    for i, record in enumerate(records):
+        workload.decode(record, rows[i])
+    batch = torch.from_numpy(rows)
+    out = {}
+    for size in sizes:
+        model(batch[:size])  # warm-up
+        started = time.perf_counter()
+        done = 0
+        while done + size <= len(records) and time.perf_counter() - started < 8:
+            model(batch[done : done + size])
+            done += size
+        out[size] = done / (time.perf_counter() - started)
+    return out
+
+
+def _config(bootstrap: str, source: str, sink: str, workload: str, group: str) -> Config:
+    return load_config(
+        overrides={
+            "kafka": {"bootstrap_servers": bootstrap, "group_id": group},
+            "pipelines": [
+                {
+                    "name": workload,
+                    "input_topic": source,
+                    "output_topic": sink,
+                    "workload": workload,
+                }
+            ],
+            "metrics": {"port": 0},
+            "batching": {"max_batch_size": 4 if workload == "video" else 256},
+        }
+    )
+
+
+def run_streamproc(
+    bootstrap: str, source: str, sink: str, workload: str, group: str, idle_s: float = 3.0
+) -> None:
+    summary = Pipeline(_config(bootstrap, source, sink, workload, group)).run(
+        exit_when_idle_s=idle_s
+    )
+    if summary.exit_code != 0:
+        raise RuntimeError(f"streamproc failed: {summary.error}")
+
+
+def paced_latency(
+    bootstrap: str, workload: str, rate: float, seconds: float, partitions: int
+) -> tuple[float, float, int]:
+    """Open-loop replay at ``rate`` while streamproc runs; P50/P99 end-to-end in ms."""
+    suffix = uuid.uuid4().hex[:6]
+    source, sink = f"bench.{workload}.lat.{suffix}", f"bench.{workload}.lat.out.{suffix}"
+    ensure_topics(bootstrap, {source: partitions, sink: partitions})
+    count = max(20, int(rate * seconds))
+    config = _config(bootstrap, source, sink, workload, f"lat-{suffix}")
+    pipeline = Pipeline(config)
+    pipeline.start()
+    produce(workload, source, bootstrap, partitions, count, rate, progress=False)
+    pipeline.run(exit_when_idle_s=3.0)
+    inputs = read_topic(bootstrap, source).records
+    latencies = []
+    for _, _, headers, ts in read_topic(bootstrap, sink).records.values():
+        coord = (
+            int(headers["streamproc.source.partition"]),
+            int(headers["streamproc.source.offset"]),
+        )
+        if coord in inputs:
+            latencies.append(ts - inputs[coord][3])
+    values = np.asarray(latencies, dtype=float)
+    return float(np.percentile(values, 50)), float(np.percentile(values, 99)), len(values)
+
+
+def run_quix(bootstrap: str, source: str, sink: str, workload: str, n: int) -> str:
+    """Run the Quix Streams contender in its own environment; returns a note."""
+    python = quix_python()
+    if python is None:
+        return "skipped: Quix Streams environment could not be built"
+    app = Path(__file__).resolve().parent.parent / "benchmarks" / "quix_app.py"
+    if not app.exists():
+        return "skipped: benchmarks/quix_app.py not found (run from the repository)"
+    proc = subprocess.Popen(
+        [str(python), str(app), bootstrap, source, sink, workload, str(n)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out, _ = proc.communicate(timeout=600)
+    if proc.returncode != 0:
+        return f"failed: {out[-300:]}"
+    return ""
+
+
+def quix_python() -> Path | None:
+    """A virtualenv with the latest quixstreams, layered over this environment for torch."""
+    from streamproc.kafka_local import cache_dir
+
+    venv = cache_dir() / "quix-venv"
+    python = venv / "bin" / "python"
+    marker = venv / ".complete"
+    if not marker.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        result = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "quixstreams"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            return None
+        site = next((venv / "lib").glob("python*/site-packages"))
+        ours = [p for p in sys.path if p.endswith("site-packages")]
+        repo = str(Path(__file__).resolve().parent.parent)
+        # appended after quix's own packages: its pins win, torch & co. come from here
+        (site / "zz-streamproc.pth").write_text("\n".join([*ours, repo]) + "\n")
+        marker.touch()
+    return python
+
+
+def run(
+    bootstrap: str,
+    out_dir: Path,
+    workloads: tuple[str, ...] = ("trades", "video"),
+    partitions: int = 4,
+) -> list[Row]:
+    """Run every contender; write ``bench.json`` and ``bench.png`` to ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    for workload in workloads:
+        n, n_serial = PLAN[workload]["messages"], PLAN[workload]["serial"]
+        suffix = uuid.uuid4().hex[:6]
+        source = f"bench.{workload}.{suffix}"
+        ensure_topics(bootstrap, {source: partitions})
+        produce(workload, source, bootstrap, partitions, n, None, progress=False)
+        records = [
+            Record(TopicPartition(source, p), o, k, v, tuple(h.items()), ts, 0.0)
+            for (p, o), (k, v, h, ts) in list(read_topic(bootstrap, source).records.items())[:256]
+        ]
+
+        def sink_topic(name: str, _suffix: str = suffix, _workload: str = workload) -> str:
+            topic = f"bench.{_workload}.{name}.{_suffix}"
+            ensure_topics(bootstrap, {topic: partitions})
+            return topic
+
+        t = sink_topic("passthrough")
+        passthrough(bootstrap, source, t, n)
+        rows.append(Row(workload, "passthrough", *_rate_from_output(bootstrap, t)))
+
+        sizes = (1, 2, 4, 8, 16) if workload == "video" else (64, 256, 1024)
+        ceilings = model_only(workload, records, sizes)
+        best = max(ceilings, key=ceilings.__getitem__)
+        rows.append(
+            Row(
+                workload,
+                "model-only",
+                len(records),
+                ceilings[best],
+                note=f"best batch {best}",
+                extra={"per_batch_size": {str(k): v for k, v in ceilings.items()}},
+            )
+        )
+
+        t = sink_topic("serial")
+        serial(bootstrap, source, t, n_serial, workload)
+        rows.append(Row(workload, "serial", *_rate_from_output(bootstrap, t)))
+
+        t = sink_topic("streamproc")
+        run_streamproc(bootstrap, source, t, workload, f"bench-sp-{suffix}")
+        count, rate = _rate_from_output(bootstrap, t)
+        rows.append(Row(workload, "streamproc", count, rate))
+
+        t = sink_topic("quix")
+        note = run_quix(bootstrap, source, t, workload, n_serial)
+        quix = Row(
+            workload,
+            "quixstreams",
+            *(_rate_from_output(bootstrap, t) if not note else (0, None)),
+            note=note,
+        )
+        rows.append(quix)
+
+        if rate:
+            for load in (0.5, 0.8):
+                p50, p99, count = paced_latency(
+                    bootstrap,
+                    workload,
+                    rate * load,
+                    12.0 if workload == "video" else 5.0,
+                    partitions,
+                )
+                rows.append(
+                    Row(
+                        workload,
+                        f"streamproc @ {int(load * 100)}% load",
+                        count,
+                        rate * load,
+                        p50_ms=p50,
+                        p99_ms=p99,
+                    )
+                )
+    (out_dir / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    _plot(rows, out_dir / "bench.png")
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    lines = []
+    for workload in dict.fromkeys(r.workload for r in rows):
+        mine = [r for r in rows if r.workload == workload]
+        sp = next((r.throughput_msg_s for r in mine if r.contender == "streamproc"), None)
+        lines.append(f"{workload}")
+        lines.append(
+            f"  {'contender':<24} {'msgs':>6} {'msg/s':>9} {'streamproc / it':>16} "
+            f"{'P50 ms':>7} {'P99 ms':>7}  note"
+        )
+        for r in mine:
+            ratio = (
+                f"{sp / r.throughput_msg_s:>16.2f}"
+                if sp and r.throughput_msg_s and "load" not in r.contender
+                else f"{'':>16}"
+            )
+            tput = f"{r.throughput_msg_s:>9.1f}" if r.throughput_msg_s else f"{'-':>9}"
+            p50 = f"{r.p50_ms:>7.0f}" if r.p50_ms is not None else f"{'':>7}"
+            p99 = f"{r.p99_ms:>7.0f}" if r.p99_ms is not None else f"{'':>7}"
+            lines.append(
+                f"  {r.contender:<24} {r.messages:>6} {tput} {ratio} {p50} {p99}  {r.note}"
+            )
+    return "\n".join(lines)
+
+
+def _plot(rows: list[Row], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4))
+    for ax, workload in zip(np.atleast_1d(axes), workloads, strict=True):
+        mine = [
+            r
+            for r in rows
+            if r.workload == workload and "load" not in r.contender and r.throughput_msg_s
+        ]
+        ax.bar([r.contender for r in mine], [r.throughput_msg_s for r in mine])
+        ax.set_title(f"{workload}: throughput (msg/s)")
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(bootstrap: str | None = None) -> int:
+    """Entry point of ``streamproc bench``: local broker unless one is given."""
+    from streamproc import logs
+    from streamproc.kafka_local import LocalKafka, ensure_kafka_jars
+
+    logs.configure("warning", "console")
+    broker = None
+    bootstrap = bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    started = time.monotonic()
+    try:
+        if not bootstrap:
+            broker = LocalKafka(
+                Path(f"/tmp/streamproc-bench-{uuid.uuid4().hex[:6]}"), ensure_kafka_jars()
+            )
+            bootstrap = broker.start()
+        rows = run(bootstrap, Path("benchmarks/results"))
+    finally:
+        if broker is not None:
+            broker.stop()
+    print(render(rows))
+    print(f"(total {time.monotonic() - started:.0f} s; JSON and PNG in benchmarks/results/)")
+    return 0
