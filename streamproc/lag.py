@@ -71,9 +71,12 @@ class LagMonitor:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop refreshing and release the AdminClient (its librdkafka handle reconnects
+        forever otherwise); idempotent."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
+        self._admin = None  # type: ignore[assignment]
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
