@@ -167,6 +167,8 @@ def _config(bootstrap: str, source: str, sink: str, workload: str, group: str) -
             ],
             "metrics": {"port": 0},
             "batching": {"max_batch_size": 4 if workload == "video" else 256},
+            # light messages: deeper rings, so partitions are not paused and re-fetched often
+            "buffers": {"ring_capacity": 256 if workload == "video" else 4096},
         }
     )
 

@@ -93,8 +93,13 @@ class ResultHandler:
 
     def _encode(self, record: Record, row: tuple[np.ndarray, ...]) -> Encoded:
         """The result callback, retried with exponential backoff before giving up."""
+        try:
+            return self._workload.encode(record, row)  # fast path: no retry machinery
+        except Exception:
+            if self._attempts <= 1:
+                raise
         for attempt in Retrying(
-            stop=stop_after_attempt(self._attempts),
+            stop=stop_after_attempt(self._attempts - 1),
             wait=wait_exponential(multiplier=0.005, max=0.1),
             reraise=True,
         ):
