@@ -185,8 +185,9 @@ def run_streamproc(
 
 def paced_latency(
     bootstrap: str, workload: str, rate: float, seconds: float, partitions: int
-) -> tuple[float, float, int]:
-    """Open-loop replay at ``rate`` while streamproc runs; P50/P99 end-to-end in ms."""
+) -> tuple[float, float, int, list[float]]:
+    """Open-loop replay at ``rate`` while streamproc runs; P50/P99 end-to-end in ms and the
+    latency quantiles 0..100 (for the CDF plot)."""
     suffix = uuid.uuid4().hex[:6]
     source, sink = f"bench.{workload}.lat.{suffix}", f"bench.{workload}.lat.out.{suffix}"
     ensure_topics(bootstrap, {source: partitions, sink: partitions})
@@ -206,7 +207,13 @@ def paced_latency(
         if coord in inputs:
             latencies.append(ts - inputs[coord][3])
     values = np.asarray(latencies, dtype=float)
-    return float(np.percentile(values, 50)), float(np.percentile(values, 99)), len(values)
+    quantiles = np.percentile(values, np.linspace(0, 100, 101)).tolist()
+    return (
+        float(np.percentile(values, 50)),
+        float(np.percentile(values, 99)),
+        len(values),
+        quantiles,
+    )
 
 
 def run_quix(bootstrap: str, source: str, sink: str, workload: str, n: int) -> str:
@@ -284,7 +291,7 @@ def run(
         passthrough(bootstrap, source, t, n)
         rows.append(Row(workload, "passthrough", *_rate_from_output(bootstrap, t)))
 
-        sizes = (1, 2, 4, 8, 16) if workload == "video" else (64, 256, 1024)
+        sizes = (1, 2, 4, 8, 16) if workload == "video" else (16, 64, 256)
         ceilings = model_only(workload, records, sizes)
         best = max(ceilings, key=ceilings.__getitem__)
         rows.append(
@@ -319,7 +326,7 @@ def run(
 
         if rate:
             for load in (0.5, 0.8):
-                p50, p99, count = paced_latency(
+                p50, p99, count, quantiles = paced_latency(
                     bootstrap,
                     workload,
                     rate * load,
@@ -334,6 +341,7 @@ def run(
                         rate * load,
                         p50_ms=p50,
                         p99_ms=p99,
+                        extra={"latency_quantiles_ms": quantiles},
                     )
                 )
     (out_dir / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
@@ -375,16 +383,26 @@ def _plot(rows: list[Row], path: Path) -> None:
     except ImportError:
         return
     workloads = list(dict.fromkeys(r.workload for r in rows))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4))
-    for ax, workload in zip(np.atleast_1d(axes), workloads, strict=True):
+    fig, axes = plt.subplots(2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False)
+    for column, workload in enumerate(workloads):
+        ax = axes[0][column]
         mine = [
             r
             for r in rows
             if r.workload == workload and "load" not in r.contender and r.throughput_msg_s
         ]
         ax.bar([r.contender for r in mine], [r.throughput_msg_s for r in mine])
-        ax.set_title(f"{workload}: throughput (msg/s)")
+        ax.set_yscale("log")
+        ax.set_title(f"{workload}: throughput (msg/s, log scale)")
         ax.tick_params(axis="x", rotation=30)
+        ax = axes[1][column]
+        for r in rows:
+            if r.workload == workload and "latency_quantiles_ms" in r.extra:
+                ax.plot(r.extra["latency_quantiles_ms"], np.linspace(0, 1, 101), label=r.contender)
+        ax.set_xlabel("end-to-end latency (ms)")
+        ax.set_ylabel("fraction of messages")
+        ax.set_title(f"{workload}: streamproc latency CDF (open loop)")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path)
 
