@@ -18,7 +18,14 @@ import sys
 from typing import Any
 
 from streamproc.errors import ConfigError
-from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json, require_value
+from streamproc.workloads.base import (
+    Encoded,
+    ModelFn,
+    Workload,
+    parse_json,
+    require_value,
+    source_coordinates,
+)
 
 __all__ = [
     "BUILTIN",
@@ -28,6 +35,7 @@ __all__ = [
     "load_workload",
     "parse_json",
     "require_value",
+    "source_coordinates",
 ]
 
 BUILTIN = ("video", "iot", "trades")

@@ -32,6 +32,11 @@ ModelFn = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 M = TypeVar("M", bound=BaseModel)
 
 
+def source_coordinates(record: Record) -> dict[str, str | int]:
+    """``{"topic", "partition", "offset"}`` of the input record, for result bodies."""
+    return {"topic": record.tp.topic, "partition": record.tp.partition, "offset": record.offset}
+
+
 def require_value(record: Record) -> bytes:
     """The record's value; DecodeError for a tombstone (null) or an empty value."""
     if record.value is None:

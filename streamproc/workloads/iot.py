@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from streamproc.errors import DecodeError
 from streamproc.records import Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json
+from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json, source_coordinates
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 
 WINDOW = 32
@@ -157,11 +157,7 @@ class IotWorkload(Workload):
                 "anomaly": bool(flag),
                 "threshold": self.threshold,
                 "model": "iot autoencoder (cycling recording)",
-                "source": {
-                    "topic": record.tp.topic,
-                    "partition": record.tp.partition,
-                    "offset": record.offset,
-                },
+                "source": source_coordinates(record),
             }
         )
         return Encoded(value)

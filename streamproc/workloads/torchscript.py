@@ -24,7 +24,7 @@ import torch
 
 from streamproc.errors import ConfigError, DecodeError
 from streamproc.records import Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload, require_value
+from streamproc.workloads.base import Encoded, ModelFn, Workload, require_value, source_coordinates
 
 
 class TorchScriptWorkload(Workload):
@@ -85,11 +85,7 @@ class TorchScriptWorkload(Workload):
             orjson.dumps(
                 {
                     "outputs": [np.asarray(o).tolist() for o in outputs],
-                    "source": {
-                        "topic": record.tp.topic,
-                        "partition": record.tp.partition,
-                        "offset": record.offset,
-                    },
+                    "source": source_coordinates(record),
                 }
             )
         )

@@ -38,7 +38,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from streamproc.records import Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json
+from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json, source_coordinates
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
 
 TRADES_PER_BAR = 4
@@ -194,11 +194,7 @@ class TradesWorkload(Workload):
                     "side": int(feats[2]),
                 },
                 "model": "trades autoencoder (daily OHLCV 2000-2010)",
-                "source": {
-                    "topic": record.tp.topic,
-                    "partition": record.tp.partition,
-                    "offset": record.offset,
-                },
+                "source": source_coordinates(record),
             }
         )
         return Encoded(value)

@@ -28,7 +28,7 @@ from PIL import Image
 
 from streamproc.errors import DecodeError
 from streamproc.records import Headers, Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload, require_value
+from streamproc.workloads.base import Encoded, ModelFn, Workload, require_value, source_coordinates
 
 IMAGE_SIZE = 224
 RESIZE_SHORTER_TO = 256
@@ -165,11 +165,7 @@ class VideoWorkload(Workload):
                     for s, i in zip(scores, ids, strict=True)
                 ],
                 "model": "efficientnet-lite0 (ImageNet)",
-                "source": {
-                    "topic": record.tp.topic,
-                    "partition": record.tp.partition,
-                    "offset": record.offset,
-                },
+                "source": source_coordinates(record),
             }
         )
         return Encoded(value)

@@ -19,6 +19,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.admin import ensure_topics
 from streamproc.config import Config, load_config
+from streamproc.verify import Verdict
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,16 @@ def end_offset_total(bootstrap: str, topic: str) -> int:
         )
     finally:
         consumer.close()
+
+
+def report(name: str, verdict: Verdict) -> None:
+    """Print the verifier's counts for one scenario (visible with -s and in CI logs)."""
+    print(
+        f"\n[{name}] inputs={verdict.inputs} results={verdict.results} "
+        f"dead={verdict.dead_lettered} missing={len(verdict.missing)} "
+        f"duplicates={verdict.duplicates} committed==end={verdict.committed_equals_end} "
+        f"stable={verdict.output_stable}"
+    )
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -22,19 +22,11 @@ from streamproc.verify import read_topic, verify
 from tests.integration.conftest import (
     Topics,
     end_offset_total,
+    report,
     start_consumer,
     wait_for,
     write_config,
 )
-
-
-def report(name: str, verdict) -> None:  # type: ignore[no-untyped-def]
-    print(
-        f"\n[{name}] inputs={verdict.inputs} results={verdict.results} "
-        f"dead={verdict.dead_lettered} missing={len(verdict.missing)} "
-        f"duplicates={verdict.duplicates} committed==end={verdict.committed_equals_end} "
-        f"stable={verdict.output_stable}"
-    )
 
 
 def test_sigterm_with_batches_in_flight_drains_and_restart_has_no_duplicates(

@@ -26,6 +26,7 @@ from streamproc.verify import committed_offsets, verify
 from tests.integration.conftest import (
     Topics,
     end_offset_total,
+    report,
     start_consumer,
     wait_for,
     write_config,
@@ -33,14 +34,6 @@ from tests.integration.conftest import (
 
 pytestmark = pytest.mark.slow
 SLOW = "tests.support.slow:make_workload"
-
-
-def report(name: str, verdict) -> None:  # type: ignore[no-untyped-def]
-    print(
-        f"\n[{name}] inputs={verdict.inputs} results={verdict.results} "
-        f"missing={len(verdict.missing)} duplicates={verdict.duplicates} "
-        f"committed==end={verdict.committed_equals_end}"
-    )
 
 
 def slow_pipeline(t: Topics, delay_s: float) -> list[dict]:  # type: ignore[type-arg]
