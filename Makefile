@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-$(DEPS_HASH)
 PYTEST_ARGS ?=
 
-.PHONY: all venv deps kafka-jars demo bench gpu-wheels test test-slow lint format clean
+.PHONY: all venv deps kafka-jars demo bench soak gpu-wheels test test-slow lint format clean
 
 all: test
 
@@ -76,6 +76,10 @@ compose-test:
 
 bench: venv kafka-jars
 	$(VENV)/bin/streamproc bench
+
+# A 5-minute paced soak: consumer RSS must stay within +-5 % (benchmarks/soak.py).
+soak: venv kafka-jars
+	$(PY) benchmarks/soak.py
 
 # Wheels for benchmarks/gpu_check.sh on a GPU machine with Python 3.12 + torch and no network.
 gpu-wheels:
