@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from streamproc.records import Record, TopicPartition
@@ -123,7 +123,6 @@ class RingView:
     tp: TopicPartition
     size: int
     bytes: int
-    oldest_consumed_at_s: float
     oldest_by_class: tuple[float | None, ...]
 
     def deadline_s(self, max_wait_s: tuple[float, ...]) -> float:
@@ -198,20 +197,11 @@ class PartitionBuffers:
 
     def views(self) -> list[RingView]:
         """Non-empty rings, for the batcher."""
-        out = []
-        for tp, ring in self._rings.items():
-            head = ring.peek()
-            if head is not None:
-                out.append(
-                    RingView(
-                        tp,
-                        len(ring),
-                        ring.bytes,
-                        head.consumed_at_s,
-                        ring.oldest_by_class(),
-                    )
-                )
-        return out
+        return [
+            RingView(tp, len(ring), ring.bytes, ring.oldest_by_class())
+            for tp, ring in self._rings.items()
+            if len(ring)
+        ]
 
     def take(
         self,
@@ -269,8 +259,3 @@ class PartitionBuffers:
     def total(self) -> int:
         """Messages waiting across all rings."""
         return sum(len(ring) for ring in self._rings.values())
-
-
-def oldest(views: Sequence[RingView]) -> float | None:
-    """The oldest consume time among ``views``, or None when there are none."""
-    return min((v.oldest_consumed_at_s for v in views), default=None)

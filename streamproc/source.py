@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
@@ -52,7 +52,6 @@ class TopicLane:
     buffers: PartitionBuffers
     cond: threading.Condition
     default_priority: int = 1  # 0 high, 1 normal, 2 low
-    last_input_s: float = field(default_factory=time.monotonic)
 
 
 _PRIORITY = {b"high": 0, b"normal": 1, b"low": 2}
