@@ -8,6 +8,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from streamproc.errors import BrokerError
+from streamproc.logs import kafka_logger
 
 
 def _admin(bootstrap_or_config: str | dict[str, Any]) -> tuple[AdminClient, str]:
@@ -16,6 +17,7 @@ def _admin(bootstrap_or_config: str | dict[str, Any]) -> tuple[AdminClient, str]
         if isinstance(bootstrap_or_config, str)
         else dict(bootstrap_or_config)
     )
+    config.setdefault("logger", kafka_logger())
     return AdminClient(config), str(config.get("bootstrap.servers"))
 
 

@@ -155,6 +155,18 @@ def run_cmd(
         summary = pipeline.run(exit_when_idle_s=exit_when_idle_s)
     except StreamprocError as exc:
         raise _fail(exc) from exc
+    for spec in cfg.pipelines:
+        metrics = pipeline.metrics
+        consumed = metrics.consumed.labels(spec.input_topic)._value.get()
+        produced = metrics.produced.labels(spec.output_topic)._value.get()
+        dead = sum(
+            metrics.dead_lettered.labels(spec.input_topic, stage)._value.get()
+            for stage in ("decode", "model", "encode", "produce", "callback")
+        )
+        typer.echo(
+            f"{spec.name}: {consumed:.0f} consumed from {spec.input_topic}, {produced:.0f} "
+            f"results to {spec.output_topic}, {dead:.0f} dead-lettered to {spec.dead_letter_topic}"
+        )
     if summary.error:
         typer.echo(f"error: {summary.error}", err=True)
     raise typer.Exit(summary.exit_code)

@@ -18,7 +18,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from streamproc.logs import get_logger
+from streamproc.logs import get_logger, kafka_logger
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
 
@@ -56,7 +56,7 @@ class LagMonitor:
         self._clock = clock
         self._progress: dict[TopicPartition, tuple[int | None, float]] = {}
         self.stalled: set[TopicPartition] = set()
-        self._admin = AdminClient({"log_level": 3, **admin_config})
+        self._admin = AdminClient({"log_level": 3, "logger": kafka_logger(), **admin_config})
         self._group_id = group_id
         self._positions = positions
         self._metrics = metrics

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 from collections.abc import MutableMapping
 from typing import Any, TextIO
 
@@ -56,6 +57,46 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,  # configure() may come after first use
     )
+
+
+class _RateLimited(logging.Filter):
+    """Let each distinct librdkafka message through once per ``every_s`` seconds.
+
+    A broker that refuses connections makes librdkafka log the same line every reconnect
+    backoff (hundreds of lines a minute); the first one says everything. The transient
+    "Coordinator load in progress" retry of a fresh broker is not worth a line at all.
+    """
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last_s: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "Coordinator load in progress" in message:
+            return False
+        key = re.sub(r"\d+", "#", message.split("]: ", 1)[-1])
+        now_s = time.monotonic()
+        last_s = self._last_s.get(key)
+        if last_s is not None and now_s - last_s < self.every_s:
+            return False
+        self._last_s[key] = now_s
+        return True
+
+
+def kafka_logger() -> logging.Logger:
+    """The logger every Kafka client of streamproc passes as librdkafka's ``logger``:
+    warnings and errors to stderr, each distinct message at most once a minute."""
+    logger = logging.getLogger("streamproc.librdkafka")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("librdkafka %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.addFilter(_RateLimited())
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+    return logger
 
 
 def get_logger(name: str) -> Any:

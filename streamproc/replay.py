@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 from tqdm import tqdm
 
 from streamproc.admin import ensure_topics
+from streamproc.logs import kafka_logger
 from streamproc.records import Headers
 from streamproc.workloads.video import Frame, frame_headers, iter_frames
 
@@ -126,6 +127,7 @@ def produce(
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,
+            "logger": kafka_logger(),
         }
     )
     acked = 0

@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from streamproc.commit import OffsetTracker
 from streamproc.errors import FatalPipelineError
-from streamproc.logs import get_logger, redact
+from streamproc.logs import get_logger, kafka_logger, redact
 from streamproc.metrics import Metrics
 from streamproc.records import Headers, Record
 from streamproc.transactions import Transactions
@@ -75,6 +75,7 @@ class Sink:
         config = {
             "linger.ms": 2,
             "compression.type": "lz4",
+            "logger": kafka_logger(),
             **producer_config,
             "enable.idempotence": True,
             "acks": "all",

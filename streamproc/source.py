@@ -37,7 +37,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from streamproc.buffers import FlowControl, PartitionBuffers
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config
-from streamproc.logs import get_logger, redact
+from streamproc.logs import get_logger, kafka_logger, redact
 from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
 from streamproc.transactions import Transactions
@@ -128,6 +128,7 @@ class Source:
             # default 500 ms long-poll on idle partitions every pause/resume cycle would stall
             # that long (measured: 605 msg/s -> see docs/benchmarks.md). Override freely.
             "fetch.wait.max.ms": 20,
+            "logger": kafka_logger(),
             **kafka.consumer,
         }
         if transactions is not None:

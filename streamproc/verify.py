@@ -16,6 +16,7 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from streamproc.logs import kafka_logger
 from streamproc.sink import H_OFFSET, H_PARTITION, H_TOPIC
 
 Coord = tuple[str, int, int]
@@ -41,6 +42,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> T
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
+            "logger": kafka_logger(),
         }
     )
     try:
@@ -90,7 +92,9 @@ def committed_offsets(
     bootstrap_servers: str, group_id: str, topic: str, partitions: list[int]
 ) -> dict[int, int]:
     """The group's committed offset per partition (-1001 = none)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group_id})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": group_id, "logger": kafka_logger()}
+    )
     try:
         got = consumer.committed([KafkaTopicPartition(topic, p) for p in partitions], timeout=30)
         return {tp.partition: tp.offset for tp in got}
