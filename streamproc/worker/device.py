@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -62,6 +63,12 @@ class DeviceResult:
     inference_s: float
 
 
+class Event(Protocol):
+    """What the completion thread needs of an event: ``query()`` is True once it fired."""
+
+    def query(self) -> bool: ...
+
+
 class _Done:
     """An event that has already completed (CPU)."""
 
@@ -73,8 +80,8 @@ class _Done:
 @dataclass
 class _InFlight:
     job: DeviceJob
-    copy_event: torch.cuda.Event | _Done
-    done_event: torch.cuda.Event | _Done
+    copy_event: Event
+    done_event: Event
     outputs: tuple[torch.Tensor, ...]
     out_slot: int
     started_s: float
@@ -93,6 +100,8 @@ class DeviceWorker:
         streams: CUDA streams to rotate over (ignored on CPU).
         on_result: called on the completion thread with each :class:`DeviceResult`, in order.
         on_fatal: called with an exception that stops the worker.
+        event_factory: on CPU, where copies are synchronous, tests pass a factory of
+            controllable copy events to prove a slab is only reused after its event fired.
     """
 
     def __init__(
@@ -104,7 +113,9 @@ class DeviceWorker:
         streams: int,
         on_result: Callable[[DeviceResult], None],
         on_fatal: Callable[[BaseException], None],
+        event_factory: Callable[[], Event] | None = None,
     ) -> None:
+        self._event_factory = event_factory
         self.model = model
         self.device = device
         self.pool = pool
@@ -177,13 +188,15 @@ class DeviceWorker:
         stream = self._streams[self.batches % len(self._streams)] if self.cuda else None
         self.batches += 1
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        copy_event: torch.cuda.Event | _Done = _Done()
-        done_event: torch.cuda.Event | _Done = _Done()
+        copy_event: Event = _Done()
+        done_event: Event = _Done()
         with ctx:
             x = job.slab.tensor[:n].to(self.device, non_blocking=True)
             if stream is not None:
                 copy_event = torch.cuda.Event()
                 copy_event.record(stream)
+            elif self._event_factory is not None:  # tests: a controllable "copy finished"
+                copy_event = self._event_factory()
             try:
                 outputs = self.model(x)
             except Exception as exc:
@@ -242,12 +255,9 @@ class DeviceWorker:
                     self.pool.release(item.job.slab)
                     item.slab_released = True
             head = items[0]
-            if not head.done_event.query():
-                time.sleep(0.0002)
+            if not head.slab_released or not head.done_event.query():
+                time.sleep(0.0002)  # event polling period: never a stream synchronize
                 continue
-            if not head.slab_released:  # the copy event precedes the done event on the stream
-                self.pool.release(head.job.slab)
-                head.slab_released = True
             n = len(head.job.batch)
             result = DeviceResult(
                 batch=head.job.batch,

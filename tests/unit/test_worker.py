@@ -96,3 +96,47 @@ def test_model_errors_and_wrong_row_counts_fail_the_batch_not_the_worker() -> No
     assert "rows" in str(results[1].error)
     assert results[2].error is None and results[2].outputs[0].shape == (3, 2)
     assert pool.in_use == 0
+
+
+class FakeCopyEvent:
+    """A host-to-device copy that finishes when the test says so."""
+
+    def __init__(self) -> None:
+        self.fired = threading.Event()
+
+    def query(self) -> bool:
+        return self.fired.is_set()
+
+
+def test_staging_buffer_is_reused_only_after_its_copy_event_fired() -> None:
+    pool = StagingPool(1, rows=2, item_shape=(2,), dtype=np.dtype(np.float32), pin=False)
+    events: list[FakeCopyEvent] = []
+
+    def factory() -> FakeCopyEvent:
+        events.append(FakeCopyEvent())
+        return events[-1]
+
+    results: queue.Queue[DeviceResult] = queue.Queue()
+    worker = DeviceWorker(
+        lambda x: (x * 2,),
+        torch.device("cpu"),
+        pool,
+        1,
+        1,
+        results.put,
+        print,
+        event_factory=factory,
+    )
+    worker.start()
+    slab = pool.lease()
+    assert slab is not None
+    worker.submit(DeviceJob(batch(1, 2), slab))
+    # the batch is computed, but its copy has not "finished": the only slab must stay leased
+    assert pool.lease(timeout_s=0.3) is None
+    assert results.empty()
+    events[0].fired.set()
+    assert results.get(timeout=10).batch.batch_id == 1
+    again = pool.lease(timeout_s=10)
+    assert again is slab  # reused only now
+    pool.release(again)
+    worker.close()
