@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import orjson
@@ -32,8 +31,9 @@ from pydantic import BaseModel
 
 from streamproc.errors import DecodeError
 from streamproc.records import Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json, source_coordinates
+from streamproc.workloads.base import Encoded, parse_json, source_coordinates
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
+from streamproc.workloads.scorer import CheckpointScorer
 
 WINDOW = 32
 STRIDE = 8
@@ -87,15 +87,7 @@ def reconstruction_error(
     return (model(z) - z).pow(2).mean(dim=1)
 
 
-def load_checkpoint(device: torch.device) -> tuple[Autoencoder, dict[str, Any]]:
-    """The trained autoencoder (eval mode, on ``device``) and its metadata."""
-    checkpoint = torch.load(WEIGHTS, map_location="cpu", weights_only=True)
-    model = Autoencoder()
-    model.load_state_dict(checkpoint["state_dict"])
-    return model.eval().to(device), checkpoint
-
-
-class IotWorkload(Workload):
+class IotWorkload(CheckpointScorer):
     """Score sensor windows with the trained autoencoder.
 
     Row: (WINDOW, 4) float32 raw sensor values in :data:`CYCLING_CHANNELS` order.
@@ -106,11 +98,8 @@ class IotWorkload(Workload):
     item_shape = (WINDOW, len(CYCLING_CHANNELS))
     item_dtype = np.dtype(np.float32)
     default_priority = "normal"
-
-    def __init__(self) -> None:
-        self.threshold = float(
-            torch.load(WEIGHTS, map_location="cpu", weights_only=True)["threshold"]
-        )
+    weights = WEIGHTS
+    model_class = Autoencoder
 
     def decode(self, record: Record, out: np.ndarray) -> None:
         message = parse_json(record, IotMessage)
@@ -129,18 +118,10 @@ class IotWorkload(Workload):
             raise DecodeError("schema: window holds a non-finite value")
         out[...] = values
 
-    def build_model(self, device: torch.device) -> ModelFn:
-        model, checkpoint = load_checkpoint(device)
-        mean = checkpoint["mean"].to(device)
-        std = checkpoint["std"].to(device)
-        threshold = torch.tensor(checkpoint["threshold"], device=device)
-
-        @torch.inference_mode()
-        def run(batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            score = reconstruction_error(model, batch, mean, std)
-            return score, score > threshold
-
-        return run
+    def score(
+        self, model: torch.nn.Module, batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
+    ) -> torch.Tensor:
+        return reconstruction_error(model, batch, mean, std)  # type: ignore[arg-type]
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
         score, flag = outputs

@@ -38,8 +38,9 @@ import torch
 from pydantic import BaseModel, Field
 
 from streamproc.records import Record
-from streamproc.workloads.base import Encoded, ModelFn, Workload, parse_json, source_coordinates
+from streamproc.workloads.base import Encoded, parse_json, source_coordinates
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
+from streamproc.workloads.scorer import CheckpointScorer
 
 TRADES_PER_BAR = 4
 FEATURES = 4
@@ -136,15 +137,7 @@ def all_trades(symbols: tuple[str, ...] = STOCK_SYMBOLS) -> list[dict[str, Any]]
     return out
 
 
-def load_checkpoint(device: torch.device) -> tuple[Autoencoder, dict[str, Any]]:
-    """The trained model (eval mode, on ``device``) and its metadata."""
-    checkpoint = torch.load(WEIGHTS, map_location="cpu", weights_only=True)
-    model = Autoencoder()
-    model.load_state_dict(checkpoint["state_dict"])
-    return model.eval().to(device), checkpoint
-
-
-class TradesWorkload(Workload):
+class TradesWorkload(CheckpointScorer):
     """Score trades with the trained autoencoder.
 
     Row: (4,) float32 raw features. Model outputs: score (n,) float32, anomaly flag (n,) bool.
@@ -154,28 +147,20 @@ class TradesWorkload(Workload):
     item_shape = (FEATURES,)
     item_dtype = np.dtype(np.float32)
     default_priority = "high"
-
-    def __init__(self) -> None:
-        self.threshold = float(
-            torch.load(WEIGHTS, map_location="cpu", weights_only=True)["threshold"]
-        )
+    weights = WEIGHTS
+    model_class = Autoencoder
 
     def decode(self, record: Record, out: np.ndarray) -> None:
         trade = parse_json(record, TradeMessage)
         out[...] = features(trade.price, trade.size, trade.side, trade.prev_close, trade.adv_20)
 
-    def build_model(self, device: torch.device) -> ModelFn:
-        model, checkpoint = load_checkpoint(device)
-        mean = checkpoint["mean"].to(device)
-        std = checkpoint["std"].to(device)
-        threshold = torch.tensor(checkpoint["threshold"], device=device)
+    def score(
+        self, model: torch.nn.Module, batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
+    ) -> torch.Tensor:
+        return score(model, batch, mean, std)  # type: ignore[arg-type]  # module-level score()
 
-        @torch.inference_mode()
-        def run(batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            s = score(model, batch, mean, std)
-            return s, s > threshold, batch
-
-        return run
+    def extra_outputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (batch,)  # the raw features, echoed in the result
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
         value_score, flag, feats = outputs
