@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 
+import numpy as np
+
 from streamproc.batcher import Batcher, Cut
 from streamproc.buffers import FlowControl
 from streamproc.errors import DecodeError, RecordError
@@ -45,6 +47,8 @@ class Dispatcher:
         max_message_bytes: larger values are dead-lettered without decoding.
         metrics: process metrics.
         clock: monotonic clock in seconds (injected for tests).
+        decode_chunks: a batch is decoded as this many contiguous slices in parallel (the
+            decode pool's size).
     """
 
     def __init__(
@@ -62,6 +66,7 @@ class Dispatcher:
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
+        decode_chunks: int = 1,
     ) -> None:
         self.topic = topic
         self._lane = lane
@@ -76,6 +81,10 @@ class Dispatcher:
         self._metrics = metrics
         self._on_fatal = on_fatal
         self._clock = clock
+        self._decode_chunks = max(1, decode_chunks)
+        self._batch_size = metrics.batch_size.labels(topic)
+        self._queue_wait = metrics.queue_wait.labels(topic)
+        self._pool_in_use = metrics.pool_in_use.labels(topic)
         self._stop = threading.Event()
         self._next_batch_id = 0
         self.batch_sizes: dict[int, int] = {}
@@ -124,38 +133,44 @@ class Dispatcher:
         self._next_batch_id += 1
         n = len(records)
         self.batch_sizes[n] = self.batch_sizes.get(n, 0) + 1
-        self._metrics.batch_size.labels(self.topic).observe(n)
+        self._batch_size.observe(n)
         for record in records:
-            self._metrics.queue_wait.labels(self.topic).observe(now_s - record.consumed_at_s)
+            self._queue_wait.observe(now_s - record.consumed_at_s)
         return Batch(self._next_batch_id, tuple(records), now_s, decision.reason)
 
     def _decode(self, batch: Batch) -> DeviceJob:
         slab = self._pool.lease()
         assert slab is not None
-        self._metrics.pool_in_use.labels(self.topic).set(self._pool.in_use)
+        self._pool_in_use.set(self._pool.in_use)
+        records = batch.records
+        # One task per decode worker over a contiguous slice of rows, not one per message.
+        step = -(-len(records) // self._decode_chunks)
+        futures = [
+            self._decode_pool.submit(self._decode_rows, records, slab.array, start, step)
+            for start in range(0, len(records), step)
+        ]
         failed: dict[int, RecordError] = {}
-        futures = []
-        for row, record in enumerate(batch.records):
+        for future in futures:
+            failed.update(future.result())
+        return DeviceJob(batch, slab, failed)
+
+    def _decode_rows(
+        self, records: tuple[Record, ...], rows: np.ndarray, start: int, count: int
+    ) -> dict[int, RecordError]:
+        """Decode ``records[start:start+count]`` into the same rows of the slab."""
+        failed: dict[int, RecordError] = {}
+        for row in range(start, min(start + count, len(records))):
+            record = records[row]
             if record.value is not None and len(record.value) > self._max_message_bytes:
                 failed[row] = DecodeError(
                     f"value of {len(record.value)} bytes exceeds "
                     f"worker.max_message_bytes={self._max_message_bytes}"
                 )
                 continue
-            futures.append(
-                (row, self._decode_pool.submit(self._decode_row, record, slab.array[row]))
-            )
-        for row, future in futures:
-            error = future.result()
-            if error is not None:
-                failed[row] = error
-        return DeviceJob(batch, slab, failed)
-
-    def _decode_row(self, record: Record, out: object) -> RecordError | None:
-        try:
-            self._workload.decode(record, out)  # type: ignore[arg-type]
-        except RecordError as exc:
-            return exc
-        except Exception as exc:  # a workload bug must not stop the stream
-            return DecodeError(f"{type(exc).__name__}: {exc}")
-        return None
+            try:
+                self._workload.decode(record, rows[row])
+            except RecordError as exc:
+                failed[row] = exc
+            except Exception as exc:  # a workload bug must not stop the stream
+                failed[row] = DecodeError(f"{type(exc).__name__}: {exc}")
+        return failed

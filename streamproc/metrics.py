@@ -6,6 +6,8 @@ process (tests, the demo); :meth:`Metrics.serve` exposes it over HTTP on ``metri
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS_S = (
@@ -138,6 +140,16 @@ class Metrics:
             registry=reg,
         )
         self._nvml: object | None = None
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once (for per-message counters whose series
+        are never removed)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def sample_gpu(self) -> None:
         """Update the GPU gauges from NVML when a GPU and nvidia-ml-py are present."""

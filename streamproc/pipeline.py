@@ -180,6 +180,7 @@ class Pipeline:
                 cfg.worker.max_message_bytes,
                 self.metrics,
                 self._on_fatal,
+                decode_chunks=cfg.worker.decode_workers,
             )
         )
 

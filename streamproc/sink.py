@@ -112,8 +112,8 @@ class Sink:
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is None:
-                self._metrics.produced.labels(topic).inc()
-                self._metrics.end_to_end.labels(record.tp.topic).observe(
+                self._metrics.child(self._metrics.produced, topic).inc()
+                self._metrics.child(self._metrics.end_to_end, record.tp.topic).observe(
                     max(0.0, time.time() - record.timestamp_ms / 1000.0)
                 )
                 if self.transactions is None:

@@ -246,7 +246,7 @@ class Source:
             return
         self.last_input_s = record.consumed_at_s
         self._positions[tp] = offset + 1
-        self._metrics.consumed.labels(topic).inc()
+        self._metrics.child(self._metrics.consumed, topic).inc()
         if flow.pause:
             self._consumer.pause([_ktp(t) for t in flow.pause])
 
