@@ -253,12 +253,13 @@ def quix_python() -> Path | None:
         )
         if result.returncode != 0:
             return None
-        site = next((venv / "lib").glob("python*/site-packages"))
-        ours = [p for p in sys.path if p.endswith("site-packages")]
-        repo = str(Path(__file__).resolve().parent.parent)
-        # appended after quix's own packages: its pins win, torch & co. come from here
-        (site / "zz-streamproc.pth").write_text("\n".join([*ours, repo]) + "\n")
         marker.touch()
+    # Re-pointed on every run (this environment's path changes with requirements.lock):
+    # appended after quix's own packages, so its pins win and torch & co. come from here.
+    site = next((venv / "lib").glob("python*/site-packages"))
+    ours = [p for p in sys.path if p.endswith("site-packages")]
+    repo = str(Path(__file__).resolve().parent.parent)
+    (site / "zz-streamproc.pth").write_text("\n".join([*ours, repo]) + "\n")
     return python
 
 
