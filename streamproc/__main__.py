@@ -1,3 +1,4 @@
 from streamproc.cli import main
 
-main()
+if __name__ == "__main__":  # spawned decode processes import this module too
+    main()

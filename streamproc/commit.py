@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
-from streamproc.records import TopicPartition
+from streamproc.records import Record, TopicPartition
 
 
 class PartitionTrack:
@@ -96,6 +96,29 @@ class OffsetTracker:
         """Record that ``offset`` of ``tp`` entered the pipeline."""
         with self._lock:
             self._tracks[tp].consumed(offset)
+
+    def consumed_many(self, records: Iterable[Record]) -> None:
+        """:meth:`consumed` for each record, under one lock acquisition."""
+        with self._lock:
+            tracks = self._tracks
+            for record in records:
+                tracks[record.tp].consumed(record.offset)
+
+    def done_many(self, records: Iterable[Record]) -> int:
+        """:meth:`done` for each record (its own partition and generation), under one lock
+        acquisition; returns how many were current (the rest are counted as late)."""
+        current = 0
+        with self._cond:
+            tracks = self._tracks
+            for record in records:
+                track = tracks.get(record.tp)
+                if track is None or track.generation != record.generation:
+                    self.late_results += 1
+                    continue
+                track.done(record.offset)
+                current += 1
+            self._cond.notify_all()
+        return current
 
     def done(self, tp: TopicPartition, offset: int, generation: int) -> bool:
         """Mark ``offset`` done; False (and counted) when ``generation`` is not current."""

@@ -137,6 +137,7 @@ class WorkerConfig(_Section):
     max_in_flight_batches: int = Field(default=2, ge=1, le=64)
     staging_buffers: int = Field(default=4, ge=2, le=256)
     decode_workers: int = Field(default=2, ge=1, le=64)
+    decode_mode: Literal["thread", "process"] = "thread"
     cuda_streams: int = Field(default=2, ge=1, le=16)
     torch_threads: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)

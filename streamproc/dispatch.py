@@ -3,8 +3,8 @@
 One dispatcher thread per pipeline (input topic)::
 
     wait for an in-flight slot -> ask the Batcher (under the rings' lock) -> take records
-      -> lease a staging slab -> decode rows on the decode pool, straight into the slab
-      -> DeviceWorker.submit
+      -> lease a staging slab -> the Decoder fills it (threads or processes, straight into the
+         slab) -> DeviceWorker.submit
 
 The in-flight slot is released by the result handler once the batch's results were handed to the
 sink, so at most ``max_in_flight_batches`` batches per pipeline are between cut and produce.
@@ -17,18 +17,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
-
-import numpy as np
 
 from streamproc.batcher import Batcher, Cut
 from streamproc.buffers import FlowControl
-from streamproc.errors import DecodeError, RecordError
+from streamproc.decoders import Decoder
 from streamproc.metrics import Metrics
-from streamproc.records import Batch, Record
+from streamproc.records import Batch
 from streamproc.source import TopicLane
 from streamproc.worker import DeviceJob, DeviceWorker, StagingPool
-from streamproc.workloads import Workload
 
 
 class Dispatcher:
@@ -38,17 +34,13 @@ class Dispatcher:
         topic: the input topic.
         lane: the topic's rings and their condition.
         batcher: cut policy.
-        workload: decoder.
+        decoder: fills a leased slab from the batch's records.
         pool: staging slabs.
         worker: the device worker.
-        decode_pool: executor running ``workload.decode``.
         slots: in-flight bound, released by the result handler.
         apply_flow: hands resume decisions to the source thread.
-        max_message_bytes: larger values are dead-lettered without decoding.
         metrics: process metrics.
         clock: monotonic clock in seconds (injected for tests).
-        decode_chunks: a batch is decoded as this many contiguous slices in parallel (the
-            decode pool's size).
     """
 
     def __init__(
@@ -56,32 +48,26 @@ class Dispatcher:
         topic: str,
         lane: TopicLane,
         batcher: Batcher,
-        workload: Workload,
+        decoder: Decoder,
         pool: StagingPool,
         worker: DeviceWorker,
-        decode_pool: Executor,
         slots: threading.Semaphore,
         apply_flow: Callable[[FlowControl], None],
-        max_message_bytes: int,
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
-        decode_chunks: int = 1,
     ) -> None:
         self.topic = topic
         self._lane = lane
         self._batcher = batcher
-        self._workload = workload
+        self._decoder = decoder
         self._pool = pool
         self._worker = worker
-        self._decode_pool = decode_pool
         self._slots = slots
         self._apply_flow = apply_flow
-        self._max_message_bytes = max_message_bytes
         self._metrics = metrics
         self._on_fatal = on_fatal
         self._clock = clock
-        self._decode_chunks = max(1, decode_chunks)
         self._batch_size = metrics.batch_size.labels(topic)
         self._queue_wait = metrics.queue_wait.labels(topic)
         self._pool_in_use = metrics.pool_in_use.labels(topic)
@@ -142,35 +128,4 @@ class Dispatcher:
         slab = self._pool.lease()
         assert slab is not None
         self._pool_in_use.set(self._pool.in_use)
-        records = batch.records
-        # One task per decode worker over a contiguous slice of rows, not one per message.
-        step = -(-len(records) // self._decode_chunks)
-        futures = [
-            self._decode_pool.submit(self._decode_rows, records, slab.array, start, step)
-            for start in range(0, len(records), step)
-        ]
-        failed: dict[int, RecordError] = {}
-        for future in futures:
-            failed.update(future.result())
-        return DeviceJob(batch, slab, failed)
-
-    def _decode_rows(
-        self, records: tuple[Record, ...], rows: np.ndarray, start: int, count: int
-    ) -> dict[int, RecordError]:
-        """Decode ``records[start:start+count]`` into the same rows of the slab."""
-        failed: dict[int, RecordError] = {}
-        for row in range(start, min(start + count, len(records))):
-            record = records[row]
-            if record.value is not None and len(record.value) > self._max_message_bytes:
-                failed[row] = DecodeError(
-                    f"value of {len(record.value)} bytes exceeds "
-                    f"worker.max_message_bytes={self._max_message_bytes}"
-                )
-                continue
-            try:
-                self._workload.decode(record, rows[row])
-            except RecordError as exc:
-                failed[row] = exc
-            except Exception as exc:  # a workload bug must not stop the stream
-                failed[row] = DecodeError(f"{type(exc).__name__}: {exc}")
-        return failed
+        return DeviceJob(batch, slab, self._decoder.decode(batch.records, slab))

@@ -131,8 +131,15 @@ def ensure_kafka_jars(root: Path | None = None) -> Path:
 
 
 def _cluster_id() -> str:
-    """A random KRaft cluster id: a UUID in URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random KRaft cluster id: a UUID in URL-safe base64 without padding (22 chars).
+
+    Never starting with ``-`` (as Kafka's own ``Uuid.randomUuid``): the storage tool's argument
+    parser would take such an id for an option and fail (1 start in 64).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def free_port() -> int:

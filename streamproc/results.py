@@ -9,6 +9,7 @@ offset is committed only once its dead-letter record is acknowledged.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -18,7 +19,15 @@ from streamproc.config import PipelineConfig
 from streamproc.errors import RecordError
 from streamproc.metrics import Metrics
 from streamproc.records import Record
-from streamproc.sink import H_INFERENCE_MS, H_QUEUE_MS, Sink
+from streamproc.sink import (
+    H_INFERENCE_MS,
+    H_OFFSET,
+    H_PARTITION,
+    H_PROCESSING_MS,
+    H_QUEUE_MS,
+    H_TOPIC,
+    Sink,
+)
 from streamproc.worker import DeviceResult
 from streamproc.workloads import Encoded, Workload
 
@@ -67,29 +76,44 @@ class ResultHandler:
         self._metrics.inference.labels(topic).observe(result.inference_s)
         if self._observe is not None and result.error is None:
             self._observe(len(result.batch), result.inference_s)
-        inference_ms = f"{result.inference_s * 1000:.3f}".encode()
+        inference_ms = b"%.3f" % (result.inference_s * 1000)
+        cut_at_s = result.batch.cut_at_s
+        outputs = result.outputs
+        failed = result.failed
+        source_topic = topic.encode()
+        partitions: dict[int, bytes] = {}
+        results: list[tuple[Record, bytes, list[tuple[str, bytes]]]] = []
+        now_s = time.monotonic()
         for row, record in enumerate(result.batch.records):
-            error: RecordError | None = result.failed.get(row) or result.error
-            if error is None:
-                try:
-                    encoded = self._encode(record, tuple(out[row] for out in result.outputs))
-                except Exception as exc:
-                    self._dead_letter(record, dlq, "encode", exc)
-                    continue
-                queue_ms = f"{(result.batch.cut_at_s - record.consumed_at_s) * 1000:.3f}"
-                self._sink.send_result(
+            error: RecordError | None = (failed.get(row) if failed else None) or result.error
+            if error is not None:
+                self._dead_letter(record, dlq, error.stage, error)
+                continue
+            try:
+                encoded = self._encode(record, tuple(out[row] for out in outputs))
+            except Exception as exc:
+                self._dead_letter(record, dlq, "encode", exc)
+                continue
+            partition = record.tp.partition
+            partition_bytes = partitions.get(partition)
+            if partition_bytes is None:
+                partition_bytes = partitions[partition] = b"%d" % partition
+            results.append(
+                (
                     record,
-                    self._pipeline.output_topic,
                     encoded.value,
-                    (
+                    [
+                        (H_TOPIC, source_topic),
+                        (H_PARTITION, partition_bytes),
+                        (H_OFFSET, b"%d" % record.offset),
                         *encoded.headers,
                         (H_INFERENCE_MS, inference_ms),
-                        (H_QUEUE_MS, queue_ms.encode()),
-                    ),
-                    dlq,
+                        (H_QUEUE_MS, b"%.3f" % ((cut_at_s - record.consumed_at_s) * 1000)),
+                        (H_PROCESSING_MS, b"%.3f" % ((now_s - record.consumed_at_s) * 1000)),
+                    ],
                 )
-            else:
-                self._dead_letter(record, dlq, error.stage, error)
+            )
+        self._sink.send_results(self._pipeline.output_topic, results, dlq)
 
     def _encode(self, record: Record, row: tuple[np.ndarray, ...]) -> Encoded:
         """The result callback, retried with exponential backoff before giving up."""

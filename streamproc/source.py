@@ -191,64 +191,108 @@ class Source:
         next_commit_s = time.monotonic() + commit_every_s
         while not self._stop.is_set():
             self._drain_control()
-            messages = self._consumer.consume(kafka.consume_batch_messages, timeout_s)
+            # Take what is already fetched without waiting; only block (for one message) when
+            # nothing is. consume(n, timeout) waits until n messages or the timeout, which at
+            # low rates added up to poll_timeout_ms to every message's latency.
+            messages = self._consumer.consume(kafka.consume_batch_messages, 0)
+            if not messages:
+                messages = self._consumer.consume(1, timeout_s)
             self.last_poll_s = time.monotonic()
-            for message in messages:
-                self._handle(message)
+            if messages:
+                self._handle(messages)
             if self.last_poll_s >= next_commit_s:
                 self._commit(synchronous=False)
                 next_commit_s = self.last_poll_s + commit_every_s
                 self._export_buffer_gauges()
 
-    def _handle(self, message: Message) -> None:
+    def _handle(self, messages: list[Message]) -> None:
+        """Wrap one poll's messages in records and push them into their rings: one lock
+        acquisition per lane and poll, not per message (the per-message work here runs under
+        the GIL with every other stage)."""
+        now_s = time.monotonic()
+        generations, floors, lanes = self._generations, self._seek_floor, self._lanes
+        by_lane: dict[str, list[Record]] = {}
+        for message in messages:
+            if message.error() is not None:
+                self._on_message_error(message)
+                continue
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            tp = TopicPartition(topic, partition)
+            generation = generations.get(tp)
+            if generation is None:
+                continue  # not ours (revoked between fetch and delivery)
+            if floors:
+                floor = floors.get(tp)
+                if floor is not None:
+                    if offset != floor:
+                        continue  # fetched before our seek took effect; it will come again
+                    del floors[tp]
+            lane = lanes[topic]
+            raw_headers = message.headers()
+            headers = tuple(raw_headers) if raw_headers else ()
+            default = lane.default_priority
+            priority = _priority(headers, default) if headers else default
+            record = Record(
+                tp,
+                offset,
+                message.key(),
+                message.value(),
+                headers,
+                message.timestamp()[1],
+                now_s,
+                generation,
+                priority,
+            )
+            batch = by_lane.get(topic)
+            if batch is None:
+                by_lane[topic] = [record]
+            else:
+                batch.append(record)
+        for topic, records in by_lane.items():
+            self._push(topic, lanes[topic], records)
+
+    def _on_message_error(self, message: Message) -> None:
         err = message.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                return
-            if err.fatal():
-                raise KafkaException(err)
-            log.warning("consumer error", error=str(err))
+        if err.code() == KafkaError._PARTITION_EOF:
             return
-        topic, partition, offset = message.topic(), message.partition(), message.offset()
-        tp = TopicPartition(topic, partition)
-        generation = self._generations.get(tp)
-        if generation is None:
-            return  # not ours (revoked between fetch and delivery)
-        floor = self._seek_floor.get(tp)
-        if floor is not None:
-            if offset != floor:
-                return  # fetched before our seek took effect; it will come again
-            del self._seek_floor[tp]
-        _, timestamp_ms = message.timestamp()
-        lane = self._lanes[topic]
-        headers = tuple(message.headers() or ())
-        record = Record(
-            tp=tp,
-            offset=offset,
-            key=message.key(),
-            value=message.value(),
-            headers=headers,
-            timestamp_ms=timestamp_ms,
-            consumed_at_s=time.monotonic(),
-            generation=generation,
-            priority=_priority(headers, lane.default_priority),
-        )
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning("consumer error", error=str(err))
+
+    def _push(self, topic: str, lane: TopicLane, records: list[Record]) -> None:
+        """Push one lane's records; a partition whose ring is full refuses the rest of its
+        records, is paused, and is sought back to the first refused offset."""
+        refused: dict[TopicPartition, int] = {}
+        pause: list[TopicPartition] = []
+        accepted: list[Record] = []
+        buffers = lane.buffers
         with lane.cond:
-            flow = lane.buffers.push(record)
-            if flow is not None:
-                self._tracker.consumed(tp, offset)
+            for record in records:
+                if record.tp in refused:
+                    continue
+                flow = buffers.push(record)
+                if flow is None:
+                    refused[record.tp] = record.offset
+                    continue
+                accepted.append(record)
+                if flow.pause:
+                    pause.extend(flow.pause)
+            if accepted:
+                self._tracker.consumed_many(accepted)
                 lane.cond.notify()
-        if flow is None:
+        for tp, offset in refused.items():
             # Ring full: refuse, pause, and fetch this offset again after resuming.
             self._seek_floor[tp] = offset
             self._consumer.pause([_ktp(tp)])
             self._consumer.seek(_ktp(tp, offset))
-            return
-        self.last_input_s = record.consumed_at_s
-        self._positions[tp] = offset + 1
-        self._metrics.child(self._metrics.consumed, topic).inc()
-        if flow.pause:
-            self._consumer.pause([_ktp(t) for t in flow.pause])
+        if accepted:
+            self.last_input_s = accepted[-1].consumed_at_s
+            positions = self._positions
+            for record in accepted:
+                positions[record.tp] = record.offset + 1
+            self._metrics.child(self._metrics.consumed, topic).inc(len(accepted))
+        if pause:
+            self._consumer.pause([_ktp(tp) for tp in pause])
 
     def _export_buffer_gauges(self) -> None:
         paused = 0

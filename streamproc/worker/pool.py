@@ -1,6 +1,10 @@
 """A fixed pool of host staging buffers (pinned when CUDA is present).
 
 Each buffer ("slab") holds one batch: ``(max_batch_size, *item_shape)`` of ``item_dtype``.
+With ``shared=True`` the slabs live in POSIX shared memory (``multiprocessing.shared_memory``),
+so decode processes can write into them (``worker.decode_mode: process``); with CUDA they are
+then page-locked in place with ``cudaHostRegister`` instead of allocated pinned.
+
 All slabs are allocated up front; :attr:`StagingPool.allocations` counts every host buffer the
 pool ever allocated, so a test or metric can prove nothing is allocated after warm-up.
 
@@ -11,8 +15,10 @@ after the slab's host-to-device copy has completed.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
+from multiprocessing import shared_memory
 
 import numpy as np
 import torch
@@ -41,7 +47,8 @@ class StagingPool:
         rows: rows per slab (the maximum batch size).
         item_shape: shape of one row.
         dtype: numpy dtype of the rows.
-        pin: allocate page-locked memory (needs CUDA).
+        pin: page-locked memory (needs CUDA).
+        shared: allocate the slabs in named shared memory (see :attr:`shared_names`).
     """
 
     def __init__(
@@ -51,20 +58,53 @@ class StagingPool:
         item_shape: tuple[int, ...],
         dtype: np.dtype,
         pin: bool,
+        shared: bool = False,
     ) -> None:
         torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
         self.pinned = pin
         self.rows = rows
+        self.shape = (rows, *item_shape)
+        self.dtype = np.dtype(dtype)
         self.allocations = 0
         self.slab_bytes = rows * int(np.prod(item_shape)) * np.dtype(dtype).itemsize
         self._slabs: list[Slab] = []
+        self._shared: list[shared_memory.SharedMemory] = []
         for index in range(count):
-            tensor = torch.empty((rows, *item_shape), dtype=torch_dtype, pin_memory=pin)
+            if shared:
+                shm = shared_memory.SharedMemory(create=True, size=max(1, self.slab_bytes))
+                self._shared.append(shm)
+                array = np.ndarray(self.shape, dtype=self.dtype, buffer=shm.buf)
+                tensor = torch.from_numpy(array)
+                if pin:
+                    _host_register(tensor)
+            else:
+                tensor = torch.empty(self.shape, dtype=torch_dtype, pin_memory=pin)
+                array = tensor.numpy()
             self.allocations += 1
-            self._slabs.append(Slab(index, tensor, tensor.numpy()))
+            self._slabs.append(Slab(index, tensor, array))
         self._free = list(reversed(self._slabs))
         self._leased: set[int] = set()
         self._cond = threading.Condition()
+
+    @property
+    def shared_names(self) -> tuple[str, ...]:
+        """Shared-memory names of the slabs in index order (empty unless ``shared``)."""
+        return tuple(shm.name for shm in self._shared)
+
+    def close(self) -> None:
+        """Free shared-memory slabs (unlink their names); a no-op for private slabs."""
+        for slab in self._slabs:
+            if self.pinned and self._shared:
+                with contextlib.suppress(Exception):
+                    torch.cuda.cudart().cudaHostUnregister(slab.tensor.data_ptr())
+        self._slabs.clear()
+        self._free.clear()
+        for shm in self._shared:
+            with contextlib.suppress(BufferError):  # a view still alive: freed at exit
+                shm.close()
+            with contextlib.suppress(FileNotFoundError):
+                shm.unlink()
+        self._shared.clear()
 
     @property
     def capacity(self) -> int:
@@ -96,3 +136,15 @@ class StagingPool:
             self._leased.discard(slab.index)
             self._free.append(slab)
             self._cond.notify()
+
+
+def _host_register(tensor: torch.Tensor) -> None:
+    """Page-lock existing host memory for async copies (``cudaHostRegister``).
+
+    Raises:
+        RuntimeError: CUDA refused (the CUDA error code is in the message).
+    """
+    nbytes = tensor.numel() * tensor.element_size()
+    code = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0)
+    if int(code) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {code}")

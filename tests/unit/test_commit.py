@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from streamproc.commit import OffsetTracker, PartitionTrack
-from streamproc.records import TopicPartition
+from streamproc.records import Record, TopicPartition
 
 A = TopicPartition("t", 0)
 B = TopicPartition("t", 1)
@@ -106,3 +106,31 @@ def test_wait_until_returns_when_in_flight_drains() -> None:
     assert tracker.wait_until({A: 1}, timeout_s=10) is True  # offset 2 was dropped, not waited
     worker.join()
     assert tracker.watermarks([A]) == {A: 2}
+
+
+def _records(tp: TopicPartition, offsets: range, generation: int) -> list[Record]:
+    return [Record(tp, o, None, b"v", (), 0, 0.0, generation) for o in offsets]
+
+
+def test_many_variants_match_single_calls_and_count_late_generations() -> None:
+    tracker = OffsetTracker()
+    generations = tracker.assign([A, B])
+    a = _records(A, range(4), generations[A])
+    b = _records(B, range(3), generations[B])
+    tracker.consumed_many([*a, *b])
+    assert tracker.done_many([a[1], a[0], b[2]]) == 3
+    assert tracker.commit_candidates() == {A: 2, B: 0}
+    stale = _records(B, range(2), generations[B] + 100)
+    assert tracker.done_many(stale) == 0
+    assert tracker.late_results == 2
+    assert tracker.commit_candidates() == {A: 2, B: 0}  # stale acks moved nothing
+    assert tracker.done_many([*a[2:], *b[:2]]) == 4
+    assert tracker.commit_candidates() == {A: 4, B: 3}
+
+
+def test_consumed_many_rejects_offsets_going_backwards() -> None:
+    tracker = OffsetTracker()
+    generation = tracker.assign([A])[A]
+    tracker.consumed_many(_records(A, range(5, 7), generation))
+    with pytest.raises(ValueError):
+        tracker.consumed_many(_records(A, range(6, 8), generation))

@@ -22,3 +22,12 @@ def test_claims_new_and_own_folders(tmp_path: Path) -> None:
     assert (tmp_path / "new" / MARKER).exists()
     (tmp_path / "new" / "data").mkdir()
     broker._claim_run_dir()  # ours: accepted again
+
+
+def test_cluster_ids_never_look_like_an_option() -> None:
+    from streamproc.kafka_local import _cluster_id
+
+    ids = [_cluster_id() for _ in range(2000)]  # about 31 would start with "-" unguarded
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(i) == 22 for i in ids)
+    assert len(set(ids)) == len(ids)

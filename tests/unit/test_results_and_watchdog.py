@@ -22,10 +22,12 @@ class MemorySink:
         self.results: list[tuple[int, bytes]] = []
         self.dead: list[tuple[int, str, str]] = []
 
-    def send_result(
-        self, record: Record, topic: str, value: bytes, headers: object, dlq: str
+    def send_results(
+        self, topic: str, results: list[tuple[Record, bytes, list[tuple[str, bytes]]]], dlq: str
     ) -> None:
-        self.results.append((record.offset, value))
+        for record, value, headers in results:
+            assert dict(headers)["streamproc.source.offset"] == b"%d" % record.offset
+            self.results.append((record.offset, value))
 
     def dead_letter(self, record: Record, dlq: str, stage: str, cls: str, msg: str) -> None:
         self.dead.append((record.offset, stage, cls))

@@ -303,6 +303,8 @@ spec:
           readOnly: true
         - name: tmp
           mountPath: /tmp
+        - name: dshm
+          mountPath: /dev/shm
         {{- if $sasl.enabled }}
         - name: rendered-config
           mountPath: /run/streamproc
@@ -328,6 +330,12 @@ spec:
         {{- with .Values.tmp.sizeLimit }}
         sizeLimit: {{ . }}
         {{- end }}
+    # POSIX shared memory: the staging slabs of worker.decode_mode "process" live here (the
+    # runtime's default /dev/shm is 64 MiB).
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ .Values.sharedMemory.sizeLimit }}
     {{- if $sasl.enabled }}
     - name: rendered-config
       emptyDir:

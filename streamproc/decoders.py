@@ -1,0 +1,279 @@
+"""Decoders: turn a batch's records into rows of its staging slab, off the consumer thread.
+
+Two interchangeable implementations, selected by ``worker.decode_mode``:
+
+``thread`` (default)
+    A thread pool in this process decodes contiguous slices of the batch. The hand-off costs
+    next to nothing, so it wins for light payloads (JSON trades, sensor windows), and it scales
+    wherever decode releases the GIL (Pillow's JPEG decoder does).
+``process``
+    ``worker.decode_workers`` spawned processes decode straight into the same staging slabs,
+    which then live in POSIX shared memory (registered as pinned memory when CUDA is present,
+    see :class:`~streamproc.worker.StagingPool`). Each batch costs one pickle of its records
+    to the workers and of the per-row errors back; in exchange decode scales past the GIL, and a
+    decoder that crashes its process (a hostile JPEG hitting a native bug) dead-letters that
+    slice instead of killing the consumer.
+
+Both check ``worker.max_message_bytes`` in this process first, so an oversized value is never
+decoded (nor shipped to a worker). Measured trade-offs: ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any, Protocol
+
+import numpy as np
+
+from streamproc.errors import DecodeError, RecordError
+from streamproc.logs import get_logger
+from streamproc.records import Record
+from streamproc.worker import Slab
+from streamproc.workloads import Workload, load_workload
+
+log = get_logger(__name__)
+
+Failures = dict[int, RecordError]
+
+
+class Decoder(Protocol):
+    """Fills a leased slab from a batch's records."""
+
+    def decode(self, records: Sequence[Record], slab: Slab) -> Failures:
+        """Decode ``records[i]`` into ``slab.array[i]``; return the rows that failed."""
+        ...
+
+
+def oversized(records: Sequence[Record], max_message_bytes: int) -> Failures:
+    """Rows whose value exceeds ``max_message_bytes`` (they are dead-lettered, not decoded)."""
+    return {
+        row: DecodeError(
+            f"value of {len(record.value)} bytes exceeds "
+            f"worker.max_message_bytes={max_message_bytes}"
+        )
+        for row, record in enumerate(records)
+        if record.value is not None and len(record.value) > max_message_bytes
+    }
+
+
+def decode_rows(
+    workload: Workload,
+    records: Sequence[Record],
+    rows: np.ndarray,
+    start: int,
+    skip: set[int] | dict[int, Any],
+) -> Failures:
+    """Decode ``records[i]`` into ``rows[start + i]`` (skipping rows in ``skip``).
+
+    Returns:
+        Per failed row (counted from ``start``), the :class:`RecordError`; an unexpected
+        exception from the workload is wrapped in a :class:`DecodeError` so one bad record (or
+        one workload bug) never stops the stream.
+    """
+    failed: Failures = {}
+    decode = workload.decode
+    for offset, record in enumerate(records):
+        row = start + offset
+        if row in skip:
+            continue
+        try:
+            decode(record, rows[row])
+        except RecordError as exc:
+            failed[row] = exc
+        except Exception as exc:
+            failed[row] = DecodeError(f"{type(exc).__name__}: {exc}")
+    return failed
+
+
+def _slices(count: int, chunks: int) -> list[tuple[int, int]]:
+    step = -(-count // max(1, chunks))
+    return [(start, min(start + step, count)) for start in range(0, count, step)]
+
+
+class ThreadDecoder:
+    """Decodes on a shared thread pool, one task per worker over a contiguous slice of rows.
+
+    Args:
+        workload: the pipeline's decoder.
+        executor: the process-wide decode thread pool.
+        chunks: slices per batch (the pool's size).
+        max_message_bytes: larger values fail with a :class:`DecodeError` without decoding.
+    """
+
+    def __init__(
+        self, workload: Workload, executor: Executor, chunks: int, max_message_bytes: int
+    ) -> None:
+        self._workload = workload
+        self._executor = executor
+        self._chunks = chunks
+        self._max_message_bytes = max_message_bytes
+
+    def decode(self, records: Sequence[Record], slab: Slab) -> Failures:
+        failed = oversized(records, self._max_message_bytes)
+        futures = [
+            self._executor.submit(
+                decode_rows, self._workload, records[start:stop], slab.array, start, failed
+            )
+            for start, stop in _slices(len(records), self._chunks)
+        ]
+        for future in futures:
+            failed.update(future.result())
+        return failed
+
+
+# -- worker processes -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaneSpec:
+    """What a decode process needs to serve one pipeline: how to build its workload and where
+    its staging slabs live.
+
+    Attributes:
+        workload: workload name or spec (``load_workload``'s first argument).
+        options: workload options.
+        slabs: shared-memory name of each slab, in pool index order.
+        shape: shape of one slab, ``(rows, *item_shape)``.
+        dtype: numpy dtype string of the rows.
+    """
+
+    workload: str
+    options: dict[str, Any]
+    slabs: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+
+
+_LANES: dict[str, tuple[Workload, list[np.ndarray]]] = {}
+_ATTACHED: list[shared_memory.SharedMemory] = []
+
+
+def _init_process(lanes: dict[str, LaneSpec]) -> None:
+    """Decode-process initializer: build each lane's workload, map its slabs."""
+    for name, spec in lanes.items():
+        views = []
+        for shm_name in spec.slabs:
+            shm = shared_memory.SharedMemory(name=shm_name)
+            _ATTACHED.append(shm)  # keep the mapping alive; the parent owns (unlinks) it
+            views.append(np.ndarray(spec.shape, dtype=np.dtype(spec.dtype), buffer=shm.buf))
+        _LANES[name] = (load_workload(spec.workload, spec.options), views)
+
+
+def _ready() -> int:
+    """Warm-up task: proves a process finished its initializer."""
+    return len(_LANES)
+
+
+def _decode_in_process(
+    lane: str, slab_index: int, start: int, records: list[Record], skip: set[int]
+) -> Failures:
+    workload, views = _LANES[lane]
+    return decode_rows(workload, records, views[slab_index], start, skip)
+
+
+class DecodeProcesses:
+    """The decode worker processes shared by every pipeline of this consumer.
+
+    Lanes are registered while the pipeline is built; :meth:`start` spawns ``workers``
+    processes (``spawn``: the consumer process runs librdkafka and torch threads, which must not
+    be forked) and waits until each has built its workloads and mapped the slabs.
+
+    Args:
+        workers: number of processes.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._lanes: dict[str, LaneSpec] = {}
+        self._executor: ProcessPoolExecutor | None = None
+
+    def register(self, lane: str, spec: LaneSpec) -> None:
+        if self._executor is not None:
+            raise RuntimeError("register every lane before start()")
+        self._lanes[lane] = spec
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Spawn the processes and wait until every one is ready.
+
+        Raises:
+            TimeoutError: a process did not get ready within ``timeout_s``.
+            BrokenProcessPool: a process died while starting (e.g. its workload failed to load).
+        """
+        executor = ProcessPoolExecutor(
+            self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_process,
+            initargs=(self._lanes,),
+        )
+        self._executor = executor
+        # Each ready() blocks a process only briefly, so submit them all at once: the pool
+        # spawns a new process while none is idle.
+        for future in [executor.submit(_ready) for _ in range(self.workers)]:
+            future.result(timeout=timeout_s)
+
+    def submit(
+        self, lane: str, slab_index: int, start: int, records: list[Record], skip: set[int]
+    ) -> Any:
+        if self._executor is None:
+            raise RuntimeError("decode processes not started")
+        return self._executor.submit(_decode_in_process, lane, slab_index, start, records, skip)
+
+    def restart(self) -> None:
+        """Replace a broken pool (a process died) with fresh processes."""
+        old, self._executor = self._executor, None
+        if old is not None:
+            old.shutdown(wait=False, cancel_futures=True)
+        self.start()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+
+class ProcessDecoder:
+    """Decodes in :class:`DecodeProcesses`, one task per process over a contiguous slice.
+
+    The slab must come from a shared :class:`~streamproc.worker.StagingPool` registered for
+    ``lane``. A process that dies mid-batch fails the rows of its slice with a
+    :class:`DecodeError` (they are dead-lettered) and the pool is restarted.
+
+    Args:
+        processes: the shared decode processes.
+        lane: this pipeline's lane name (its input topic).
+        max_message_bytes: larger values fail with a :class:`DecodeError` without decoding.
+    """
+
+    def __init__(self, processes: DecodeProcesses, lane: str, max_message_bytes: int) -> None:
+        self._processes = processes
+        self._lane = lane
+        self._max_message_bytes = max_message_bytes
+
+    def decode(self, records: Sequence[Record], slab: Slab) -> Failures:
+        failed = oversized(records, self._max_message_bytes)
+        skip = set(failed)
+        tasks = [
+            (
+                start,
+                stop,
+                self._processes.submit(
+                    self._lane, slab.index, start, list(records[start:stop]), skip
+                ),
+            )
+            for start, stop in _slices(len(records), self._processes.workers)
+        ]
+        broken = False
+        for start, stop, future in tasks:
+            try:
+                failed.update(future.result())
+            except BrokenProcessPool as exc:
+                broken = True
+                for row in range(start, stop):
+                    failed.setdefault(row, DecodeError(f"decode process died: {exc}"))
+        if broken:
+            log.error("a decode process died; its rows were dead-lettered; restarting the pool")
+            self._processes.restart()
+        return failed
