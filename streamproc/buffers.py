@@ -50,14 +50,18 @@ class RingBuffer:
 
     def deadline(self, max_wait_s: tuple[float, ...]) -> float:
         """Earliest ``consumed_at_s + max_wait_s[priority]`` among the records (inf if empty)."""
-        return min(
-            (
-                times[0] + wait
-                for times, wait in zip(self._classes, max_wait_s, strict=True)
-                if times
-            ),
-            default=math.inf,
-        )
+        # Unrolled (three classes): called once per taken record, on the hot path.
+        high, normal, low = self._classes
+        best = high[0] + max_wait_s[0] if high else math.inf
+        if normal:
+            candidate = normal[0] + max_wait_s[1]
+            if candidate < best:
+                best = candidate
+        if low:
+            candidate = low[0] + max_wait_s[2]
+            if candidate < best:
+                best = candidate
+        return best
 
     def __len__(self) -> int:
         return self._size
@@ -222,28 +226,42 @@ class PartitionBuffers:
             watermark).
         """
         wait = max_wait_s
+        rings = self._rings
         heap = [
             (ring.deadline(wait), index, tp)
-            for index, (tp, ring) in enumerate(self._rings.items())
+            for index, (tp, ring) in enumerate(rings.items())
             if len(ring)
         ]
         heapq.heapify(heap)
         taken: list[Record] = []
         size_bytes = 0
+        touched: set[TopicPartition] = set()
         while heap and len(taken) < count:
             _, index, tp = heap[0]
-            ring = self._rings[tp]
-            head = ring.peek()
-            assert head is not None
-            if max_bytes is not None and taken and size_bytes + head.size_bytes > max_bytes:
-                break
-            taken.append(ring.pop())
-            size_bytes += head.size_bytes
+            ring = rings[tp]
+            touched.add(tp)
+            # Serve this ring while it stays the earliest: until its next deadline passes the
+            # runner-up's (a run of pops per heap operation, not one heap operation per record).
+            # (deadline, index) of the runner-up: the smaller child of the heap's root.
+            runner_up = min(heap[1:3])[:2] if len(heap) > 1 else (math.inf, 0)
+            deadline = math.inf
+            while len(taken) < count:
+                head = ring.peek()
+                if head is None:
+                    break
+                head_bytes = head.size_bytes
+                if max_bytes is not None and taken and size_bytes + head_bytes > max_bytes:
+                    return taken, self._resumable(touched)
+                taken.append(ring.pop())
+                size_bytes += head_bytes
+                deadline = ring.deadline(wait)
+                if (deadline, index) > runner_up:
+                    break
             if not len(ring):
                 heapq.heappop(heap)
             else:
-                heapq.heapreplace(heap, (ring.deadline(wait), index, tp))
-        return taken, self._resumable({r.tp for r in taken})
+                heapq.heapreplace(heap, (deadline, index, tp))
+        return taken, self._resumable(touched)
 
     def _resumable(self, touched: set[TopicPartition]) -> FlowControl:
         resume = tuple(

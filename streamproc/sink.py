@@ -13,6 +13,7 @@ dead-lettered (stage ``produce``); a dead-letter record the broker rejects stops
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -61,7 +62,7 @@ class _BatchAck:
     done once its dead-letter record is acknowledged.
     """
 
-    __slots__ = ("_dlq_topic", "_failed", "_lock", "_records", "_remaining", "_sink", "_topic")
+    __slots__ = ("_acks", "_dlq_topic", "_failed", "_records", "_sink", "_topic")
 
     def __init__(self, sink: Sink, topic: str, dlq_topic: str, records: list[Record]) -> None:
         self._sink = sink
@@ -69,33 +70,29 @@ class _BatchAck:
         self._dlq_topic = dlq_topic
         self._records = records
         self._failed: set[int] = set()
-        self._remaining = len(records)
-        # Reports arrive on whichever thread polls the producer (the sink thread, or a sender
-        # waiting out a full queue, or a flush).
-        self._lock = threading.Lock()
+        # Reports arrive on whichever thread polls the producer (the sink thread, a sender
+        # waiting out a full queue, a flush); next() on itertools.count is atomic under the
+        # GIL, so exactly one report sees the last count, without a lock per record.
+        self._acks = itertools.count(1)
 
     def delivered(self, index: int, err: KafkaError | None, msg: Message | None) -> None:
         """The delivery report of result ``index`` (``err`` None on success)."""
         if err is not None:
-            with self._lock:
-                self._failed.add(index)
+            self._failed.add(index)
             self._sink._rejected(self._records[index], err, self._dlq_topic)
         self._count_down()
 
     def skipped(self, index: int) -> None:
         """Result ``index`` was not produced (exactly-once: its assignment is gone)."""
-        with self._lock:
-            self._failed.add(index)
+        self._failed.add(index)
         self._count_down()
 
     def _count_down(self) -> None:
-        with self._lock:
-            self._remaining -= 1
-            if self._remaining:
-                return
-            failed = self._failed
+        if next(self._acks) != len(self._records):
+            return
         records = self._records
-        if failed:
+        if self._failed:
+            failed = self._failed
             records = [r for i, r in enumerate(records) if i not in failed]
         self._sink._delivered(self._topic, records)
 

@@ -84,3 +84,54 @@ def test_revoke_returns_waiting_records_and_forgets_pause() -> None:
     # re-assignment gets a fresh, empty ring and an explicit resume
     assert bufs.assign([A]).resume == (A,)
     assert bufs.total() == 0
+
+
+def _reference_take(
+    rings: dict[TopicPartition, list[Record]], count: int, max_bytes: int | None, wait: tuple
+) -> list[Record]:
+    """Earliest deadline first, one record at a time (ties: the ring assigned first)."""
+    order = list(rings)
+    taken: list[Record] = []
+    size = 0
+    while len(taken) < count:
+
+        def deadline(tp: TopicPartition) -> tuple[float, int]:
+            return (min(r.consumed_at_s + wait[r.priority] for r in rings[tp]), order.index(tp))
+
+        live = [tp for tp in order if rings[tp]]
+        if not live:
+            break
+        tp = min(live, key=deadline)
+        head = rings[tp][0]
+        if max_bytes is not None and taken and size + head.size_bytes > max_bytes:
+            break
+        taken.append(rings[tp].pop(0))
+        size += head.size_bytes
+    return taken
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    wait = (0.002, 0.020, 0.050)
+    tps = [TopicPartition("t", p) for p in range(rng.randint(1, 5))]
+    buffers = PartitionBuffers(64, 1.0, 0.0)
+    buffers.assign(tps)
+    mirror: dict[TopicPartition, list[Record]] = {tp: [] for tp in tps}
+    clock = 0.0
+    for offset in range(rng.randint(1, 120)):
+        clock += rng.random() * 0.01
+        tp = rng.choice(tps)
+        record = Record(
+            tp, offset, None, b"x" * rng.randint(1, 50), (), 0, clock, 1, rng.choice((0, 1, 2))
+        )
+        if buffers.push(record) is not None:
+            mirror[tp].append(record)
+    while any(mirror.values()):
+        count = rng.randint(1, 40)
+        max_bytes = rng.choice((None, 200, 1000))
+        expected = _reference_take(mirror, count, max_bytes, wait)
+        got, _ = buffers.take(count, max_bytes, wait)
+        assert [(r.tp, r.offset) for r in got] == [(r.tp, r.offset) for r in expected]
