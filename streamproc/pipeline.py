@@ -392,6 +392,9 @@ class Pipeline:
         self.sink.close(1.0)
         self._close_decoders()
         self.metrics.late_results.inc(self.tracker.late_results)
+        # Hand the start-up objects back to the collector, so interpreter shutdown (or a next
+        # pipeline in this process) finalises them normally.
+        gc.unfreeze()
         self.state = State.CLOSED
         if isinstance(self._fatal, FatalPipelineError):
             log.error("pipeline stopped", error=str(self._fatal))

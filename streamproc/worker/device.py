@@ -30,9 +30,12 @@ import numpy as np
 import torch
 
 from streamproc.errors import ModelError, RecordError
+from streamproc.logs import get_logger
 from streamproc.records import Batch
 from streamproc.worker.pool import Slab, StagingPool
 from streamproc.workloads.base import ModelFn
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -53,7 +56,10 @@ class DeviceResult:
     """Host outputs of one batch, handed to ``on_result`` in submission order.
 
     ``outputs`` are numpy views (n, ...) valid only during the ``on_result`` call; ``error`` is
-    set when the model failed for the whole batch. ``inference_s`` is launch-to-done wall time.
+    set when the model failed for the whole batch. ``inference_s`` is the batch's device time:
+    copy in, model, copy out (CUDA: between timing events on its stream; CPU: the synchronous
+    call), not the time it then waited for the completion thread (that would bias the adaptive
+    batch size towards large batches).
     """
 
     batch: Batch
@@ -87,6 +93,8 @@ class _InFlight:
     started_s: float
     error: ModelError | None = None
     slab_released: bool = False
+    service_s: float | None = None  # CPU: known when the launch returns
+    start_event: Event | None = None  # CUDA: timing event recorded before the copy in
 
 
 class DeviceWorker:
@@ -156,13 +164,24 @@ class DeviceWorker:
             thread.start()
 
     def warm_up(self) -> None:
-        """Run the model once on a full zero batch from the pool (synchronously)."""
+        """Run the model once per batch size the adaptive batcher may try (powers of two up
+        to the slab's rows, and the rows), on zeros, synchronously: the first call of a new
+        shape pays one-off costs (oneDNN primitives, cuDNN autotuning) that would otherwise
+        skew the batcher's first measurements and the first batches' latency."""
         slab = self.pool.lease()
         assert slab is not None
+        rows = self.pool.rows
+        sizes = sorted({*(2**i for i in range(rows.bit_length()) if 2**i <= rows), rows})
         try:
             slab.array[...] = 0
             with torch.inference_mode():
-                self.model(slab.tensor.to(self.device))
+                for size in sizes:
+                    try:
+                        self.model(slab.tensor[:size].to(self.device))
+                    except Exception as exc:
+                        if size == rows:
+                            raise  # the full batch fails on zeros: the model is unusable
+                        log.warning("model warm-up failed", batch_size=size, error=repr(exc))
             if self.cuda:
                 torch.cuda.synchronize(self.device)
         finally:
@@ -183,6 +202,12 @@ class DeviceWorker:
             self._inflight_append(self._launch(job, slot))
 
     def _launch(self, job: DeviceJob, slot: int) -> _InFlight:
+        item = self._launch_on_device(job, slot)
+        if item.start_event is None:  # CPU (or a failed batch): the work is done already
+            item.service_s = time.monotonic() - item.started_s
+        return item
+
+    def _launch_on_device(self, job: DeviceJob, slot: int) -> _InFlight:
         n = len(job.batch)
         started_s = time.monotonic()
         stream = self._streams[self.batches % len(self._streams)] if self.cuda else None
@@ -190,7 +215,11 @@ class DeviceWorker:
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         copy_event: Event = _Done()
         done_event: Event = _Done()
+        start_event: Event | None = None
         with ctx:
+            if stream is not None:
+                start_event = torch.cuda.Event(enable_timing=True)
+                start_event.record(stream)
             x = job.slab.tensor[:n].to(self.device, non_blocking=True)
             if stream is not None:
                 copy_event = torch.cuda.Event()
@@ -211,9 +240,11 @@ class DeviceWorker:
             for dst, src in zip(host, outputs, strict=True):
                 dst[:n].copy_(src, non_blocking=True)
             if stream is not None:
-                done_event = torch.cuda.Event()
+                done_event = torch.cuda.Event(enable_timing=True)
                 done_event.record(stream)
-        return _InFlight(job, copy_event, done_event, host, slot, started_s)
+        return _InFlight(
+            job, copy_event, done_event, host, slot, started_s, start_event=start_event
+        )
 
     def _output_buffers(
         self, slot: int, outputs: tuple[torch.Tensor, ...]
@@ -264,7 +295,7 @@ class DeviceWorker:
                 outputs=tuple(out[:n].numpy() for out in head.outputs),
                 failed=head.job.failed,
                 error=head.error,
-                inference_s=time.monotonic() - head.started_s,
+                inference_s=_service_s(head),
             )
             try:
                 self.on_result(result)
@@ -289,3 +320,11 @@ class DeviceWorker:
             self._stopping = True
             self._cond.notify_all()
         self._threads[1].join(timeout_s)
+
+
+def _service_s(item: _InFlight) -> float:
+    """Device time of a completed batch, in seconds."""
+    if item.service_s is not None:
+        return item.service_s
+    assert item.start_event is not None
+    return float(item.start_event.elapsed_time(item.done_event)) / 1000.0  # type: ignore[attr-defined]

@@ -128,6 +128,25 @@ def test_adaptive_size_finds_the_throughput_optimum() -> None:
         batcher.observe(size, profile[size])
     assert batcher.target == 4
     assert sizer.throughput(4) == pytest.approx(63)
+    assert sizer.throughput(16) is None  # past the peak at 8 (45 < 0.8 x 63): never tried
+
+
+def test_adaptive_size_trusts_no_single_batch_and_rechecks_both_neighbours() -> None:
+    sizer = Batcher(64, 1 << 30, 20.0, adaptive=True).sizer
+    assert sizer is not None
+    sizer.observe(1, 1 / 100)
+    sizer.observe(1, 1 / 100)
+    assert sizer.target() == 1  # two batches are not enough to trust size 1
+    profile = {1: 1 / 100, 2: 2 / 150, 4: 4 / 300, 8: 8 / 200, 16: 16 / 100}
+    seen = []
+    for _ in range(400):
+        size = sizer.target()
+        seen.append(size)
+        sizer.observe(size, profile[size])
+    assert sizer.target() == 4
+    assert 2 in seen[100:] and 8 in seen[100:]  # periodic re-measurement below and above
+    assert seen[100:].count(4) > 0.9 * 300
+    assert 32 not in seen and 16 not in seen  # 8 already fell below 0.8 x best
 
 
 def test_adaptive_size_is_used_for_size_cuts(bufs: PartitionBuffers) -> None:
@@ -135,6 +154,7 @@ def test_adaptive_size_is_used_for_size_cuts(bufs: PartitionBuffers) -> None:
     fill(bufs, A, [100.0])
     assert batcher.decide(bufs.views(), 100.0) == Cut(1, "size")  # first size to measure: 1
     for size, rate in ((1, 10.0), (2, 30.0), (4, 20.0), (8, 10.0), (16, 5.0)):
-        batcher.observe(size, size / rate)
+        for _ in range(3):
+            batcher.observe(size, size / rate)
     fill(bufs, A, [100.0])
     assert batcher.decide(bufs.views(), 100.0) == Cut(2, "size")
