@@ -21,8 +21,9 @@ decoded (nor shipped to a worker). Measured trade-offs: ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from collections.abc import Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -187,8 +188,10 @@ class DecodeProcesses:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
+        self.generation = 0  # bumped by every restart
         self._lanes: dict[str, LaneSpec] = {}
         self._executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()  # dispatchers of several pipelines share the pool
 
     def register(self, lane: str, spec: LaneSpec) -> None:
         if self._executor is not None:
@@ -200,8 +203,13 @@ class DecodeProcesses:
 
         Raises:
             TimeoutError: a process did not get ready within ``timeout_s``.
-            BrokenProcessPool: a process died while starting (e.g. its workload failed to load).
+            BrokenProcessPool: a process died while starting (e.g. its workload failed to load,
+                or the main module has no ``if __name__ == "__main__":`` guard).
         """
+        with self._lock:
+            self._start(timeout_s)
+
+    def _start(self, timeout_s: float) -> None:
         executor = ProcessPoolExecutor(
             self.workers,
             mp_context=multiprocessing.get_context("spawn"),
@@ -216,22 +224,36 @@ class DecodeProcesses:
 
     def submit(
         self, lane: str, slab_index: int, start: int, records: list[Record], skip: set[int]
-    ) -> Any:
-        if self._executor is None:
-            raise RuntimeError("decode processes not started")
-        return self._executor.submit(_decode_in_process, lane, slab_index, start, records, skip)
+    ) -> tuple[int, Future[Failures]]:
+        """Queue one slice; returns the pool generation it went to and its future."""
+        with self._lock:
+            if self._executor is None:
+                raise RuntimeError("decode processes not started")
+            generation, executor = self.generation, self._executor
+        try:
+            future = executor.submit(_decode_in_process, lane, slab_index, start, records, skip)
+        except BrokenProcessPool:
+            # Broken by another pipeline's batch since: nothing of ours ran yet; use a new pool.
+            self.restart(generation)
+            return self.submit(lane, slab_index, start, records, skip)
+        return generation, future
 
-    def restart(self) -> None:
-        """Replace a broken pool (a process died) with fresh processes."""
-        old, self._executor = self._executor, None
-        if old is not None:
-            old.shutdown(wait=False, cancel_futures=True)
-        self.start()
+    def restart(self, broken_generation: int) -> None:
+        """Replace the pool of ``broken_generation`` (a process died) with fresh processes;
+        a no-op when another thread replaced it already."""
+        with self._lock:
+            if self.generation != broken_generation or self._executor is None:
+                return
+            log.error("a decode process died; starting new decode processes")
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self.generation += 1
+            self._start(120.0)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        with self._lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True, cancel_futures=True)
+                self._executor = None
 
 
 class ProcessDecoder:
@@ -259,21 +281,19 @@ class ProcessDecoder:
             (
                 start,
                 stop,
-                self._processes.submit(
+                *self._processes.submit(
                     self._lane, slab.index, start, list(records[start:stop]), skip
                 ),
             )
             for start, stop in _slices(len(records), self._processes.workers)
         ]
-        broken = False
-        for start, stop, future in tasks:
+        for start, stop, generation, future in tasks:
             try:
                 failed.update(future.result())
             except BrokenProcessPool as exc:
-                broken = True
+                # We cannot tell which record of the slice killed the process: the whole
+                # slice is dead-lettered with the reason (never retried in this process).
                 for row in range(start, stop):
                     failed.setdefault(row, DecodeError(f"decode process died: {exc}"))
-        if broken:
-            log.error("a decode process died; its rows were dead-lettered; restarting the pool")
-            self._processes.restart()
+                self._processes.restart(generation)
         return failed
