@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    ClusterMetadata,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from streamproc.errors import BrokerError
 from streamproc.logs import kafka_logger
@@ -83,3 +89,24 @@ def partition_count(metadata: ClusterMetadata, topic: str) -> int | None:
     if found is None or found.error is not None:
         return None
     return len(found.partitions)
+
+
+def max_message_bytes(
+    bootstrap_or_config: str | dict[str, Any], topics: list[str], timeout_s: float = 30
+) -> dict[str, int]:
+    """Each existing topic's ``max.message.bytes`` (the largest record batch it accepts).
+
+    Topics that do not exist, or whose config cannot be read (e.g. not authorised to describe
+    configs), are left out: callers then rely on the broker's answer per record.
+    """
+    admin, _ = _admin(bootstrap_or_config)
+    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
+    limits: dict[str, int] = {}
+    for resource, future in admin.describe_configs(resources).items():
+        try:
+            entry = future.result(timeout_s).get("max.message.bytes")
+        except KafkaException:
+            continue
+        if entry is not None and entry.value is not None:
+            limits[resource.name] = int(entry.value)
+    return limits

@@ -21,7 +21,10 @@ decoded (nor shipped to a worker). Measured trade-offs: ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -152,8 +155,16 @@ _LANES: dict[str, tuple[Workload, list[np.ndarray]]] = {}
 _ATTACHED: list[shared_memory.SharedMemory] = []
 
 
-def _init_process(lanes: dict[str, LaneSpec]) -> None:
-    """Decode-process initializer: build each lane's workload, map its slabs."""
+def _init_process(lanes: dict[str, LaneSpec], parent_pid: int, started: Any) -> None:
+    """Decode-process initializer: detach from terminal signals, watch the parent, build each
+    lane's workload, map its slabs, then wait at ``started`` (a barrier with the parent and
+    every other decode process)."""
+    # Ctrl-C or a stop signal sent to the whole process group must reach only the consumer,
+    # which drains and then shuts these processes down; left to the default handlers, they died
+    # mid-batch and good records of that batch were dead-lettered.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     for name, spec in lanes.items():
         views = []
         for shm_name in spec.slabs:
@@ -161,6 +172,15 @@ def _init_process(lanes: dict[str, LaneSpec]) -> None:
             _ATTACHED.append(shm)  # keep the mapping alive; the parent owns (unlinks) it
             views.append(np.ndarray(spec.shape, dtype=np.dtype(spec.dtype), buffer=shm.buf))
         _LANES[name] = (load_workload(spec.workload, spec.options), views)
+    started.wait()
+
+
+def _exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:
+    """Exit once the consumer process is gone (kill -9, or a second signal's immediate exit):
+    a decode process must never outlive it, holding its memory and the shared slabs."""
+    while os.getppid() == parent_pid:
+        time.sleep(period_s)  # a liveness poll, not synchronisation
+    os._exit(0)
 
 
 def _ready() -> int:
@@ -210,16 +230,27 @@ class DecodeProcesses:
             self._start(timeout_s)
 
     def _start(self, timeout_s: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        # Every process initialised (signals ignored, slabs mapped) before start() returns: a
+        # task finishing proves only that *a* process is up, not all of them.
+        started = context.Barrier(self.workers + 1, timeout=timeout_s)
         executor = ProcessPoolExecutor(
             self.workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=context,
             initializer=_init_process,
-            initargs=(self._lanes,),
+            initargs=(self._lanes, os.getpid(), started),
         )
         self._executor = executor
-        # Each ready() blocks a process only briefly, so submit them all at once: the pool
-        # spawns a new process while none is idle.
-        for future in [executor.submit(_ready) for _ in range(self.workers)]:
+        # The pool spawns a process per task while none is idle: one task per process.
+        futures = [executor.submit(_ready) for _ in range(self.workers)]
+        try:
+            started.wait()
+        except threading.BrokenBarrierError as exc:
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise TimeoutError(
+                f"decode processes not ready within {timeout_s:.0f} s (or one failed to start)"
+            ) from exc
+        for future in futures:
             future.result(timeout=timeout_s)
 
     def submit(
@@ -260,8 +291,10 @@ class ProcessDecoder:
     """Decodes in :class:`DecodeProcesses`, one task per process over a contiguous slice.
 
     The slab must come from a shared :class:`~streamproc.worker.StagingPool` registered for
-    ``lane``. A process that dies mid-batch fails the rows of its slice with a
-    :class:`DecodeError` (they are dead-lettered) and the pool is restarted.
+    ``lane``. When a decode process dies mid-batch the pool is restarted and the affected slices
+    are decoded again once; a slice that kills its process twice is dead-lettered as a whole
+    (:class:`DecodeError` "decode process died": we cannot tell which of its records did it;
+    a slice of another pipeline in flight at both moments may share that fate; nothing is lost).
 
     Args:
         processes: the shared decode processes.
@@ -278,22 +311,30 @@ class ProcessDecoder:
         failed = oversized(records, self._max_message_bytes)
         skip = set(failed)
         tasks = [
-            (
-                start,
-                stop,
-                *self._processes.submit(
-                    self._lane, slab.index, start, list(records[start:stop]), skip
-                ),
-            )
+            (start, stop, *self._submit(records, slab, start, stop, skip))
             for start, stop in _slices(len(records), self._processes.workers)
         ]
         for start, stop, generation, future in tasks:
             try:
                 failed.update(future.result())
+                continue
+            except BrokenProcessPool:
+                # A process died: this slice's, or one beside it (any pipeline). Retry once.
+                self._processes.restart(generation)
+            generation, future = self._submit(records, slab, start, stop, skip)
+            try:
+                failed.update(future.result())
             except BrokenProcessPool as exc:
-                # We cannot tell which record of the slice killed the process: the whole
-                # slice is dead-lettered with the reason (never retried in this process).
+                # Twice: we cannot tell which record of the slice kills the process, so the
+                # whole slice is dead-lettered with the reason (never decoded in the consumer).
                 for row in range(start, stop):
                     failed.setdefault(row, DecodeError(f"decode process died: {exc}"))
                 self._processes.restart(generation)
         return failed
+
+    def _submit(
+        self, records: Sequence[Record], slab: Slab, start: int, stop: int, skip: set[int]
+    ) -> tuple[int, Future[Failures]]:
+        return self._processes.submit(
+            self._lane, slab.index, start, list(records[start:stop]), skip
+        )

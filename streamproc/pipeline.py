@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from streamproc.admin import cluster_metadata, ensure_topics, partition_count
+from streamproc.admin import cluster_metadata, ensure_topics, max_message_bytes, partition_count
 from streamproc.batcher import PRIORITIES, Batcher
 from streamproc.buffers import PartitionBuffers
 from streamproc.commit import OffsetTracker
@@ -265,22 +265,26 @@ class Pipeline:
         )
 
     def _prepare_topics(self) -> None:
-        """Fail fast when the cluster is unreachable; create missing output and DLQ topics."""
+        """Fail fast when the cluster is unreachable; create missing output and DLQ topics;
+        learn the dead-letter topics' record size limits."""
         admin_config = {
             "bootstrap.servers": self.config.bootstrap_servers,
             **self._security_settings(),
         }
         timeout_s = self.config.kafka.startup_timeout_s
         metadata = cluster_metadata(admin_config, timeout_s)
-        if not self.config.kafka.create_topics:
-            return
-        wanted: dict[str, int] = {}
-        for spec in self.config.pipelines:
-            wanted[spec.output_topic] = partition_count(metadata, spec.input_topic) or -1
-            wanted[spec.dead_letter_topic] = 1
-        created = ensure_topics(admin_config, wanted, timeout_s)
-        if created:
-            log.info("created topics", topics=created)
+        if self.config.kafka.create_topics:
+            wanted: dict[str, int] = {}
+            for spec in self.config.pipelines:
+                wanted[spec.output_topic] = partition_count(metadata, spec.input_topic) or -1
+                wanted[spec.dead_letter_topic] = 1
+            created = ensure_topics(admin_config, wanted, timeout_s)
+            if created:
+                log.info("created topics", topics=created)
+        dead_letter_topics = [spec.dead_letter_topic for spec in self.config.pipelines]
+        self.sink.dead_letter_limits.update(
+            max_message_bytes(admin_config, dead_letter_topics, timeout_s)
+        )
 
     def _security_settings(self) -> dict[str, Scalar]:
         return {

@@ -37,10 +37,13 @@ H_OFFSET = "streamproc.source.offset"
 H_STAGE = "streamproc.error.stage"
 H_CLASS = "streamproc.error.class"
 H_MESSAGE = "streamproc.error.message"
+H_VALUE_OMITTED = "streamproc.error.value_omitted"
 H_INFERENCE_MS = "streamproc.timing.inference_ms"
 H_QUEUE_MS = "streamproc.timing.queue_wait_ms"
 H_PROCESSING_MS = "streamproc.timing.processing_ms"
 _MAX_ERROR_MESSAGE = 1000
+# Key, headers (error message included) and record-batch framing of a dead-letter record.
+_DLQ_RECORD_OVERHEAD = 8 * 1024
 
 
 def source_headers(record: Record) -> Headers:
@@ -132,6 +135,12 @@ class Sink:
             config["transactional.id"] = transactional_id
         log.debug("producer config", settings=redact(config))
         self._producer = Producer(config)
+        # A larger value cannot be produced at all (a near one fails and is retried without).
+        self._max_dlq_value_bytes = int(config.get("message.max.bytes", 1_000_000))
+        # Dead-letter topic -> its max.message.bytes, when known (read at start-up): a value
+        # that cannot fit is left out up front, so it never shares a rejected request with
+        # records that would fit.
+        self.dead_letter_limits: dict[str, int] = {}
         self.transactions = Transactions(self._producer) if transactional_id else None
         self._tracker = tracker
         self._metrics = metrics
@@ -220,12 +229,28 @@ class Sink:
 
     # -- dead-letter -----------------------------------------------------------------------
     def dead_letter(
-        self, record: Record, dlq_topic: str, stage: str, error_class: str, message: str
+        self,
+        record: Record,
+        dlq_topic: str,
+        stage: str,
+        error_class: str,
+        message: str,
+        omit_value: bool = False,
     ) -> None:
-        """Produce ``record`` unchanged to ``dlq_topic`` with the error headers.
+        """Produce ``record`` to ``dlq_topic`` with the error headers.
 
-        A dead-letter record the broker rejects stops the pipeline (``on_fatal``).
+        The original key, value and headers are kept, except a value too large for a Kafka
+        record (over the producer's ``message.max.bytes``, or refused by the dead-letter topic
+        with ``MSG_SIZE_TOO_LARGE``): then the value is left out and
+        ``streamproc.error.value_omitted`` holds its size in bytes; the source coordinate
+        headers say where to read it (the input topic keeps it for its retention). Any other
+        rejection of a dead-letter record stops the pipeline (``on_fatal``): we cannot go on
+        without losing the record.
         """
+        value = record.value
+        limit = min(self._max_dlq_value_bytes, self.dead_letter_limits.get(dlq_topic, 1 << 62))
+        if value is not None and (omit_value or len(value) > limit - _DLQ_RECORD_OVERHEAD):
+            value, omit_value = None, True
         headers = [
             *record.headers,
             *source_headers(record),
@@ -233,6 +258,8 @@ class Sink:
             (H_CLASS, error_class.encode()),
             (H_MESSAGE, message[:_MAX_ERROR_MESSAGE].encode(errors="replace")),
         ]
+        if omit_value:
+            headers.append((H_VALUE_OMITTED, b"%d" % len(record.value or b"")))
         log.info(
             "dead-lettered",
             topic=record.tp.topic,
@@ -241,7 +268,11 @@ class Sink:
             stage=stage,
             error_class=error_class,
             reason=message[:200],
+            value_omitted=omit_value,
         )
+
+        def too_large(err: KafkaError) -> bool:
+            return err.code() == KafkaError.MSG_SIZE_TOO_LARGE and not omit_value
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is None:
@@ -251,6 +282,9 @@ class Sink:
                 return
             if self.transactions is not None:
                 return  # the transaction aborts and the record is retried after the rewind
+            if too_large(err):  # the topic's limit is below the producer's: retry without it
+                self.dead_letter(record, dlq_topic, stage, error_class, message, True)
+                return
             self._on_fatal(
                 FatalPipelineError(
                     f"dead-letter topic {dlq_topic!r} rejected the record from "
@@ -259,8 +293,11 @@ class Sink:
             )
 
         try:
-            self._send(record, dlq_topic, record.key, record.value, headers, delivered)
+            self._send(record, dlq_topic, record.key, value, headers, delivered)
         except KafkaException as exc:
+            if too_large(exc.args[0]):
+                self.dead_letter(record, dlq_topic, stage, error_class, message, True)
+                return
             self._on_fatal(
                 FatalPipelineError(f"dead-letter topic {dlq_topic!r} rejected a record: {exc}")
             )

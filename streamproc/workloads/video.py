@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from streamproc.errors import DecodeError
 from streamproc.records import Headers, Record
@@ -135,6 +135,8 @@ class VideoWorkload(Workload):
         try:
             with Image.open(io.BytesIO(record.value)) as img:
                 preprocess_image(img, out)
+        except UnidentifiedImageError as exc:  # its message names a BytesIO at an address
+            raise DecodeError("undecodable image: not a recognised image format") from exc
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"undecodable image: {exc}") from exc
 

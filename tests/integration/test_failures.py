@@ -229,3 +229,60 @@ def test_exactly_once_with_kill_9_has_no_missing_and_no_duplicates(
         for _, v, _, _ in read_topic(bootstrap_servers, topics.output).records.values()
     ]
     assert len(ids) == len(set(ids)) == total
+
+
+@pytest.mark.parametrize("limit", ["producer", "topic"])
+def test_values_too_large_for_the_dead_letter_topic_are_dead_lettered_without_them(
+    bootstrap_servers: str, topics: Topics, limit: str
+) -> None:
+    # Undecodable 15 kB values must be dead-lettered, but the dead-letter record cannot carry
+    # them: either the producer's message.max.bytes (10 kB) refuses them before sending, or
+    # the dead-letter topic's max.message.bytes (10 kB) refuses them at the broker. Neither may
+    # stop the consumer: the record goes without its value, saying so, and commits advance.
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from streamproc.sink import H_VALUE_OMITTED
+
+    dlq = f"{topics.dlq}.small"
+    topic_config = {"max.message.bytes": "10000"} if limit == "topic" else {}
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin.create_topics([NewTopic(dlq, 1, 1, config=topic_config)])[dlq].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for i in range(6):
+        # random bytes: incompressible (the producer compresses with lz4), and not JSON
+        value = os.urandom(15_000) if i % 2 else b'{"not": "a trade"}'
+        producer.produce(topics.input, key=b"k%d" % i, value=value, partition=i % 3)
+    assert producer.flush(30) == 0
+    kafka = {
+        "bootstrap_servers": bootstrap_servers,
+        "group_id": topics.group,
+        "commit_interval_ms": 200,
+    }
+    if limit == "producer":
+        kafka["producer"] = {"message.max.bytes": 10_000}
+    config = load_config(
+        overrides={
+            "kafka": kafka,
+            "pipelines": [
+                {
+                    "name": "p",
+                    "input_topic": topics.input,
+                    "output_topic": topics.output,
+                    "workload": "trades",
+                    "dlq_topic": dlq,
+                }
+            ],
+            "metrics": {"port": 0},
+        }
+    )
+    summary = Pipeline(config).run(exit_when_idle_s=2)
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap_servers, topics.input, topics.output, dlq, topics.group)
+    report(f"dead-letter value over the {limit} limit", verdict)
+    assert verdict.dead_lettered == 6 and verdict.missing == [] and verdict.committed_equals_end
+    dead = read_topic(bootstrap_servers, dlq).records.values()
+    omitted = [(value, headers) for _, value, headers, _ in dead if H_VALUE_OMITTED in headers]
+    assert len(omitted) == 3  # the three 15 kB values; the small ones kept theirs
+    assert all(v is None and h[H_VALUE_OMITTED] == b"15000" for v, h in omitted)
+    assert all(h[H_STAGE] == b"decode" for _, h in omitted)
