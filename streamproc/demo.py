@@ -96,8 +96,8 @@ class DemoReport:
                 + "  ".join(f"{s}:{c}" for s, c in sorted(sizes.items()))
             )
             lines.append(
-                f"{workload} committed {dict(sorted(v.committed.items()))} "
-                f"end {dict(sorted(v.end_offsets.items()))}"
+                f"{workload} committed {_offsets(v.committed)} "
+                f"end {_offsets(v.end_offsets)}  (per partition; '-' = nothing committed)"
             )
         lines.append("")
         lines.append("example results:")
@@ -208,3 +208,8 @@ def run_demo(
             shutil.rmtree(run_dir, ignore_errors=True)
         elif broker is not None:
             print(f"broker files kept for inspection: {run_dir}", flush=True)
+
+
+def _offsets(offsets: dict[int, int]) -> str:
+    """``{partition: offset}`` with librdkafka's "no offset" (negative) shown as ``-``."""
+    return "{" + ", ".join(f"{p}: {o if o >= 0 else '-'}" for p, o in sorted(offsets.items())) + "}"
