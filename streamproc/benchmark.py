@@ -196,6 +196,40 @@ def run_streamproc(
     return next(iter(summary.batch_sizes.values()), {})
 
 
+def _streamproc_row(
+    bootstrap: str,
+    source: str,
+    sink_topic: Any,
+    workload: str,
+    decode_mode: str,
+    attempt: int,
+) -> Row:
+    t = sink_topic(f"streamproc-{decode_mode}-{attempt}")
+    group = f"bench-sp-{decode_mode}-{attempt}-{uuid.uuid4().hex[:6]}"
+    sizes = run_streamproc(bootstrap, source, t, workload, group, decode_mode=decode_mode)
+    return Row(
+        workload,
+        "streamproc" if decode_mode == "thread" else "streamproc process-dec.",
+        *_rate_from_output(bootstrap, t),
+        note=f"decode {decode_mode}s; batch {_common_size(sizes)}",
+        extra={"batch_sizes": sizes, "attempt": attempt},
+    )
+
+
+def _quix_row(
+    bootstrap: str, source: str, sink_topic: Any, workload: str, n: int, attempt: int
+) -> Row:
+    t = sink_topic(f"quix-{attempt}")
+    note = run_quix(bootstrap, source, t, workload, n)
+    return Row(
+        workload,
+        "quixstreams",
+        *(_rate_from_output(bootstrap, t) if not note else (0, None)),
+        note=note,
+        extra={"attempt": attempt},
+    )
+
+
 def _common_size(sizes: dict[int, int]) -> str:
     """The batch size that carried the most messages (what the adaptive size settled on)."""
     if not sizes:
@@ -207,6 +241,7 @@ WARM_UP_MS = 1000
 # Fractions of streamproc's own measured maximum for the open-loop latency runs: the issue's
 # 50 % and 80 %, and 10 % to show the floor when the 2 cores are not saturated.
 LOADS = (0.1, 0.5, 0.8)
+ATTEMPTS = 2  # passes of streamproc and Quix Streams per workload; the best of each is kept
 
 
 @dataclass
@@ -390,42 +425,21 @@ def run(
         serial(bootstrap, source, t, n_serial, workload)
         rows.append(Row(workload, "serial", *_rate_from_output(bootstrap, t)))
 
-        t = sink_topic("streamproc")
-        sizes_used = run_streamproc(bootstrap, source, t, workload, f"bench-sp-{suffix}")
-        count, rate = _rate_from_output(bootstrap, t)
-        rows.append(
-            Row(
-                workload,
-                "streamproc",
-                count,
-                rate,
-                note=f"decode threads; batch {_common_size(sizes_used)}",
-                extra={"batch_sizes": sizes_used},
-            )
-        )
-        t = sink_topic("streamproc-proc")
-        sizes_proc = run_streamproc(
-            bootstrap, source, t, workload, f"bench-spp-{suffix}", decode_mode="process"
-        )
-        rows.append(
-            Row(
-                workload,
-                "streamproc process-dec.",
-                *_rate_from_output(bootstrap, t),
-                note=f"decode processes; batch {_common_size(sizes_proc)}",
-                extra={"batch_sizes": sizes_proc},
-            )
-        )
-
-        t = sink_topic("quix")
-        note = run_quix(bootstrap, source, t, workload, n_serial)
-        quix = Row(
-            workload,
-            "quixstreams",
-            *(_rate_from_output(bootstrap, t) if not note else (0, None)),
-            note=note,
-        )
-        rows.append(quix)
+        # streamproc (both decode modes) and Quix Streams run twice, interleaved, and each
+        # keeps its best: on 2 shared cores the machine's speed drifts by tens of percent
+        # within minutes, and one slow pass would decide a ratio.
+        best: dict[str, Row] = {}
+        for attempt in range(ATTEMPTS):
+            for row in (
+                _streamproc_row(bootstrap, source, sink_topic, workload, "thread", attempt),
+                _streamproc_row(bootstrap, source, sink_topic, workload, "process", attempt),
+                _quix_row(bootstrap, source, sink_topic, workload, n_serial, attempt),
+            ):
+                kept = best.get(row.contender)
+                if kept is None or (row.throughput_msg_s or 0) > (kept.throughput_msg_s or 0):
+                    best[row.contender] = row
+        rows.extend(best.values())
+        rate = best["streamproc"].throughput_msg_s
 
         if rate:
             for load in LOADS:
