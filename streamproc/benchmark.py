@@ -211,7 +211,8 @@ def _streamproc_row(
         workload,
         "streamproc" if decode_mode == "thread" else "streamproc process-dec.",
         *_rate_from_output(bootstrap, t),
-        note=f"decode {decode_mode}s; batch {_common_size(sizes)}",
+        note=f"decode {dict(thread='threads', process='processes')[decode_mode]}; "
+        f"batch {_common_size(sizes)}",
         extra={"batch_sizes": sizes, "attempt": attempt},
     )
 
