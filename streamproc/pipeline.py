@@ -13,6 +13,7 @@ import enum
 import gc
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -97,6 +98,8 @@ class Pipeline:
             else None
         )
         self.pools: list[StagingPool] = []
+        self._calibrations: list[tuple[DeviceWorker, str, Batcher, Callable[[int, float], None]]]
+        self._calibrations = []
         self.sink = Sink(
             {"bootstrap.servers": config.bootstrap_servers, **config.kafka.producer},
             self.tracker,
@@ -202,6 +205,7 @@ class Pipeline:
             self._on_fatal,
         )
         self.workers.append(worker)
+        self._calibrations.append((worker, topic, batcher, observe))
         self.dispatchers.append(
             Dispatcher(
                 topic,
@@ -248,6 +252,9 @@ class Pipeline:
         self.sink.start()
         for worker in self.workers:
             worker.start()
+        for worker, topic, batcher, observe in self._calibrations:
+            if worker.calibrate(batcher.unmeasured, observe):
+                log.info("batch size calibrated", topic=topic, target=batcher.target)
         for dispatcher in self.dispatchers:
             dispatcher.start()
         self.source.start()

@@ -146,9 +146,14 @@ def produce(
             failed.append(str(err))
 
     show = sys.stdout.isatty() if progress is None else progress
-    start_s = time.monotonic()
+    start_s = 0.0
     with tqdm(total=total, unit="msg", disable=not show, desc=f"produce {workload}") as bar:
         for index, message in enumerate(itertools.islice(messages(workload), total)):
+            if index == 0:
+                # The clock starts at the first message, not before the recording was opened
+                # (decoding the first video frame takes a while): otherwise the replay would
+                # start with a burst to catch up.
+                start_s = time.monotonic()
             if rate:
                 wait_s = start_s + index / rate - time.monotonic()
                 if wait_s > _PACING_GRANULARITY_S:

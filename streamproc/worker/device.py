@@ -187,6 +187,36 @@ class DeviceWorker:
         finally:
             self.pool.release(slab)
 
+    def calibrate(
+        self,
+        next_size: Callable[[], int | None],
+        observe: Callable[[int, float], None],
+        max_batches: int = 64,
+    ) -> int:
+        """Time the model on zero batches of the sizes ``next_size`` asks for (until it says
+        None, or ``max_batches``), feeding ``observe(size, device seconds)``; call after
+        :meth:`warm_up`, before :meth:`start`. Returns the batches run.
+
+        This is how the adaptive batch size gets its first measurements at start-up instead of
+        exploring on live traffic (where messages queue behind the exploration).
+        """
+        slab = self.pool.lease()
+        assert slab is not None
+        runs = 0
+        try:
+            slab.array[...] = 0
+            with torch.inference_mode():
+                while runs < max_batches and (size := next_size()) is not None:
+                    started_s = time.perf_counter()
+                    self.model(slab.tensor[:size].to(self.device))
+                    if self.cuda:
+                        torch.cuda.synchronize(self.device)
+                    observe(size, time.perf_counter() - started_s)
+                    runs += 1
+        finally:
+            self.pool.release(slab)
+        return runs
+
     def submit(self, job: DeviceJob) -> None:
         """Queue a decoded batch for the device (blocks while ``max_in_flight`` are queued)."""
         self._jobs.put(job)

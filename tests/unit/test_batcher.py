@@ -158,3 +158,21 @@ def test_adaptive_size_is_used_for_size_cuts(bufs: PartitionBuffers) -> None:
             batcher.observe(size, size / rate)
     fill(bufs, A, [100.0])
     assert batcher.decide(bufs.views(), 100.0) == Cut(2, "size")
+
+
+def test_adaptive_size_prefers_the_smaller_of_near_equal_sizes() -> None:
+    sizer = Batcher(16, 1 << 30, 20.0, adaptive=True).sizer
+    assert sizer is not None
+    # 8 is the fastest, 4 within 5 % of it (same work, half the wait), 2 clearly slower
+    profile = {1: 1 / 30, 2: 2 / 45, 4: 4 / 60, 8: 8 / 62, 16: 16 / 40}
+    for _ in range(30):
+        size = sizer.target()
+        sizer.observe(size, profile[size])
+    assert sizer.target() == 4
+    slower = {**profile, 4: 4 / 55}  # 4 now 11 % below 8: throughput wins
+    sizer = Batcher(16, 1 << 30, 20.0, adaptive=True).sizer
+    assert sizer is not None
+    for _ in range(30):
+        size = sizer.target()
+        sizer.observe(size, slower[size])
+    assert sizer.target() == 8

@@ -140,3 +140,28 @@ def test_staging_buffer_is_reused_only_after_its_copy_event_fired() -> None:
     assert again is slab  # reused only now
     pool.release(again)
     worker.close()
+
+
+def test_calibration_measures_every_size_the_adaptive_batcher_needs_before_traffic() -> None:
+    from streamproc.batcher import Batcher
+
+    pool = StagingPool(3, rows=16, item_shape=(8,), dtype=np.dtype(np.float32), pin=False)
+    seen: list[int] = []
+
+    def model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        seen.append(x.shape[0])
+        return (x.sum(dim=1),)
+
+    worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 1, lambda r: None, print)
+    batcher = Batcher(16, 1 << 30, 20.0, adaptive=True)
+    assert batcher.unmeasured() == 1
+    runs = worker.calibrate(batcher.unmeasured, batcher.observe)
+    assert batcher.unmeasured() is None  # nothing left to explore on live traffic
+    assert runs == len(seen) and runs >= 3
+    sizer = batcher.sizer
+    assert sizer is not None
+    measured = [s for s in sizer.candidates if sizer.throughput(s) is not None]
+    assert measured and all(seen.count(s) >= 3 for s in measured)
+    assert batcher.target in measured
+    assert pool.in_use == 0  # the slab went back
+    assert Batcher(16, 1 << 30, 20.0).unmeasured() is None  # fixed size: nothing to calibrate
