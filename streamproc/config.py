@@ -109,7 +109,8 @@ class BatchingConfig(_Section):
 
     ``max_wait_ms`` is the normal class's longest wait after consume; ``priority_max_wait_ms``
     overrides it per class (latency-critical ``high`` cuts early). ``adaptive_batch_size``
-    measures the device and aims for the throughput-optimal size up to ``max_batch_size``.
+    measures the device (calibrated at start-up on zero batches, then on every batch) and aims
+    for the throughput-optimal size up to ``max_batch_size`` (the smallest within 5 % of it).
     """
 
     max_batch_size: int = Field(default=4, ge=1, le=4096)
