@@ -45,6 +45,9 @@ from streamproc.workloads import load_workload
 
 log = get_logger(__name__)
 
+# A lane's device worker, topic, batcher and the batcher's locked observe callback.
+_Calibration = tuple[DeviceWorker, str, Batcher, Callable[[int, float], None]]
+
 
 class State(enum.Enum):
     CREATED = "created"
@@ -98,8 +101,7 @@ class Pipeline:
             else None
         )
         self.pools: list[StagingPool] = []
-        self._calibrations: list[tuple[DeviceWorker, str, Batcher, Callable[[int, float], None]]]
-        self._calibrations = []
+        self._calibrations: list[_Calibration] = []
         self.sink = Sink(
             {"bootstrap.servers": config.bootstrap_servers, **config.kafka.producer},
             self.tracker,

@@ -21,12 +21,10 @@ from streamproc.metrics import Metrics
 from streamproc.records import Record
 from streamproc.sink import (
     H_INFERENCE_MS,
-    H_OFFSET,
-    H_PARTITION,
     H_PROCESSING_MS,
     H_QUEUE_MS,
-    H_TOPIC,
     Sink,
+    source_headers,
 )
 from streamproc.worker import DeviceResult
 from streamproc.workloads import Encoded, Workload
@@ -80,8 +78,6 @@ class ResultHandler:
         cut_at_s = result.batch.cut_at_s
         outputs = result.outputs
         failed = result.failed
-        source_topic = topic.encode()
-        partitions: dict[int, bytes] = {}
         results: list[tuple[Record, bytes, list[tuple[str, bytes]]]] = []
         now_s = time.monotonic()
         for row, record in enumerate(result.batch.records):
@@ -94,18 +90,12 @@ class ResultHandler:
             except Exception as exc:
                 self._dead_letter(record, dlq, "encode", exc)
                 continue
-            partition = record.tp.partition
-            partition_bytes = partitions.get(partition)
-            if partition_bytes is None:
-                partition_bytes = partitions[partition] = b"%d" % partition
             results.append(
                 (
                     record,
                     encoded.value,
                     [
-                        (H_TOPIC, source_topic),
-                        (H_PARTITION, partition_bytes),
-                        (H_OFFSET, b"%d" % record.offset),
+                        *source_headers(record),
                         *encoded.headers,
                         (H_INFERENCE_MS, inference_ms),
                         (H_QUEUE_MS, b"%.3f" % ((cut_at_s - record.consumed_at_s) * 1000)),

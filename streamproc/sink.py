@@ -50,8 +50,8 @@ def source_headers(record: Record) -> Headers:
     """The source-coordinate headers of ``record``."""
     return (
         (H_TOPIC, record.tp.topic.encode()),
-        (H_PARTITION, str(record.tp.partition).encode()),
-        (H_OFFSET, str(record.offset).encode()),
+        (H_PARTITION, b"%d" % record.tp.partition),
+        (H_OFFSET, b"%d" % record.offset),
     )
 
 
@@ -187,19 +187,6 @@ class Sink:
             if not sent:
                 ack.skipped(index)
 
-    def send_result(
-        self,
-        record: Record,
-        topic: str,
-        value: bytes,
-        extra_headers: Headers = (),
-        dlq_topic: str = "",
-    ) -> None:
-        """Produce one result (a batch of one; see :meth:`send_results`)."""
-        self.send_results(
-            topic, [(record, value, [*source_headers(record), *extra_headers])], dlq_topic
-        )
-
     def _delivered(self, topic: str, records: list[Record]) -> None:
         """Every delivery report of a batch is in: count it and mark its inputs done."""
         if not records:
@@ -274,6 +261,9 @@ class Sink:
         def too_large(err: KafkaError) -> bool:
             return err.code() == KafkaError.MSG_SIZE_TOO_LARGE and not omit_value
 
+        def without_value() -> None:
+            self.dead_letter(record, dlq_topic, stage, error_class, message, omit_value=True)
+
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is None:
                 self._metrics.dead_lettered.labels(record.tp.topic, stage).inc()
@@ -283,7 +273,7 @@ class Sink:
             if self.transactions is not None:
                 return  # the transaction aborts and the record is retried after the rewind
             if too_large(err):  # the topic's limit is below the producer's: retry without it
-                self.dead_letter(record, dlq_topic, stage, error_class, message, True)
+                without_value()
                 return
             self._on_fatal(
                 FatalPipelineError(
@@ -296,7 +286,7 @@ class Sink:
             self._send(record, dlq_topic, record.key, value, headers, delivered)
         except KafkaException as exc:
             if too_large(exc.args[0]):
-                self.dead_letter(record, dlq_topic, stage, error_class, message, True)
+                without_value()
                 return
             self._on_fatal(
                 FatalPipelineError(f"dead-letter topic {dlq_topic!r} rejected a record: {exc}")
