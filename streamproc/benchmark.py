@@ -173,7 +173,11 @@ def _config(
             "batching": {"max_batch_size": 16 if workload == "video" else 256},
             # light messages: deeper rings, so partitions are not paused and re-fetched often
             "buffers": {"ring_capacity": 256 if workload == "video" else 4096},
-            "worker": {"decode_mode": decode_mode},
+            # One torch thread: on 2 shared cores, intra-op threads wait at every parallel
+            # region for a core the broker, decode or Python holds (measured: a 256-row trades
+            # batch took 5-30 ms instead of 0.6 ms, and video used 25-35 CPU-s per 370 frames
+            # instead of 17-21 at equal or better throughput; docs/benchmarks.md).
+            "worker": {"decode_mode": decode_mode, "torch_threads": 1},
         }
     )
 

@@ -72,25 +72,29 @@ def decode_rows(
     start: int,
     skip: set[int] | dict[int, Any],
 ) -> Failures:
-    """Decode ``records[i]`` into ``rows[start + i]`` (skipping rows in ``skip``).
+    """Decode ``records[i]`` into ``rows[start + i]`` (skipping rows in ``skip``), one
+    :meth:`~streamproc.workloads.Workload.decode_many` call per run of rows between skipped
+    ones.
 
     Returns:
-        Per failed row (counted from ``start``), the :class:`RecordError`; an unexpected
-        exception from the workload is wrapped in a :class:`DecodeError` so one bad record (or
-        one workload bug) never stops the stream.
+        Per failed row (counted from ``start``), the :class:`RecordError`. If a workload's
+        ``decode_many`` itself raises, its run is decoded again record by record (the base
+        implementation), so one workload bug costs speed, never the stream.
     """
     failed: Failures = {}
-    decode = workload.decode
-    for offset, record in enumerate(records):
-        row = start + offset
-        if row in skip:
-            continue
-        try:
-            decode(record, rows[row])
-        except RecordError as exc:
-            failed[row] = exc
-        except Exception as exc:
-            failed[row] = DecodeError(f"{type(exc).__name__}: {exc}")
+    run_start = 0
+    stop = start + len(records)
+    for index in [*(row - start for row in sorted(skip) if start <= row < stop), len(records)]:
+        if index > run_start:
+            run = records[run_start:index]
+            view = rows[start + run_start : start + index]
+            try:
+                found = workload.decode_many(run, view)
+            except Exception:
+                found = Workload.decode_many(workload, run, view)
+            for offset, error in found.items():
+                failed[start + run_start + offset] = error
+        run_start = index + 1
     return failed
 
 

@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from streamproc.batcher import Batcher, Cut
 from streamproc.buffers import FlowControl
 from streamproc.decoders import Decoder
@@ -120,8 +122,8 @@ class Dispatcher:
         n = len(records)
         self.batch_sizes[n] = self.batch_sizes.get(n, 0) + 1
         self._batch_size.observe(n)
-        for record in records:
-            self._queue_wait.observe(now_s - record.consumed_at_s)
+        consumed_s = np.fromiter((r.consumed_at_s for r in records), np.float64, n)
+        self._queue_wait.observe_many(now_s - consumed_s)
         return Batch(self._next_batch_id, tuple(records), now_s, decision.reason)
 
     def _decode(self, batch: Batch) -> DeviceJob:

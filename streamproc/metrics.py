@@ -6,9 +6,15 @@ process (tests, the demo); :meth:`Metrics.serve` exposes it over HTTP on ``metri
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 _LATENCY_BUCKETS_S = (
     0.001,
@@ -28,6 +34,92 @@ _LATENCY_BUCKETS_S = (
     60.0,
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class BatchHistogramSeries:
+    """One labelled series of a :class:`BatchHistogram` (thread-safe)."""
+
+    def __init__(self, bounds: np.ndarray) -> None:
+        self._bounds = bounds
+        self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe_many(self, values: np.ndarray) -> None:
+        """Count every value of the 1-D float array ``values`` (e.g. seconds) at once."""
+        if values.size == 0:
+            return
+        # bucket i counts value <= bounds[i] (Prometheus "le"): the first bound >= value
+        counts = np.bincount(np.searchsorted(self._bounds, values), minlength=len(self._counts))
+        total = float(values.sum())
+        with self._lock:
+            self._counts += counts
+            self._sum += total
+
+    def observe(self, value: float) -> None:
+        """Count one value."""
+        self.observe_many(np.array([value], dtype=np.float64))
+
+    def snapshot(self) -> tuple[list[int], float]:
+        """Cumulative bucket counts (one per bound, then +Inf) and the sum."""
+        with self._lock:
+            return np.cumsum(self._counts).tolist(), self._sum
+
+
+class BatchHistogram(Collector):
+    """A labelled Prometheus histogram observed a batch of values per call.
+
+    Exposed exactly like a ``prometheus_client.Histogram`` (``_bucket``/``_count``/``_sum``),
+    but :meth:`BatchHistogramSeries.observe_many` counts a whole batch in one numpy pass and one
+    lock, where ``Histogram.observe`` costs about 1.1 us per value (measured here) and the
+    per-message latency histograms were observed once per message under the GIL.
+
+    Args:
+        name: metric name without suffix (units in the name).
+        documentation: help text.
+        labelnames: label names.
+        buckets: upper bounds, increasing (``+Inf`` is implied).
+        registry: where to register.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self._bounds = np.asarray(buckets, dtype=np.float64)
+        if self._bounds.size == 0 or (np.diff(self._bounds) <= 0).any():
+            raise ValueError(f"{name}: buckets must be non-empty and increasing, got {buckets}")
+        self._series: dict[tuple[str, ...], BatchHistogramSeries] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def labels(self, *values: str) -> BatchHistogramSeries:
+        """The series for these label values (created on first use)."""
+        if len(values) != len(self._labelnames):
+            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {values}")
+        series = self._series.get(values)
+        if series is None:
+            with self._lock:
+                series = self._series.setdefault(values, BatchHistogramSeries(self._bounds))
+        return series
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        les = [*(floatToGoString(b) for b in self._bounds.tolist()), "+Inf"]
+        for values, series in list(self._series.items()):
+            cumulative, total = series.snapshot()
+            family.add_metric(list(values), list(zip(les, cumulative, strict=True)), total)
+        yield family
 
 
 class Metrics:
@@ -58,7 +150,7 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=reg,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = BatchHistogram(
             "streamproc_queue_wait_seconds",
             "Consume to batch cut",
             ["topic"],
@@ -72,7 +164,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=reg,
         )
-        self.end_to_end = Histogram(
+        self.end_to_end = BatchHistogram(
             "streamproc_end_to_end_seconds",
             "Input record timestamp to output acknowledgement",
             ["topic"],

@@ -88,6 +88,10 @@ class Pipeline:
         self.metrics = Metrics()
         self.tracker = OffsetTracker()
         self.device = select_device(config.worker.device)
+        # torch's intra-op thread count is process-wide: set for this pipeline's life and
+        # restored at close (an embedding application, or a benchmark's next contender,
+        # gets its own setting back).
+        self._torch_threads_before = torch.get_num_threads()
         if config.worker.torch_threads:
             torch.set_num_threads(config.worker.torch_threads)
         self._stop = threading.Event()
@@ -379,6 +383,7 @@ class Pipeline:
             if self.http is not None:
                 self.http.close()
             self._close_decoders()
+            torch.set_num_threads(self._torch_threads_before)
             self.state = State.CLOSED
             return
         self.state = State.DRAINING
@@ -408,6 +413,7 @@ class Pipeline:
         # Hand the start-up objects back to the collector, so interpreter shutdown (or a next
         # pipeline in this process) finalises them normally.
         gc.unfreeze()
+        torch.set_num_threads(self._torch_threads_before)
         self.state = State.CLOSED
         if isinstance(self._fatal, FatalPipelineError):
             log.error("pipeline stopped", error=str(self._fatal))

@@ -1,4 +1,4 @@
-"""Result handling: encode each output row and hand it to the sink, in batch order.
+"""Result handling: encode a batch's output rows and hand them to the sink, in batch order.
 
 Runs on the device worker's completion thread. Rows whose decode failed, or whose batch the
 model failed on, or whose encode (the result callback) still raises after its retries, become
@@ -39,8 +39,9 @@ class ResultHandler:
         sink: producer.
         slots: the dispatcher's in-flight semaphore, released once per batch.
         metrics: process metrics.
-        attempts: tries of ``workload.encode`` per record (backoff 5 ms doubling, at most
-            100 ms) before the record is dead-lettered with stage ``encode``.
+        attempts: tries per record (the batch's ``workload.encode_many``, then
+            ``workload.encode`` alone with backoff 5 ms doubling, at most 100 ms) before the
+            record is dead-lettered with stage ``encode``.
         observe: called with (batch size, device seconds) per batch (the adaptive batch size).
     """
 
@@ -76,42 +77,66 @@ class ResultHandler:
             self._observe(len(result.batch), result.inference_s)
         inference_ms = b"%.3f" % (result.inference_s * 1000)
         cut_at_s = result.batch.cut_at_s
-        outputs = result.outputs
+        records = result.batch.records
         failed = result.failed
+        if result.error is not None:  # the model failed on the whole batch
+            for row, record in enumerate(records):
+                error = (failed.get(row) if failed else None) or result.error
+                self._dead_letter(record, dlq, error.stage, error)
+            return
+        encoded = self._encode_many(records, result.outputs)
         results: list[tuple[Record, bytes, list[tuple[str, bytes]]]] = []
         now_s = time.monotonic()
-        for row, record in enumerate(result.batch.records):
-            error: RecordError | None = (failed.get(row) if failed else None) or result.error
+        for row, (record, value) in enumerate(zip(records, encoded, strict=True)):
+            error: RecordError | None = failed.get(row) if failed else None
             if error is not None:
                 self._dead_letter(record, dlq, error.stage, error)
                 continue
-            try:
-                encoded = self._encode(record, tuple(out[row] for out in outputs))
-            except Exception as exc:
-                self._dead_letter(record, dlq, "encode", exc)
-                continue
+            if isinstance(value, Exception):
+                try:
+                    value = self._retry_encode(
+                        record, tuple(out[row] for out in result.outputs), value
+                    )
+                except Exception as exc:
+                    self._dead_letter(record, dlq, "encode", exc)
+                    continue
+            consumed_at_s = record.consumed_at_s
             results.append(
                 (
                     record,
-                    encoded.value,
+                    value.value,
                     [
                         *source_headers(record),
-                        *encoded.headers,
+                        *value.headers,
                         (H_INFERENCE_MS, inference_ms),
-                        (H_QUEUE_MS, b"%.3f" % ((cut_at_s - record.consumed_at_s) * 1000)),
-                        (H_PROCESSING_MS, b"%.3f" % ((now_s - record.consumed_at_s) * 1000)),
+                        (H_QUEUE_MS, b"%.3f" % ((cut_at_s - consumed_at_s) * 1000)),
+                        (H_PROCESSING_MS, b"%.3f" % ((now_s - consumed_at_s) * 1000)),
                     ],
                 )
             )
         self._sink.send_results(self._pipeline.output_topic, results, dlq)
 
-    def _encode(self, record: Record, row: tuple[np.ndarray, ...]) -> Encoded:
-        """The result callback, retried with exponential backoff before giving up."""
+    def _encode_many(
+        self, records: tuple[Record, ...], outputs: tuple[np.ndarray, ...]
+    ) -> list[Encoded | Exception]:
+        """The workload's batch encode; if it raises as a whole (a workload bug), every row is
+        encoded alone instead (with retries), so the batch is not lost."""
         try:
-            return self._workload.encode(record, row)  # fast path: no retry machinery
-        except Exception:
-            if self._attempts <= 1:
-                raise
+            encoded = self._workload.encode_many(records, outputs)
+        except Exception as exc:
+            return [exc] * len(records)
+        if len(encoded) != len(records):
+            error = ValueError(f"encode_many returned {len(encoded)} results for {len(records)}")
+            return [error] * len(records)
+        return encoded
+
+    def _retry_encode(
+        self, record: Record, row: tuple[np.ndarray, ...], error: Exception
+    ) -> Encoded:
+        """The row's encode raised ``error`` in the batch call: try it alone ``attempts - 1``
+        more times with exponential backoff, then re-raise the last error."""
+        if self._attempts <= 1:
+            raise error
         for attempt in Retrying(
             stop=stop_after_attempt(self._attempts - 1),
             wait=wait_exponential(multiplier=0.005, max=0.1),

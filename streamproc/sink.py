@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from streamproc.commit import OffsetTracker
@@ -192,10 +193,10 @@ class Sink:
         if not records:
             return
         self._metrics.child(self._metrics.produced, topic).inc(len(records))
-        latency = self._metrics.child(self._metrics.end_to_end, records[0].tp.topic)
-        now_ms = time.time() * 1000.0
-        for record in records:
-            latency.observe(max(0.0, (now_ms - record.timestamp_ms) / 1000.0))
+        created_ms = np.fromiter((r.timestamp_ms for r in records), np.float64, len(records))
+        self._metrics.end_to_end.labels(records[0].tp.topic).observe_many(
+            np.maximum(0.0, (time.time() * 1000.0 - created_ms) / 1000.0)
+        )
         if self.transactions is None:
             self._tracker.done_many(records)
 

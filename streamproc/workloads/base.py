@@ -17,19 +17,20 @@ dead-letter topic. ``model`` must be pure per row (row ``i`` of each output depe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from streamproc.errors import DecodeError
+from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Headers, Record
 
 ModelFn = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def source_coordinates(record: Record) -> dict[str, str | int]:
@@ -46,14 +47,23 @@ def require_value(record: Record) -> bytes:
     return record.value
 
 
-def parse_json(record: Record, schema: type[M]) -> M:
-    """Validate the record's JSON value against a pydantic ``schema``.
+@overload
+def parse_json(record: Record, schema: type[M]) -> M: ...
+@overload
+def parse_json(record: Record, schema: TypeAdapter[T]) -> T: ...
+def parse_json(record: Record, schema: type[BaseModel] | TypeAdapter[Any]) -> Any:
+    """Validate the record's JSON value against a pydantic model class or ``TypeAdapter``
+    (a ``TypedDict`` adapter validates the same constraints without building a model object:
+    about half the time per message, measured on the trades schema).
 
     Raises:
         DecodeError: tombstone, empty, malformed JSON or schema violation (with the field).
     """
+    value = require_value(record)
     try:
-        return schema.model_validate_json(require_value(record))
+        if isinstance(schema, TypeAdapter):
+            return schema.validate_json(value)
+        return schema.model_validate_json(value)
     except ValidationError as exc:
         first = exc.errors()[0]
         kind = "malformed JSON" if first["type"] == "json_invalid" else "schema"
@@ -93,6 +103,29 @@ class Workload:
         """
         raise NotImplementedError
 
+    def decode_many(self, records: Sequence[Record], rows: np.ndarray) -> dict[int, RecordError]:
+        """Write the decoded row of ``records[i]`` into ``rows[i]`` for every ``i``.
+
+        ``rows`` is a view of ``(len(records), *item_shape)`` ``item_dtype`` staging rows. This
+        is what the decode pool calls, once per slice of a batch. The default calls
+        :meth:`decode` per record; workloads whose per-message cost is a few microseconds
+        override it to parse per record and compute features once per slice (numpy).
+
+        Returns:
+            Per failed index into ``records``, its error (the other rows are written); an
+            unexpected exception from :meth:`decode` becomes a :class:`DecodeError` naming it.
+        """
+        failed: dict[int, RecordError] = {}
+        decode = self.decode
+        for index, record in enumerate(records):
+            try:
+                decode(record, rows[index])
+            except RecordError as exc:
+                failed[index] = exc
+            except Exception as exc:
+                failed[index] = DecodeError(f"{type(exc).__name__}: {exc}")
+        return failed
+
     def build_model(self, device: torch.device) -> ModelFn:
         """Load the model onto ``device`` in eval mode and return the batch function."""
         raise NotImplementedError
@@ -104,3 +137,26 @@ class Workload:
             EncodeError: the row cannot be serialised.
         """
         raise NotImplementedError
+
+    def encode_many(
+        self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
+    ) -> list[Encoded | Exception]:
+        """Serialise one batch's results: ``outputs`` are the model outputs (n, ...) on the
+        host, row ``i`` belonging to ``records[i]``.
+
+        This is what the result handler calls, once per batch. The default calls :meth:`encode`
+        per row; light workloads override it to convert outputs to Python numbers once per
+        batch (``ndarray.tolist()``) instead of once per value.
+
+        Returns:
+            Per record, its :class:`Encoded` or the exception its encode raised (that row is
+            retried alone with :meth:`encode`, then dead-lettered with stage ``encode``).
+        """
+        results: list[Encoded | Exception] = []
+        encode = self.encode
+        for index, record in enumerate(records):
+            try:
+                results.append(encode(record, tuple(out[index] for out in outputs)))
+            except Exception as exc:
+                results.append(exc)
+        return results

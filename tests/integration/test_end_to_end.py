@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+import torch
 from confluent_kafka import Producer
 
 from streamproc.pipeline import Pipeline
@@ -74,8 +75,12 @@ def test_bad_records_go_to_the_dead_letter_topic_and_offsets_advance(
             )
     assert producer.flush(30) == 0
 
-    config = make_config(bootstrap_servers, topics, worker={"max_message_bytes": 200_000})
+    config = make_config(
+        bootstrap_servers, topics, worker={"max_message_bytes": 200_000, "torch_threads": 1}
+    )
+    torch.set_num_threads(2)
     assert Pipeline(config).run(exit_when_idle_s=2).exit_code == 0
+    assert torch.get_num_threads() == 2  # the process-wide setting is handed back at close
 
     verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
     assert verdict.missing == [] and verdict.duplicates == 0

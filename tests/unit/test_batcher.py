@@ -176,3 +176,23 @@ def test_adaptive_size_prefers_the_smaller_of_near_equal_sizes() -> None:
         size = sizer.target()
         sizer.observe(size, slower[size])
     assert sizer.target() == 8
+
+
+def test_adaptive_size_ignores_one_interfered_batch_but_follows_a_lasting_slowdown() -> None:
+    # trades model on 2 busy cores (measured): about 0.2 ms per batch at any size up to 256
+    # alone, but a batch that loses the CPU mid-call can take 30 ms.
+    clean = {size: 0.0002 + size * 0.000002 for size in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+    sizer = Batcher(256, 1 << 30, 2.0, adaptive=True).sizer
+    assert sizer is not None
+    outlier_at = {32: 1, 64: 2}  # the 2nd batch of 32 and the 3rd of 64 were interfered with
+    seen: dict[int, int] = {}
+    while (size := sizer.unmeasured()) is not None:
+        slow = outlier_at.get(size) == seen.get(size, 0)
+        sizer.observe(size, 0.030 if slow else clean[size])
+        seen[size] = seen.get(size, 0) + 1
+    assert sizer.target() == 256  # an average would have stopped exploring at 32
+    # a lasting slowdown of 256 (e.g. a shared device): followed once the window has turned
+    for _ in range(sizer.window):
+        sizer.observe(256, 0.05)
+    assert sizer.throughput(256) == pytest.approx(256 / 0.05)
+    assert sizer.target() == 128

@@ -174,3 +174,42 @@ def test_shared_slabs_are_unlinked_on_close() -> None:
     for name in names:
         with pytest.raises(FileNotFoundError):
             shared_memory.SharedMemory(name=name)
+
+
+class _Recorder:
+    """A workload stub that records the runs decode_rows hands to decode_many."""
+
+    item_shape = (1,)
+
+    def __init__(self, broken: bool = False) -> None:
+        self.runs: list[list[int]] = []
+        self.broken = broken
+
+    def decode(self, record: Record, out: np.ndarray) -> None:
+        out[0] = record.offset
+
+    def decode_many(self, records: list[Record], rows: np.ndarray) -> dict:  # type: ignore[type-arg]
+        self.runs.append([r.offset for r in records])
+        if self.broken:
+            raise RuntimeError("workload bug")
+        for index, record in enumerate(records):
+            self.decode(record, rows[index])
+        return {1: DecodeError("second of the run")} if len(records) > 1 else {}
+
+
+def test_decode_rows_calls_decode_many_per_run_between_skipped_rows() -> None:
+    from streamproc.decoders import decode_rows
+
+    records = [Record(TP, o, None, b"v", (), 0, 0.0, 1) for o in range(10, 16)]
+    rows = np.full((8, 1), -1.0)
+    workload = _Recorder()
+    # rows 2..7 of the slab; rows 4 and 5 were refused up front (oversized)
+    failed = decode_rows(workload, records, rows, 2, {4: DecodeError("big"), 5: DecodeError("big")})  # type: ignore[arg-type]
+    assert workload.runs == [[10, 11], [14, 15]]
+    assert sorted(failed) == [3, 7]  # index 1 of each run, counted in slab rows
+    assert rows[:, 0].tolist() == [-1, -1, 10, 11, -1, -1, 14, 15]
+    # a decode_many that raises: its run is decoded record by record, nothing is lost
+    broken = _Recorder(broken=True)
+    rows[:] = -1
+    assert decode_rows(broken, records, rows, 2, {}) == {}  # type: ignore[arg-type]
+    assert rows[2:, 0].tolist() == [10, 11, 12, 13, 14, 15]

@@ -99,3 +99,23 @@ def test_stalled_partition_watchdog_with_fake_clock() -> None:
     now[0] = 30.0
     monitor._watch(TP, 6, lag=0)  # no lag: never stalled
     assert monitor.stalled == set()
+
+
+class BatchFails(Flaky):
+    """encode_many reports row 1 failed; encode alone then fails ``failures`` more times."""
+
+    def encode_many(
+        self, records: tuple[Record, ...], outputs: tuple[np.ndarray, ...]
+    ) -> list[Encoded | Exception]:
+        return [Encoded(b"batch"), RuntimeError("row failed in the batch")]
+
+
+def test_a_row_failing_in_the_batch_encode_is_retried_alone() -> None:
+    workload = BatchFails(failures=1)
+    sink, _ = run(workload)
+    assert sink.results == [(0, b"batch"), (1, b"ok")]  # 1 batch try + 2 alone: 2nd succeeds
+    assert workload.calls == 2 and sink.dead == []
+    always = BatchFails(failures=100)
+    sink, _ = run(always)
+    assert sink.results == [(0, b"batch")] and sink.dead == [(1, "encode", "RuntimeError")]
+    assert always.calls == 2  # attempts=3: the batch try and two alone

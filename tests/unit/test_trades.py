@@ -140,3 +140,25 @@ def test_encode_carries_score_features_and_coordinates(workload: TradesWorkload)
     assert doc["score"] == 0.5 and doc["anomaly"] is False
     assert doc["features"]["log_return_vs_prev_close"] == pytest.approx(float(feats[0]))
     assert doc["source"] == {"topic": "trades", "partition": 0, "offset": 9}
+
+
+def test_batch_codec_matches_the_per_record_path(workload: TradesWorkload) -> None:
+    from streamproc.workloads import Workload
+
+    values: list[bytes | None] = [v for _, v in itertools.islice(trade_messages(), 40)]
+    values[5], values[17], values[30] = b"{not json", None, b'{"symbol": "AAPL"}'
+    records = [record(v) for v in values]
+    rows = np.full((len(records), *workload.item_shape), np.nan, dtype=np.float32)
+    failed = workload.decode_many(records, rows)
+    reference = np.full_like(rows, np.nan)
+    expected = Workload.decode_many(workload, records, reference)  # decode() per record
+    assert sorted(failed) == sorted(expected) == [5, 17, 30]
+    assert [str(failed[i]) for i in failed] == [str(expected[i]) for i in failed]
+    good = [i for i in range(len(records)) if i not in failed]
+    np.testing.assert_array_equal(rows[good], reference[good])
+    assert not np.isnan(rows[good]).any()
+    # encode: one batch call equals one encode() per row
+    outputs = (rows[:, 0] * 2, rows[:, 0] > 0, rows)
+    many = workload.encode_many([records[i] for i in good], tuple(o[good] for o in outputs))
+    single = [workload.encode(records[i], tuple(o[i] for o in outputs)) for i in good]
+    assert [e.value for e in many] == [e.value for e in single]  # type: ignore[union-attr]
