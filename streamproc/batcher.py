@@ -84,6 +84,13 @@ class AdaptiveBatchSize:
     _service_s: dict[int, deque[float]] = field(default_factory=dict)
     _observations: int = 0
 
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.min_observations < 1:
+            raise ValueError(
+                f"window ({self.window}) and min_observations ({self.min_observations}) must "
+                "be >= 1"
+            )
+
     @property
     def candidates(self) -> list[int]:
         sizes = [2**i for i in range(int(math.log2(self.max_batch_size)) + 1)]

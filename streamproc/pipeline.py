@@ -377,13 +377,19 @@ class Pipeline:
         """
         if self.state in (State.CLOSED, State.DRAINING):
             return
+        try:
+            self._close()
+        finally:
+            # process-wide: handed back even if a close step raised (set in __init__)
+            torch.set_num_threads(self._torch_threads_before)
+
+    def _close(self) -> None:
         if self.state is State.CREATED:  # never started: just release the clients
             self.source.close(0.0)
             self.sink.close(1.0)
             if self.http is not None:
                 self.http.close()
             self._close_decoders()
-            torch.set_num_threads(self._torch_threads_before)
             self.state = State.CLOSED
             return
         self.state = State.DRAINING
@@ -413,7 +419,6 @@ class Pipeline:
         # Hand the start-up objects back to the collector, so interpreter shutdown (or a next
         # pipeline in this process) finalises them normally.
         gc.unfreeze()
-        torch.set_num_threads(self._torch_threads_before)
         self.state = State.CLOSED
         if isinstance(self._fatal, FatalPipelineError):
             log.error("pipeline stopped", error=str(self._fatal))

@@ -84,12 +84,12 @@ class ResultHandler:
                 error = (failed.get(row) if failed else None) or result.error
                 self._dead_letter(record, dlq, error.stage, error)
             return
-        encoded = self._encode_many(records, result.outputs)
+        encoded = self._encode_many(records, result.outputs, failed)
         results: list[tuple[Record, bytes, list[tuple[str, bytes]]]] = []
         now_s = time.monotonic()
         for row, (record, value) in enumerate(zip(records, encoded, strict=True)):
-            error: RecordError | None = failed.get(row) if failed else None
-            if error is not None:
+            if value is None:  # its decode failed
+                error = failed[row]
                 self._dead_letter(record, dlq, error.stage, error)
                 continue
             if isinstance(value, Exception):
@@ -117,18 +117,40 @@ class ResultHandler:
         self._sink.send_results(self._pipeline.output_topic, results, dlq)
 
     def _encode_many(
-        self, records: tuple[Record, ...], outputs: tuple[np.ndarray, ...]
-    ) -> list[Encoded | Exception]:
-        """The workload's batch encode; if it raises as a whole (a workload bug), every row is
-        encoded alone instead (with retries), so the batch is not lost."""
+        self,
+        records: tuple[Record, ...],
+        outputs: tuple[np.ndarray, ...],
+        failed: dict[int, RecordError],
+    ) -> list[Encoded | Exception | None]:
+        """The workload's batch encode over the rows that decoded (None for the others: a row
+        that failed decode, e.g. an oversized value, is never handed to the encoder).
+
+        If the workload's ``encode_many`` raises as a whole, returns the wrong count or a value
+        that is not an :class:`Encoded`, those rows count as failed tries and are encoded alone
+        (with retries), so a workload bug costs speed, never the batch."""
+        rows = len(records)
+        if failed:
+            keep = [row for row in range(rows) if row not in failed]
+            records = tuple(records[row] for row in keep)
+            outputs = tuple(out[keep] for out in outputs)
         try:
-            encoded = self._workload.encode_many(records, outputs)
+            encoded: list[Encoded | Exception] = list(self._workload.encode_many(records, outputs))
+            if len(encoded) != len(records):
+                raise ValueError(f"encode_many returned {len(encoded)} results for {len(records)}")
         except Exception as exc:
-            return [exc] * len(records)
-        if len(encoded) != len(records):
-            error = ValueError(f"encode_many returned {len(encoded)} results for {len(records)}")
-            return [error] * len(records)
-        return encoded
+            encoded = [exc] * len(records)
+        checked: list[Encoded | Exception | None] = [
+            value
+            if isinstance(value, (Encoded, Exception))
+            else TypeError(f"encode_many returned {type(value).__name__}, not Encoded")
+            for value in encoded
+        ]
+        if not failed:
+            return checked
+        by_row: list[Encoded | Exception | None] = [None] * rows
+        for row, value in zip(keep, checked, strict=True):
+            by_row[row] = value
+        return by_row
 
     def _retry_encode(
         self, record: Record, row: tuple[np.ndarray, ...], error: Exception

@@ -42,8 +42,8 @@ log = get_logger(__name__)
 class DeviceJob:
     """A decoded batch: rows ``0..len(batch)-1`` of ``slab`` hold the inputs.
 
-    ``failed`` maps row index -> error for rows whose decode failed (their slab row is zeros and
-    their outputs are ignored).
+    ``failed`` maps row index -> error for rows whose decode failed (their slab row holds
+    whatever the slab held before; the model runs over it and those outputs are never encoded).
     """
 
     batch: Batch

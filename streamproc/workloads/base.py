@@ -107,7 +107,8 @@ class Workload:
         """Write the decoded row of ``records[i]`` into ``rows[i]`` for every ``i``.
 
         ``rows`` is a view of ``(len(records), *item_shape)`` ``item_dtype`` staging rows. This
-        is what the decode pool calls, once per slice of a batch. The default calls
+        is what the decode pool calls, once per slice of a batch (per run of rows between those
+        refused up front, e.g. oversized values). The default calls
         :meth:`decode` per record; workloads whose per-message cost is a few microseconds
         override it to parse per record and compute features once per slice (numpy).
 
@@ -142,7 +143,7 @@ class Workload:
         self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
     ) -> list[Encoded | Exception]:
         """Serialise one batch's results: ``outputs`` are the model outputs (n, ...) on the
-        host, row ``i`` belonging to ``records[i]``.
+        host, row ``i`` belonging to ``records[i]``. Only rows that decoded are passed.
 
         This is what the result handler calls, once per batch. The default calls :meth:`encode`
         per row; light workloads override it to convert outputs to Python numbers once per

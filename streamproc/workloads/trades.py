@@ -198,11 +198,22 @@ class TradesWorkload(CheckpointScorer):
             )
         if not fields:
             return failed
-        feats = feature_rows(np.array(fields, dtype=np.float64))
-        if failed:
-            rows[[i for i in range(len(records)) if i not in failed]] = feats
-        else:
+        parsed = [i for i in range(len(records)) if i not in failed]
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            feats = feature_rows(np.array(fields, dtype=np.float64)).astype(rows.dtype)
+        finite = np.isfinite(feats).all(axis=1)
+        if not finite.all():  # e.g. price/prev_close underflows to 0, or a value of 1e400
+            for position in np.flatnonzero(~finite).tolist():
+                failed[parsed[position]] = DecodeError(
+                    "schema: a feature is not finite (price, size, prev_close or adv_20 out of "
+                    "range)"
+                )
+            parsed = [i for i, ok in zip(parsed, finite.tolist(), strict=True) if ok]
+            feats = feats[finite]
+        if len(parsed) == len(records):
             rows[...] = feats
+        else:
+            rows[parsed] = feats
         return failed
 
     def score(

@@ -78,9 +78,13 @@ def test_bad_records_go_to_the_dead_letter_topic_and_offsets_advance(
     config = make_config(
         bootstrap_servers, topics, worker={"max_message_bytes": 200_000, "torch_threads": 1}
     )
+    threads_before = torch.get_num_threads()
     torch.set_num_threads(2)
-    assert Pipeline(config).run(exit_when_idle_s=2).exit_code == 0
-    assert torch.get_num_threads() == 2  # the process-wide setting is handed back at close
+    try:
+        assert Pipeline(config).run(exit_when_idle_s=2).exit_code == 0
+        assert torch.get_num_threads() == 2  # the process-wide setting is handed back at close
+    finally:
+        torch.set_num_threads(threads_before)
 
     verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
     assert verdict.missing == [] and verdict.duplicates == 0

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamproc.batcher import Batcher, Cut, Wait
+from streamproc.batcher import AdaptiveBatchSize, Batcher, Cut, Wait
 from streamproc.buffers import PartitionBuffers
 from streamproc.records import Record, TopicPartition
 
@@ -196,3 +196,6 @@ def test_adaptive_size_ignores_one_interfered_batch_but_follows_a_lasting_slowdo
         sizer.observe(256, 0.05)
     assert sizer.throughput(256) == pytest.approx(256 / 0.05)
     assert sizer.target() == 128
+
+    with pytest.raises(ValueError, match="window"):
+        AdaptiveBatchSize(16, window=0)

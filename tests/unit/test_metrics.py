@@ -46,6 +46,8 @@ def test_batch_observations_match_the_library_histogram_sample_for_sample() -> N
 def test_bad_buckets_and_labels_are_refused() -> None:
     with pytest.raises(ValueError, match="increasing"):
         BatchHistogram("x_seconds", "x", ["topic"], (1.0, 0.5), CollectorRegistry())
+    with pytest.raises(ValueError, match="finite"):
+        BatchHistogram("z_seconds", "z", ["topic"], (1.0, float("inf")), CollectorRegistry())
     histogram = BatchHistogram("y_seconds", "y", ["topic"], BUCKETS, CollectorRegistry())
     with pytest.raises(ValueError, match="expected labels"):
         histogram.labels("a", "b")

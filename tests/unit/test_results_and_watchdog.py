@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -105,7 +106,7 @@ class BatchFails(Flaky):
     """encode_many reports row 1 failed; encode alone then fails ``failures`` more times."""
 
     def encode_many(
-        self, records: tuple[Record, ...], outputs: tuple[np.ndarray, ...]
+        self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
     ) -> list[Encoded | Exception]:
         return [Encoded(b"batch"), RuntimeError("row failed in the batch")]
 
@@ -119,3 +120,26 @@ def test_a_row_failing_in_the_batch_encode_is_retried_alone() -> None:
     sink, _ = run(always)
     assert sink.results == [(0, b"batch")] and sink.dead == [(1, "encode", "RuntimeError")]
     assert always.calls == 2  # attempts=3: the batch try and two alone
+
+
+class Recording(Flaky):
+    """Records which rows the batch encode was given; returns a bad value for one of them."""
+
+    def __init__(self) -> None:
+        super().__init__(failures=0)
+        self.given: list[int] = []
+
+    def encode_many(
+        self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
+    ) -> list[Encoded | Exception]:
+        self.given = [record.offset for record in records]
+        return [b"not an Encoded"]  # type: ignore[list-item]
+
+
+def test_rows_that_failed_decode_never_reach_the_encoder_and_bad_returns_are_retried() -> None:
+    workload = Recording()
+    sink, slots = run(workload, failed={0: DecodeError("bad")})
+    assert workload.given == [1]  # the failed row 0 was not encoded
+    assert sink.dead == [(0, "decode", "DecodeError")]
+    assert sink.results == [(1, b"ok")]  # the bad return value counted as one failed try
+    assert slots.acquire(blocking=False)

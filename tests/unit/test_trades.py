@@ -156,9 +156,29 @@ def test_batch_codec_matches_the_per_record_path(workload: TradesWorkload) -> No
     assert [str(failed[i]) for i in failed] == [str(expected[i]) for i in failed]
     good = [i for i in range(len(records)) if i not in failed]
     np.testing.assert_array_equal(rows[good], reference[good])
-    assert not np.isnan(rows[good]).any()
+    for i in good:  # each row is the scalar features() of its own trade
+        trade = orjson.loads(values[i])  # type: ignore[arg-type]
+        fields = (trade[k] for k in ("price", "size", "side", "prev_close", "adv_20"))
+        assert rows[i].tolist() == pytest.approx(features(*fields), rel=1e-6)
     # encode: one batch call equals one encode() per row
     outputs = (rows[:, 0] * 2, rows[:, 0] > 0, rows)
     many = workload.encode_many([records[i] for i in good], tuple(o[good] for o in outputs))
     single = [workload.encode(records[i], tuple(o[i] for o in outputs)) for i in good]
     assert [e.value for e in many] == [e.value for e in single]  # type: ignore[union-attr]
+
+
+def test_trades_whose_features_are_not_finite_are_refused(workload: TradesWorkload) -> None:
+    base = {"symbol": "X", "ts_ms": 1, "size": 5, "side": "buy", "adv_20": 1.0}
+    values = [
+        orjson.dumps({**base, "price": 1.0, "prev_close": 1.0}),
+        orjson.dumps({**base, "price": 5e-324, "prev_close": 10.0}),  # ratio underflows to 0
+        b'{"symbol": "X", "ts_ms": 1, "price": 1e400, "size": 5, "side": "buy", '
+        b'"prev_close": 1.0, "adv_20": 1.0}',  # parses as inf
+        orjson.dumps({**base, "price": 2.0, "prev_close": 1.0}),
+    ]
+    rows = np.full((4, *workload.item_shape), np.nan, dtype=np.float32)
+    failed = workload.decode_many([record(v) for v in values], rows)
+    assert sorted(failed) == [1, 2]
+    assert all("not finite" in str(error) for error in failed.values())
+    assert rows[3].tolist() == pytest.approx(features(2.0, 5, "buy", 1.0, 1.0), rel=1e-6)
+    assert np.isfinite(rows[[0, 3]]).all()
