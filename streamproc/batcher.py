@@ -97,8 +97,9 @@ class AdaptiveBatchSize:
         return sorted({*sizes, self.max_batch_size})
 
     def observe(self, size: int, service_s: float) -> None:
-        """Record that a batch of ``size`` messages took ``service_s`` seconds on the device."""
-        if size not in self.candidates or service_s <= 0:
+        """Record that a batch of ``size`` messages took ``service_s`` seconds on the device
+        (ignored unless ``size`` is a candidate and ``service_s`` is positive and finite)."""
+        if size not in self.candidates or not 0 < service_s < math.inf:
             return
         recent = self._service_s.get(size)
         if recent is None:

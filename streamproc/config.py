@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -102,6 +102,9 @@ class BuffersConfig(_Section):
 
 
 Priority = Literal["high", "normal", "low"]
+MAX_WAIT_LIMIT_MS = 3_600_000.0
+"""The largest accepted max wait (1 hour): finite, so the dispatcher's timed waits stay valid."""
+WaitMs = Annotated[float, Field(ge=0.0, le=MAX_WAIT_LIMIT_MS, allow_inf_nan=False)]
 
 
 class BatchingConfig(_Section):
@@ -115,8 +118,8 @@ class BatchingConfig(_Section):
 
     max_batch_size: int = Field(default=4, ge=1, le=4096)
     max_batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    max_wait_ms: float = Field(default=20.0, ge=0.0)
-    priority_max_wait_ms: dict[Priority, float] = Field(
+    max_wait_ms: WaitMs = 20.0
+    priority_max_wait_ms: dict[Priority, WaitMs] = Field(
         default_factory=lambda: {"high": 2.0, "low": 50.0}
     )
     adaptive_batch_size: bool = True

@@ -78,7 +78,8 @@ def decode_rows(
 
     Returns:
         Per failed row (counted from ``start``), the :class:`RecordError`. If a workload's
-        ``decode_many`` itself raises, its run is decoded again record by record (the base
+        ``decode_many`` itself raises, or answers with anything but a dict of row index (within
+        the run) -> :class:`RecordError`, its run is decoded again record by record (the base
         implementation), so one workload bug costs speed, never the stream.
     """
     failed: Failures = {}
@@ -89,13 +90,24 @@ def decode_rows(
             run = records[run_start:index]
             view = rows[start + run_start : start + index]
             try:
-                found = workload.decode_many(run, view)
+                found = _checked(workload.decode_many(run, view), len(run))
             except Exception:
                 found = Workload.decode_many(workload, run, view)
             for offset, error in found.items():
                 failed[start + run_start + offset] = error
         run_start = index + 1
     return failed
+
+
+def _checked(found: object, count: int) -> Failures:
+    """``decode_many``'s answer, or TypeError if it is not a dict of row -> RecordError over
+    rows ``0..count-1`` (a wrong answer would fail or score the wrong rows)."""
+    if not isinstance(found, dict) or not all(
+        type(row) is int and 0 <= row < count and isinstance(error, RecordError)
+        for row, error in found.items()
+    ):
+        raise TypeError(f"decode_many must return dict[int, RecordError], got {found!r:.200}")
+    return found
 
 
 def _slices(count: int, chunks: int) -> list[tuple[int, int]]:

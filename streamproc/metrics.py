@@ -46,11 +46,14 @@ class BatchHistogramSeries:
         self._lock = threading.Lock()
 
     def observe_many(self, values: np.ndarray) -> None:
-        """Count every value of the 1-D float array ``values`` (e.g. seconds) at once."""
+        """Count every value of ``values`` (any shape, converted to float64; e.g. seconds) at
+        once. Like ``Histogram.observe``, a NaN is added to the sum and counted in no bucket."""
+        values = np.asarray(values, dtype=np.float64).ravel()
         if values.size == 0:
             return
         # bucket i counts value <= bounds[i] (Prometheus "le"): the first bound >= value
-        counts = np.bincount(np.searchsorted(self._bounds, values), minlength=len(self._counts))
+        counted = values[~np.isnan(values)]
+        counts = np.bincount(np.searchsorted(self._bounds, counted), minlength=len(self._counts))
         total = float(values.sum())
         with self._lock:
             self._counts += counts
@@ -81,9 +84,10 @@ class BatchHistogram(Collector):
         labelnames: label names.
         buckets: finite upper bounds, increasing (``+Inf`` is implied).
 
+        registry: where to register.
+
     Raises:
         ValueError: empty, unordered or non-finite buckets.
-        registry: where to register.
     """
 
     def __init__(
@@ -110,14 +114,16 @@ class BatchHistogram(Collector):
         self._lock = threading.Lock()
         registry.register(self)
 
-    def labels(self, *values: str) -> BatchHistogramSeries:
-        """The series for these label values (created on first use)."""
+    def labels(self, *values: object) -> BatchHistogramSeries:
+        """The series for these label values (created on first use; values become ``str`` as
+        in ``prometheus_client``)."""
         if len(values) != len(self._labelnames):
             raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {values}")
-        series = self._series.get(values)
+        key = tuple(str(value) for value in values)
+        series = self._series.get(key)
         if series is None:
             with self._lock:
-                series = self._series.setdefault(values, BatchHistogramSeries(self._bounds))
+                series = self._series.setdefault(key, BatchHistogramSeries(self._bounds))
         return series
 
     def describe(self) -> Iterator[Metric]:

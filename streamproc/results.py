@@ -165,7 +165,10 @@ class ResultHandler:
             reraise=True,
         ):
             with attempt:
-                return self._workload.encode(record, row)
+                value = self._workload.encode(record, row)
+                if not isinstance(value, Encoded):
+                    raise TypeError(f"encode returned {type(value).__name__}, not Encoded")
+                return value
         raise AssertionError("unreachable")  # Retrying either returns or re-raises
 
     def _dead_letter(self, record: Record, dlq: str, stage: str, exc: BaseException) -> None:

@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal, NotRequired
 import numpy as np
 import orjson
 import torch
-from pydantic import Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter, with_config
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from streamproc.errors import DecodeError, RecordError
@@ -50,15 +50,24 @@ WEIGHTS = Path(__file__).parent / "weights" / "trades_autoencoder.pt"
 SPLIT_DATE = "2010-07-01"
 
 
+INT64_MAX = 2**63 - 1
+
+
+@with_config(ConfigDict(strict=True))
 class TradeMessage(TypedDict):
     """The trade message schema (validated with pydantic; a ``TypedDict`` rather than a model
-    class because building a model object per message doubled the decode time)."""
+    class because building a model object per message doubled the decode time).
+
+    Strict: a price of ``true`` or a timestamp of ``"1"`` is refused, not coerced (an integer
+    is still a valid price). Integers are bounded to int64: the features are float64 and the
+    echoed ``ts_ms`` must serialise again.
+    """
 
     trade_id: NotRequired[str | None]
     symbol: Annotated[str, Field(min_length=1)]
-    ts_ms: int
+    ts_ms: Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
     price: Annotated[float, Field(gt=0)]
-    size: Annotated[int, Field(gt=0)]
+    size: Annotated[int, Field(gt=0, le=INT64_MAX)]
     side: Literal["buy", "sell"]
     prev_close: Annotated[float, Field(gt=0)]
     adv_20: Annotated[float, Field(gt=0)]

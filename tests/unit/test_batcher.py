@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from streamproc.batcher import AdaptiveBatchSize, Batcher, Cut, Wait
@@ -199,3 +201,14 @@ def test_adaptive_size_ignores_one_interfered_batch_but_follows_a_lasting_slowdo
 
     with pytest.raises(ValueError, match="window"):
         AdaptiveBatchSize(16, window=0)
+
+
+def test_adaptive_size_ignores_service_times_that_are_not_positive_and_finite() -> None:
+    sizer = AdaptiveBatchSize(4, min_observations=1)
+    for bad in (math.nan, math.inf, 0.0, -1.0):
+        sizer.observe(2, bad)  # a NaN first in a window made min() NaN for good
+    sizer.observe(3, 0.001)  # not a candidate
+    assert sizer.throughput(2) is None and sizer.throughput(3) is None
+    for size in (1, 2, 4):
+        sizer.observe(size, 0.001 * size**0.5)
+    assert sizer.target() == 4

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -64,6 +66,21 @@ def test_bad_enum_names_allowed_values() -> None:
         load_config(overrides={"pipelines": [PIPELINE], "processing_guarantee": "twice"})
     assert "processing_guarantee" in str(err.value)
     assert "at_least_once" in str(err.value) and "'twice'" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("batching", "message"),
+    [
+        ({"max_wait_ms": math.inf}, r"batching\.max_wait_ms: .*finite"),
+        ({"max_wait_ms": 1e300}, r"batching\.max_wait_ms: .*less than or equal to 3600000"),
+        ({"priority_max_wait_ms": {"high": math.nan}}, r"priority_max_wait_ms\.high: .*finite"),
+        ({"priority_max_wait_ms": {"low": -1}}, r"priority_max_wait_ms\.low: .*greater than"),
+    ],
+)
+def test_max_waits_must_be_finite_and_bounded(batching: dict[str, Any], message: str) -> None:
+    # an infinite wait reached Condition.wait (OverflowError) and NaN made it return at once
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides={"pipelines": [PIPELINE], "batching": batching})
 
 
 def test_unknown_workload_and_bad_watermarks_fail_at_start() -> None:

@@ -181,9 +181,10 @@ class _Recorder:
 
     item_shape = (1,)
 
-    def __init__(self, broken: bool = False) -> None:
+    def __init__(self, broken: bool = False, answer: object = None) -> None:
         self.runs: list[list[int]] = []
         self.broken = broken
+        self.answer = answer  # returned instead of the real failures when not None
 
     def decode(self, record: Record, out: np.ndarray) -> None:
         out[0] = record.offset
@@ -192,6 +193,8 @@ class _Recorder:
         self.runs.append([r.offset for r in records])
         if self.broken:
             raise RuntimeError("workload bug")
+        if self.answer is not None:
+            return self.answer  # type: ignore[return-value]
         for index, record in enumerate(records):
             self.decode(record, rows[index])
         return {1: DecodeError("second of the run")} if len(records) > 1 else {}
@@ -213,3 +216,24 @@ def test_decode_rows_calls_decode_many_per_run_between_skipped_rows() -> None:
     rows[:] = -1
     assert decode_rows(broken, records, rows, 2, {}) == {}  # type: ignore[arg-type]
     assert rows[2:, 0].tolist() == [10, 11, 12, 13, 14, 15]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        [],  # not a dict
+        {7: DecodeError("row 7 of a 6-row run")},  # would fail another slice's row
+        {-1: DecodeError("negative")},
+        {0: ValueError("not a RecordError")},  # the result handler reads error.stage
+        {"0": DecodeError("string key")},
+    ],
+)
+def test_a_wrong_answer_from_decode_many_falls_back_per_record(answer: object) -> None:
+    from streamproc.decoders import decode_rows
+
+    records = [Record(TP, o, None, b"v", (), 0, 0.0, 1) for o in range(10, 16)]
+    rows = np.full((6, 1), -1.0)
+    # the stub writes nothing before answering: a row left unwritten would be scored on stale
+    # data unless the run is decoded again
+    assert decode_rows(_Recorder(answer=answer), records, rows, 0, {}) == {}  # type: ignore[arg-type]
+    assert rows[:, 0].tolist() == [10, 11, 12, 13, 14, 15]

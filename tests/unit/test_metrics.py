@@ -43,6 +43,30 @@ def test_batch_observations_match_the_library_histogram_sample_for_sample() -> N
         assert float(mine.rsplit(" ", 1)[1]) == pytest.approx(float(library.rsplit(" ", 1)[1]))
 
 
+def test_nan_integer_arrays_and_non_string_labels_match_the_library() -> None:
+    # int64 values once wrapped their sum, NaN landed in +Inf and _count, and an int label
+    # value failed the whole /metrics scrape
+    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
+    ours = BatchHistogram("lat_seconds", "latency", ["partition"], BUCKETS, ours_registry)
+    theirs = Histogram(
+        "lat_seconds", "latency", ["partition"], buckets=BUCKETS, registry=theirs_registry
+    )
+    huge = np.array([2**62] * 3, dtype=np.int64)
+    ours.labels(0).observe_many(huge)
+    ours.labels(0).observe_many(np.array([[0.5, np.nan]]))  # any shape
+    for value in [*huge.tolist(), 0.5, float("nan")]:
+        theirs.labels(0).observe(float(value))
+    ours_lines, theirs_lines = _samples(ours_registry), _samples(theirs_registry)
+    assert [line.rsplit(" ", 1)[0] for line in ours_lines] == [
+        line.rsplit(" ", 1)[0] for line in theirs_lines
+    ]
+    for mine, library in zip(ours_lines, theirs_lines, strict=True):
+        assert float(mine.rsplit(" ", 1)[1]) == pytest.approx(
+            float(library.rsplit(" ", 1)[1]), nan_ok=True
+        )
+    assert 'lat_seconds_count{partition="0"} 4.0' in ours_lines
+
+
 def test_bad_buckets_and_labels_are_refused() -> None:
     with pytest.raises(ValueError, match="increasing"):
         BatchHistogram("x_seconds", "x", ["topic"], (1.0, 0.5), CollectorRegistry())

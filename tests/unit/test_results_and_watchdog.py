@@ -136,6 +136,24 @@ class Recording(Flaky):
         return [b"not an Encoded"]  # type: ignore[list-item]
 
 
+class ReturnsBytes(Flaky):
+    """A workload bug: its per-record encode returns bytes instead of Encoded."""
+
+    def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        self.calls += 1
+        return b"raw"  # type: ignore[return-value]
+
+
+def test_a_wrong_type_from_encode_is_dead_lettered_not_fatal() -> None:
+    # it raised AttributeError out of the completion thread (the pipeline's fatal path)
+    workload = ReturnsBytes(failures=0)
+    sink, slots = run(workload)
+    assert sink.results == []
+    assert sink.dead == [(0, "encode", "TypeError"), (1, "encode", "TypeError")]
+    assert workload.calls == 6  # the batch try and two alone per row, each refused
+    assert slots.acquire(blocking=False)
+
+
 def test_rows_that_failed_decode_never_reach_the_encoder_and_bad_returns_are_retried() -> None:
     workload = Recording()
     sink, slots = run(workload, failed={0: DecodeError("bad")})

@@ -123,6 +123,45 @@ def test_bad_input_raises_decode_error(
         workload.decode(record(value), out)
 
 
+GOOD = b'"symbol": "A", "ts_ms": 1, "price": 2, "size": 3, "side": "buy", "prev_close": 1, '
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"{" + GOOD + b'"adv_20": 1, "vwap": NaN}',  # accepted by pydantic's JSON parser
+        b"{" + GOOD + b'"adv_20": 1, "vwap": Infinity}',
+        b"{" + GOOD + b'"adv_20": 1, "note": 1e400}',
+        b"{" + GOOD.replace(b'"ts_ms": 1', b'"ts_ms": 1' + b"0" * 30) + b'"adv_20": 1}',
+        b"{" + GOOD.replace(b'"ts_ms": 1', b'"ts_ms": 9223372036854775808') + b'"adv_20": 1}',
+        b"{" + GOOD.replace(b'"size": 3', b'"size": 1' + b"0" * 400) + b'"adv_20": 1}',
+        b"{" + GOOD.replace(b'"price": 2', b'"price": true') + b'"adv_20": 1}',
+        b"{" + GOOD.replace(b'"ts_ms": 1', b'"ts_ms": "1"') + b'"adv_20": 1}',
+        b"{" + GOOD + b'"adv_20": "1.5"}',
+        b"{" + GOOD.replace(b'"size": 3', b'"size": 3.0') + b'"adv_20": 1}',
+    ],
+)
+def test_hostile_numbers_and_coerced_types_fail_decode(
+    workload: TradesWorkload, value: bytes
+) -> None:
+    # Each of these was scored and then failed encode (3 tries with backoff, dead-lettered at
+    # the wrong stage), raised OverflowError from decode, or was silently coerced.
+    out = np.zeros(workload.item_shape, dtype=np.float32)
+    with pytest.raises(DecodeError, match=r"malformed JSON|schema"):
+        workload.decode(record(value), out)
+
+
+def test_an_integer_price_is_still_a_price(workload: TradesWorkload) -> None:
+    value = b"{" + GOOD + b'"adv_20": 1}'
+    out = np.zeros(workload.item_shape, dtype=np.float32)
+    workload.decode(record(value), out)
+    assert out.tolist() == pytest.approx(features(2.0, 3, "buy", 1.0, 1.0), rel=1e-6)
+    doc = orjson.loads(
+        workload.encode(record(value), (np.float32(0.1), np.bool_(False), out)).value
+    )
+    assert doc["ts_ms"] == 1 and doc["symbol"] == "A"
+
+
 def test_encode_carries_score_features_and_coordinates(workload: TradesWorkload) -> None:
     trade = all_trades()[0]
     feats = np.asarray(
@@ -179,6 +218,7 @@ def test_trades_whose_features_are_not_finite_are_refused(workload: TradesWorklo
     rows = np.full((4, *workload.item_shape), np.nan, dtype=np.float32)
     failed = workload.decode_many([record(v) for v in values], rows)
     assert sorted(failed) == [1, 2]
-    assert all("not finite" in str(error) for error in failed.values())
+    assert "not finite" in str(failed[1])
+    assert "malformed JSON" in str(failed[2])  # orjson refuses a number beyond the float range
     assert rows[3].tolist() == pytest.approx(features(2.0, 5, "buy", 1.0, 1.0), rel=1e-6)
     assert np.isfinite(rows[[0, 3]]).all()
