@@ -103,11 +103,14 @@ def _checked(found: object, count: int) -> Failures:
     """``decode_many``'s answer, or TypeError if it is not a dict of row -> RecordError over
     rows ``0..count-1`` (a wrong answer would fail or score the wrong rows)."""
     if not isinstance(found, dict) or not all(
-        type(row) is int and 0 <= row < count and isinstance(error, RecordError)
+        isinstance(row, int | np.integer)
+        and not isinstance(row, bool)
+        and 0 <= row < count
+        and isinstance(error, RecordError)
         for row, error in found.items()
     ):
         raise TypeError(f"decode_many must return dict[int, RecordError], got {found!r:.200}")
-    return found
+    return {int(row): error for row, error in found.items()}
 
 
 def _slices(count: int, chunks: int) -> list[tuple[int, int]]:

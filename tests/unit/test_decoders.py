@@ -226,6 +226,7 @@ def test_decode_rows_calls_decode_many_per_run_between_skipped_rows() -> None:
         {-1: DecodeError("negative")},
         {0: ValueError("not a RecordError")},  # the result handler reads error.stage
         {"0": DecodeError("string key")},
+        {True: DecodeError("bool key")},
     ],
 )
 def test_a_wrong_answer_from_decode_many_falls_back_per_record(answer: object) -> None:
@@ -237,3 +238,13 @@ def test_a_wrong_answer_from_decode_many_falls_back_per_record(answer: object) -
     # data unless the run is decoded again
     assert decode_rows(_Recorder(answer=answer), records, rows, 0, {}) == {}  # type: ignore[arg-type]
     assert rows[:, 0].tolist() == [10, 11, 12, 13, 14, 15]
+
+
+def test_numpy_integer_rows_from_decode_many_are_accepted() -> None:
+    from streamproc.decoders import decode_rows
+
+    records = [Record(TP, o, None, b"v", (), 0, 0.0, 1) for o in range(10, 13)]
+    rows = np.full((3, 1), -1.0)
+    failed = decode_rows(_Recorder(answer={np.int64(1): DecodeError("x")}), records, rows, 0, {})  # type: ignore[arg-type]
+    assert failed.keys() == {1} and type(next(iter(failed))) is int
+    assert rows[:, 0].tolist() == [-1, -1, -1]  # the stub's answer was taken: no fallback
