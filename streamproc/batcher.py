@@ -115,17 +115,32 @@ class AdaptiveBatchSize:
         return size / min(recent)
 
     def unmeasured(self) -> int | None:
-        """The size still to be measured before the target is known (None: none left). Used to
-        calibrate at start-up, before any message waits on the exploration."""
+        """The size to measure next before the target is known (None: none left). Used to
+        calibrate at start-up, before any message waits on the exploration.
+
+        Sizes are measured round-robin (1, 2, 4, ..., then again), not ``min_observations``
+        times each in turn: this VM's speed drifts by tens of percent within seconds, and a
+        size measured in a fast second then beat a better size measured in a slow one (the
+        model's rate at 1, 2 and 4 swapped order between repetitions of the same loop). In play
+        are the sizes up to the first never measured or past the peak by the fastest batch so
+        far (the one past the peak gets its full ``min_observations`` too: one interfered batch
+        does not end the exploration).
+        """
+        need = min(self.min_observations, self.window)
         best_rate = 0.0
+        in_play: list[int] = []
         for size in self.candidates:
-            rate = self.throughput(size)
-            if rate is None:
-                return size
+            in_play.append(size)
+            recent = self._service_s.get(size)
+            if not recent:
+                break
+            rate = size / min(recent)
             if rate < self.give_up_below * best_rate:
-                return None  # past the peak
+                break  # past the peak, as far as is known yet
             best_rate = max(best_rate, rate)
-        return None
+        counts = [len(self._service_s.get(size, ())) for size in in_play]
+        fewest = min(counts)
+        return in_play[counts.index(fewest)] if fewest < need else None
 
     def target(self) -> int:
         """The batch size to aim for now."""
