@@ -171,8 +171,9 @@ def _config(
             "metrics": {"port": 0},
             # the adaptive batch size measures and picks the best size up to this cap
             "batching": {"max_batch_size": 16 if workload == "video" else 256},
-            # light messages: deeper rings, so partitions are not paused and re-fetched often
-            "buffers": {"ring_capacity": 256 if workload == "video" else 4096},
+            # light messages: rings deeper than a fetch; librdkafka drops a paused partition's
+            # prefetched messages and fetches them again on resume (docs/operations.md)
+            "buffers": {"ring_capacity": 256 if workload == "video" else 16384},
             # One torch thread: on 2 shared cores, intra-op threads wait at every parallel
             # region for a core the broker, decode or Python holds (measured: a 256-row trades
             # batch took 5-30 ms instead of 0.6 ms, and video used 25-35 CPU-s per 370 frames
