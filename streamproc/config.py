@@ -114,6 +114,8 @@ class BatchingConfig(_Section):
     overrides it per class (latency-critical ``high`` cuts early). ``adaptive_batch_size``
     measures the device (calibrated at start-up on zero batches, then on every batch) and aims
     for the throughput-optimal size up to ``max_batch_size`` (the smallest within 5 % of it).
+    A batch below that size is also cut before its deadline when the measured arrival rate
+    expects less than one more message by then (waiting would add latency only).
     """
 
     max_batch_size: int = Field(default=4, ge=1, le=4096)

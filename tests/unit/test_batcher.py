@@ -228,3 +228,40 @@ def test_calibration_is_round_robin_so_a_drifting_machine_favours_no_size() -> N
     assert order[:4] == [1, 2, 4, 8]  # a first round over the sizes in play
     assert sorted(order) == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8, 8, 8]  # as many batches as before
     assert sizer.target() == 4
+
+
+def test_sparse_arrivals_cut_at_once_instead_of_waiting_for_nothing(bufs: PartitionBuffers) -> None:
+    clock = FakeClock()
+    batcher = Batcher(4, 1 << 20, max_wait_ms=50)
+    fill(bufs, A, [clock.now_s])
+    assert isinstance(batcher.decide(bufs.views(), clock()), Wait)  # no rate known yet
+    # video at about 10 msg/s: one frame per 100 ms, each cut alone
+    for k in range(4):
+        batcher.cut(clock.now_s - 0.4 + 0.1 * k, 1)
+    assert batcher.arrivals.per_s() == pytest.approx(10.0)
+    # 10 msg/s x 50 ms = 0.5 messages expected before the deadline: waiting adds latency only
+    assert batcher.decide(bufs.views(), clock()) == Cut(4, "sparse")
+
+
+def test_arrivals_that_can_grow_the_batch_are_waited_for(bufs: PartitionBuffers) -> None:
+    clock = FakeClock()
+    batcher = Batcher(4, 1 << 20, max_wait_ms=50)
+    for k in range(4):
+        batcher.cut(clock.now_s - 0.04 + 0.01 * k, 1)  # 100 msg/s: 5 expected in 50 ms
+    fill(bufs, A, [clock.now_s])
+    decision = batcher.decide(bufs.views(), clock())
+    assert decision == Wait(pytest.approx(clock.now_s + 0.05))
+    # 35 ms later 15 ms are left: 1.5 messages expected, still worth the wait; at 45 ms not
+    clock.now_s += 0.035
+    assert isinstance(batcher.decide(bufs.views(), clock()), Wait)
+    clock.now_s += 0.010
+    assert batcher.decide(bufs.views(), clock()) == Cut(4, "sparse")
+
+
+def test_a_backlog_fetched_in_one_poll_gives_no_rate() -> None:
+    batcher = Batcher(4, 1 << 20, max_wait_ms=50)
+    for _ in range(5):
+        batcher.cut(100.0, 256)  # one consume time for everything
+    assert batcher.arrivals.per_s() is None
+    batcher.cut(99.0, 1)  # an older record (another partition, earliest deadline first)
+    assert batcher.arrivals.per_s() is None  # the newest consume time never goes back
