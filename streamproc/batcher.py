@@ -125,9 +125,10 @@ class AdaptiveBatchSize:
         calibrate at start-up, before any message waits on the exploration.
 
         Sizes are measured round-robin (1, 2, 4, ..., then again), not ``min_observations``
-        times each in turn: this VM's speed drifts by tens of percent within seconds, and a
-        size measured in a fast second then beat a better size measured in a slow one (the
-        model's rate at 1, 2 and 4 swapped order between repetitions of the same loop). In play
+        times each in turn: a shared machine's speed drifts by tens of percent within seconds
+        (measured on the 2-core development VM), and a size measured in a fast second then beat
+        a better size measured in a slow one (the model's rate at 1, 2 and 4 swapped order
+        between repetitions of the same loop). In play
         are the sizes up to the first never measured or past the peak by the fastest batch so
         far (the one past the peak gets its full ``min_observations`` too: one interfered batch
         does not end the exploration).
