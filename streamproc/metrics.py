@@ -59,10 +59,6 @@ class BatchHistogramSeries:
             self._counts += counts
             self._sum += total
 
-    def observe(self, value: float) -> None:
-        """Count one value."""
-        self.observe_many(np.array([value], dtype=np.float64))
-
     def snapshot(self) -> tuple[list[int], float]:
         """Cumulative bucket counts (one per bound, then +Inf) and the sum."""
         with self._lock:

@@ -195,7 +195,8 @@ class DeviceWorker:
     ) -> int:
         """Time the model on zero batches of the sizes ``next_size`` asks for (until it says
         None, or ``max_batches``), feeding ``observe(size, device seconds)``; call after
-        :meth:`warm_up`, before :meth:`start`. Returns the batches run.
+        :meth:`start` (which warms the model up) and before the first :meth:`submit`. Returns
+        the batches run.
 
         This is how the adaptive batch size gets its first measurements at start-up instead of
         exploring on live traffic (where messages queue behind the exploration).

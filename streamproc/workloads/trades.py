@@ -189,6 +189,7 @@ class TradesWorkload(CheckpointScorer):
     def decode_many(self, records: Sequence[Record], rows: np.ndarray) -> dict[int, RecordError]:
         """Validate each message, then compute every feature row of the slice with numpy."""
         failed: dict[int, RecordError] = {}
+        parsed: list[int] = []
         fields: list[tuple[float, int, bool, float, float]] = []
         for index, record in enumerate(records):
             try:
@@ -196,6 +197,7 @@ class TradesWorkload(CheckpointScorer):
             except DecodeError as exc:
                 failed[index] = exc
                 continue
+            parsed.append(index)
             fields.append(
                 (
                     trade["price"],
@@ -207,11 +209,10 @@ class TradesWorkload(CheckpointScorer):
             )
         if not fields:
             return failed
-        parsed = [i for i in range(len(records)) if i not in failed]
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             feats = feature_rows(np.array(fields, dtype=np.float64)).astype(rows.dtype)
         finite = np.isfinite(feats).all(axis=1)
-        if not finite.all():  # e.g. price/prev_close underflows to 0, or a value of 1e400
+        if not finite.all():  # e.g. price/prev_close underflows to 0, or size/adv_20 overflows
             for position in np.flatnonzero(~finite).tolist():
                 failed[parsed[position]] = DecodeError(
                     "schema: a feature is not finite (price, size, prev_close or adv_20 out of "

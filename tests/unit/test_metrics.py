@@ -33,7 +33,7 @@ def test_batch_observations_match_the_library_histogram_sample_for_sample() -> N
         ours.labels("a").observe_many(chunk)
         for value in chunk:
             theirs.labels("a").observe(float(value))
-    ours.labels("b").observe(0.5)
+    ours.labels("b").observe_many(np.array([0.5]))
     theirs.labels("b").observe(0.5)
     ours_lines, theirs_lines = _samples(ours_registry), _samples(theirs_registry)
     assert len(ours_lines) == 2 * (len(BUCKETS) + 3)  # buckets, +Inf, _count, _sum per series
