@@ -10,10 +10,14 @@ at dispatch time (never on a timer while the device is busy). A cut happens when
     (``high`` waits least; latency-critical classes therefore cut early). Deadlines count from
     the consume time, never from when the device became free.
 
-(c) no further message is expected before the earliest deadline: the lane's arrival rate
-    (:class:`ArrivalRate`, from the consume times of the batches cut) times the time left is
-    below one message. Waiting would then add latency and no batching (video at 19 msg/s with
-    a 50 ms max wait: each frame waited up to 50 ms for a second one that came after it).
+(c) no further message is expected before the earliest deadline: the lane's typical gap
+    between consecutive messages (:class:`ArrivalGaps`, the median of the recent gaps between
+    the consume times of the messages cut) is longer than the time left. Waiting would then add
+    latency and no batching (video at 19 msg/s with a 50 ms max wait: each frame waited up to
+    50 ms for a second one that came after it). The median, not the mean rate: bursts after
+    idle (8 messages within 1 ms every 2 s) have a mean rate of 4 msg/s, which predicts no
+    second message within 5 ms even mid-burst and cut the first message of each burst alone;
+    their median gap is well under a millisecond, so the burst forms one batch.
 
 Otherwise the answer is "wait until the earliest deadline". Records leave the rings
 earliest-deadline-first across partitions (in offset order within one), so an old low-priority
@@ -26,6 +30,8 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from streamproc.buffers import RingView
 
@@ -184,36 +190,45 @@ class AdaptiveBatchSize:
 
 
 @dataclass
-class ArrivalRate:
-    """Messages per second arriving in a lane, measured over the last ``window`` batches cut.
+class ArrivalGaps:
+    """The typical gap between consecutive messages of a lane, from the messages cut.
 
-    Fed with each cut's size and the consume time of its newest message; the rate is the
-    messages cut after the oldest mark divided by the consume-time span since it. A backlog
-    fetched in one poll has (nearly) one consume time: the rate is then huge or unknown, and
-    the batcher keeps waiting for its target, as without a rate.
+    Fed with each cut's consume times; keeps the last ``window`` gaps between consecutive
+    consume times (sorted within a cut, and from the newest consume time of the previous
+    cut; never negative) and their median. A backlog fetched in one poll has (nearly) one
+    consume time: the gaps are zero and the batcher keeps waiting for its target, as it should.
+
+    Args:
+        window: gaps kept (messages, not batches: a burst's gaps outnumber the idle gap
+            before it, so the median is the gap inside bursts).
+        min_gaps: gaps needed before :attr:`typical_s` is known.
     """
 
-    window: int = 16
-    _marks: deque[tuple[float, int]] = field(default_factory=deque)
-    _count: int = 0
+    window: int = 32
+    min_gaps: int = 3
+    _gaps_s: deque[float] = field(init=False)
+    _newest_s: float | None = None
+    typical_s: float | None = None
 
-    def record(self, newest_consumed_s: float, count: int) -> None:
-        """One batch of ``count`` messages was cut; its newest was consumed at this time."""
-        self._count += count
-        if self._marks:
-            newest_consumed_s = max(newest_consumed_s, self._marks[-1][0])
-        self._marks.append((newest_consumed_s, self._count))
-        if len(self._marks) > self.window:
-            self._marks.popleft()
+    def __post_init__(self) -> None:
+        self._gaps_s = deque(maxlen=self.window)
 
-    def per_s(self) -> float | None:
-        """Messages per second, or None before two batches with distinct consume times."""
-        if len(self._marks) < 2:
-            return None
-        (first_s, first_count), (last_s, last_count) = self._marks[0], self._marks[-1]
-        if last_s <= first_s:
-            return None
-        return (last_count - first_count) / (last_s - first_s)
+    def record(self, consumed_s: Sequence[float] | np.ndarray) -> None:
+        """One batch was cut; ``consumed_s`` are its messages' consume times (monotonic s)."""
+        times = np.sort(np.asarray(consumed_s, dtype=np.float64))[-(self.window + 1) :]
+        if not len(times):
+            return
+        if self._newest_s is not None and len(times) <= self.window:
+            # the gap from the previous cut's newest message (never negative: a record older
+            # than it can be cut later, from another partition, earliest deadline first)
+            times = np.concatenate(([min(self._newest_s, float(times[0]))], times))
+            newest = max(self._newest_s, float(times[-1]))
+        else:
+            newest = float(times[-1])
+        self._gaps_s.extend(np.diff(times).tolist())
+        self._newest_s = newest
+        if len(self._gaps_s) >= self.min_gaps:
+            self.typical_s = float(np.median(np.fromiter(self._gaps_s, np.float64)))
 
 
 class Batcher:
@@ -248,7 +263,7 @@ class Batcher:
         normal = waits.get("normal", 20.0)
         self.max_wait_s = tuple(waits.get(p, normal) / 1000.0 for p in PRIORITIES)
         self.sizer = AdaptiveBatchSize(max_batch_size) if adaptive else None
-        self.arrivals = ArrivalRate()
+        self.arrivals = ArrivalGaps()
 
     @property
     def target(self) -> int:
@@ -264,10 +279,10 @@ class Batcher:
         if self.sizer is not None:
             self.sizer.observe(size, service_s)
 
-    def cut(self, newest_consumed_s: float, count: int) -> None:
-        """Feed back one cut batch: ``count`` messages, the newest consumed at this time
-        (monotonic seconds; the arrival rate behind cut (c) of the module docstring)."""
-        self.arrivals.record(newest_consumed_s, count)
+    def cut(self, consumed_s: Sequence[float]) -> None:
+        """Feed back one cut batch: its messages' consume times (monotonic seconds; the
+        arrival gaps behind cut (c) of the module docstring)."""
+        self.arrivals.record(consumed_s)
 
     def decide(self, views: Sequence[RingView], now_s: float) -> Cut | Wait:
         """Decide on the waiting messages described by ``views`` at time ``now_s``."""
@@ -281,7 +296,7 @@ class Batcher:
         deadline_s = min(v.deadline_s(self.max_wait_s) for v in views)
         if now_s >= deadline_s:
             return Cut(target, "deadline")
-        rate = self.arrivals.per_s()
-        if rate is not None and rate * (deadline_s - now_s) < 1.0:
+        gap_s = self.arrivals.typical_s
+        if gap_s is not None and gap_s > deadline_s - now_s:
             return Cut(target, "sparse")
         return Wait(deadline_s)

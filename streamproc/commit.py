@@ -7,14 +7,16 @@ markers and compaction leave holes, so we track the offsets we actually consumed
 
 Each assignment of a partition gets a new :class:`PartitionTrack` with a higher ``generation``;
 a completion carrying an older generation (a late result for a partition we no longer own, or
-owned again since) is counted in :attr:`OffsetTracker.late_results` and ignored. Thread-safe.
+owned again since) is counted in :attr:`OffsetTracker.late_results`, reported to the
+``on_late`` hook as it happens (the pipeline moves ``streamproc_late_results_total`` and logs
+one line per revoked partition), and ignored. Thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from streamproc.records import Record, TopicPartition
 
@@ -61,14 +63,26 @@ class PartitionTrack:
         return len(self._pending) - len(self._done)
 
 
-class OffsetTracker:
-    """Per-partition tracks for the current assignment."""
+LateHook = Callable[[TopicPartition, int, bool], None]
+"""``(partition, late results, first for this assignment)``, called outside the lock."""
 
-    def __init__(self) -> None:
+
+class OffsetTracker:
+    """Per-partition tracks for the current assignment.
+
+    Args:
+        on_late: called as late results happen (see :data:`LateHook`), from the thread that
+            reported them (a delivery report or the completion thread), never under the lock.
+    """
+
+    def __init__(self, on_late: LateHook | None = None) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._tracks: dict[TopicPartition, PartitionTrack] = {}
         self._next_generation = 1
+        self._on_late = on_late
+        # per partition, the last generation whose late results were reported as "first"
+        self._late_reported: dict[TopicPartition, int] = {}
         self.late_results = 0
 
     def assign(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -108,28 +122,45 @@ class OffsetTracker:
         """:meth:`done` for each record (its own partition and generation), under one lock
         acquisition; returns how many were current (the rest are counted as late)."""
         current = 0
+        late: dict[tuple[TopicPartition, int], int] | None = None
         with self._cond:
             tracks = self._tracks
             for record in records:
                 track = tracks.get(record.tp)
                 if track is None or track.generation != record.generation:
-                    self.late_results += 1
+                    if late is None:
+                        late = {}
+                    key = (record.tp, record.generation)
+                    late[key] = late.get(key, 0) + 1
                     continue
                 track.done(record.offset)
                 current += 1
             self._cond.notify_all()
+        if late:
+            for (tp, generation), count in late.items():
+                self.late(tp, generation, count)
         return current
 
     def done(self, tp: TopicPartition, offset: int, generation: int) -> bool:
         """Mark ``offset`` done; False (and counted) when ``generation`` is not current."""
         with self._cond:
             track = self._tracks.get(tp)
-            if track is None or track.generation != generation:
-                self.late_results += 1
-                return False
-            track.done(offset)
-            self._cond.notify_all()
-            return True
+            if track is not None and track.generation == generation:
+                track.done(offset)
+                self._cond.notify_all()
+                return True
+        self.late(tp, generation)
+        return False
+
+    def late(self, tp: TopicPartition, generation: int, count: int = 1) -> None:
+        """Count ``count`` results of ``tp`` under a generation that is no longer current."""
+        with self._lock:
+            self.late_results += count
+            first = self._late_reported.get(tp, 0) < generation
+            if first:
+                self._late_reported[tp] = generation
+        if self._on_late is not None:
+            self._on_late(tp, count, first)
 
     def commit_candidates(self) -> dict[TopicPartition, int]:
         """Watermarks that moved past the last committed offset, per partition."""

@@ -36,7 +36,10 @@ class KafkaConfig(_Section):
 
     ``create_topics``: at start-up, create missing output topics (with the input topic's
     partition count) and dead-letter topics (1 partition). ``startup_timeout_s``: how long to
-    wait for the cluster to answer before failing. ``transactional_id`` (exactly-once only):
+    wait for the cluster to answer before failing. ``assignment_timeout_s`` (``run
+    --exit-when-idle-s`` only): how long to wait for the first partition assignment before
+    exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the coordinator
+    expires it before the group rebalances). ``transactional_id`` (exactly-once only):
     stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
     """
 
@@ -49,6 +52,7 @@ class KafkaConfig(_Section):
     session_timeout_ms: int = Field(default=45_000, gt=0)
     max_poll_interval_ms: int = Field(default=300_000, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)
+    assignment_timeout_s: float = Field(default=120.0, gt=0)
     create_topics: bool = True
     transactional_id: str | None = None
     consumer: dict[str, Scalar] = Field(default_factory=dict)
@@ -114,8 +118,8 @@ class BatchingConfig(_Section):
     overrides it per class (latency-critical ``high`` cuts early). ``adaptive_batch_size``
     measures the device (calibrated at start-up on zero batches, then on every batch) and aims
     for the throughput-optimal size up to ``max_batch_size`` (the smallest within 5 % of it).
-    A batch below that size is also cut before its deadline when the measured arrival rate
-    expects less than one more message by then (waiting would add latency only).
+    A batch below that size is also cut before its deadline when the typical gap between the
+    lane's recent messages is longer than the time left (waiting would add latency only).
     """
 
     max_batch_size: int = Field(default=4, ge=1, le=4096)

@@ -124,7 +124,7 @@ class Dispatcher:
         self._batch_size.observe(n)
         consumed_s = np.fromiter((r.consumed_at_s for r in records), np.float64, n)
         self._queue_wait.observe_many(now_s - consumed_s)
-        self._batcher.cut(float(consumed_s.max()), n)
+        self._batcher.cut(consumed_s)
         return Batch(self._next_batch_id, tuple(records), now_s, decision.reason)
 
     def _decode(self, batch: Batch) -> DeviceJob:

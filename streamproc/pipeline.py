@@ -37,6 +37,7 @@ from streamproc.health import HealthServer
 from streamproc.lag import LagMonitor
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
+from streamproc.records import TopicPartition
 from streamproc.results import ResultHandler
 from streamproc.sink import Sink
 from streamproc.source import Source, TopicLane
@@ -86,7 +87,7 @@ class Pipeline:
         self.config = config
         self.state = State.CREATED
         self.metrics = Metrics()
-        self.tracker = OffsetTracker()
+        self.tracker = OffsetTracker(on_late=self._late_results)
         self.device = select_device(config.worker.device)
         # torch's intra-op thread count is process-wide: set for this pipeline's life and
         # restored at close (an embedding application, or a benchmark's next contender,
@@ -241,6 +242,19 @@ class Pipeline:
             log.error("fatal error; stopping", error=repr(exc))
         self._stop.set()
 
+    def _late_results(self, tp: TopicPartition, count: int, first: bool) -> None:
+        """Results for a partition no longer owned (revoked while in flight): produced
+        (duplicates under at-least-once), never committed; counted as they happen."""
+        self.metrics.late_results.inc(count)
+        if first:
+            log.warning(
+                "late results for a partition no longer owned; produced, not committed "
+                "(further ones are counted in streamproc_late_results_total)",
+                topic=tp.topic,
+                partition=tp.partition,
+                results=count,
+            )
+
     def request_stop(self) -> None:
         """Ask :meth:`run` to drain and return (thread- and signal-safe)."""
         self._stop.set()
@@ -330,9 +344,13 @@ class Pipeline:
 
     def run(self, exit_when_idle_s: float | None = None) -> RunSummary:
         """Run until :meth:`request_stop`, a fatal error, or ``exit_when_idle_s`` seconds with
-        no new input, no rebalance and nothing in flight (after the first assignment, or after
-        ``kafka.session_timeout_ms`` without one); then close. Returns the summary (exit code 0
-        or 1).
+        no new input, no rebalance and nothing in flight; then close. Returns the summary (exit
+        code 0 or 1).
+
+        With ``exit_when_idle_s``, time before the first assignment is never idle (a group
+        that still holds a dead member assigns nothing until the coordinator expires it): if
+        no partition is assigned within ``kafka.assignment_timeout_s`` the run stops with exit
+        code 1 and says why, instead of exiting 0 having done nothing.
         """
         started_s = time.monotonic()
         if self.state is State.CREATED:
@@ -341,20 +359,28 @@ class Pipeline:
             except BaseException:
                 self.close()
                 raise
+        assignment_timeout_s = self.config.kafka.assignment_timeout_s
         while not self._stop.wait(0.1):
-            if exit_when_idle_s is not None:
-                now_s = time.monotonic()
-                quiet_s = now_s - max(
-                    started_s, self.source.last_input_s, self.source.last_rebalance_s
-                )
-                # Before the first assignment "no input" means nothing; give the group join
-                # up to the session timeout before calling an unassigned consumer idle.
-                joined = self.source.ever_assigned or (
-                    now_s - started_s >= self.config.kafka.session_timeout_ms / 1000.0
-                )
-                if joined and quiet_s >= exit_when_idle_s and self.idle():
-                    log.info("idle; exiting", idle_s=round(quiet_s, 1))
-                    break
+            if exit_when_idle_s is None:
+                continue
+            now_s = time.monotonic()
+            if not self.source.ever_assigned:
+                if now_s - started_s >= assignment_timeout_s:
+                    self._on_fatal(
+                        FatalPipelineError(
+                            f"no partition assigned within {assignment_timeout_s:g} s "
+                            f"(kafka.assignment_timeout_s) to group "
+                            f"{self.config.kafka.group_id!r} for topics "
+                            f"{[p.input_topic for p in self.config.pipelines]}: the group may "
+                            "still hold a member that died (it is expired after its "
+                            "session.timeout.ms) or have more members than partitions"
+                        )
+                    )
+                continue
+            quiet_s = now_s - max(self.source.last_input_s, self.source.last_rebalance_s)
+            if quiet_s >= exit_when_idle_s and self.idle():
+                log.info("idle; exiting", idle_s=round(quiet_s, 1))
+                break
         self.close()
         error = None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}"
         return RunSummary(
@@ -415,7 +441,6 @@ class Pipeline:
             self.http.close()
         self.sink.close(1.0)
         self._close_decoders()
-        self.metrics.late_results.inc(self.tracker.late_results)
         # Hand the start-up objects back to the collector, so interpreter shutdown (or a next
         # pipeline in this process) finalises them normally.
         gc.unfreeze()

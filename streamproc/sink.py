@@ -9,6 +9,13 @@ An input offset is marked done in the :class:`~streamproc.commit.OffsetTracker` 
 delivery report of its result or dead-letter record. A result the broker rejects for good is
 dead-lettered (stage ``produce``); a dead-letter record the broker rejects stops the pipeline
 (:class:`~streamproc.errors.FatalPipelineError`): we cannot go on without losing it.
+
+``MSG_SIZE_TOO_LARGE`` from the broker judges a whole record batch (the producer batches with
+linger and compression), not one record: one oversized result refuses every result it shares a
+batch with. A record refused that way is therefore sent again *alone*, through a second producer
+that never batches (``batch.num.messages=1``, ``linger.ms=0``; created on first need), and only
+a refusal of the record on its own dead-letters it (or, for a dead-letter record, leaves its
+value out). Records sent again alone may land after later results of their partition.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import Any
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from streamproc.clients import build_client
 from streamproc.commit import OffsetTracker
 from streamproc.errors import FatalPipelineError
 from streamproc.logs import get_logger, kafka_logger, redact
@@ -66,13 +74,20 @@ class _BatchAck:
     done once its dead-letter record is acknowledged.
     """
 
-    __slots__ = ("_acks", "_dlq_topic", "_failed", "_records", "_sink", "_topic")
+    __slots__ = ("_acks", "_dlq_topic", "_failed", "_records", "_results", "_sink", "_topic")
 
-    def __init__(self, sink: Sink, topic: str, dlq_topic: str, records: list[Record]) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        topic: str,
+        dlq_topic: str,
+        results: Sequence[tuple[Record, bytes, list[tuple[str, bytes]]]],
+    ) -> None:
         self._sink = sink
         self._topic = topic
         self._dlq_topic = dlq_topic
-        self._records = records
+        self._results = results
+        self._records = [record for record, _, _ in results]
         self._failed: set[int] = set()
         # Reports arrive on whichever thread polls the producer (the sink thread, a sender
         # waiting out a full queue, a flush); next() on itertools.count is atomic under the
@@ -81,6 +96,20 @@ class _BatchAck:
 
     def delivered(self, index: int, err: KafkaError | None, msg: Message | None) -> None:
         """The delivery report of result ``index`` (``err`` None on success)."""
+        if err is not None:
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and self._sink.transactions is None:
+                # The broker refused the record *batch*: judge this record on its own.
+                record, value, headers = self._results[index]
+                self._sink._send_alone(
+                    self._topic, record.key, value, headers, partial(self.delivered_alone, index)
+                )
+                return
+            self._failed.add(index)
+            self._sink._rejected(self._records[index], err, self._dlq_topic)
+        self._count_down()
+
+    def delivered_alone(self, index: int, err: KafkaError | None, msg: Message | None) -> None:
+        """The delivery report of result ``index`` sent again alone."""
         if err is not None:
             self._failed.add(index)
             self._sink._rejected(self._records[index], err, self._dlq_topic)
@@ -135,7 +164,11 @@ class Sink:
         if transactional_id:
             config["transactional.id"] = transactional_id
         log.debug("producer config", settings=redact(config))
-        self._producer = Producer(config)
+        self._producer = build_client(Producer, config, "kafka.producer")
+        # The producer for records sent again alone (see the module docstring); made on need.
+        self._alone_config = {**config, "linger.ms": 0, "batch.num.messages": 1}
+        self._alone: Producer | None = None
+        self._alone_lock = threading.Lock()
         # A larger value cannot be produced at all (a near one fails and is retried without).
         self._max_dlq_value_bytes = int(config.get("message.max.bytes", 1_000_000))
         # Dead-letter topic -> its max.message.bytes, when known (read at start-up): a value
@@ -155,6 +188,32 @@ class Sink:
     def _serve(self) -> None:
         while not self._stop.is_set():
             self._producer.poll(0.05)
+            alone = self._alone
+            if alone is not None:
+                alone.poll(0)
+
+    def _send_alone(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        """Produce one record in a record batch of its own (at-least-once mode only)."""
+        with self._alone_lock:
+            if self._alone is None:
+                self._alone = Producer(self._alone_config)
+            alone = self._alone
+        while True:
+            try:
+                alone.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+                return
+            except BufferError:
+                alone.poll(0.05)
+            except KafkaException as exc:  # refused before sending: judged on its own already
+                on_delivery(exc.args[0], None)  # type: ignore[arg-type]
+                return
 
     # -- results ---------------------------------------------------------------------------
     def send_results(
@@ -175,7 +234,7 @@ class Sink:
         """
         if not results:
             return
-        ack = _BatchAck(self, topic, dlq_topic, [record for record, _, _ in results])
+        ack = _BatchAck(self, topic, dlq_topic, results)
         delivered = ack.delivered
         for index, (record, value, headers) in enumerate(results):
             try:
@@ -224,14 +283,16 @@ class Sink:
         error_class: str,
         message: str,
         omit_value: bool = False,
+        alone: bool = False,
     ) -> None:
         """Produce ``record`` to ``dlq_topic`` with the error headers.
 
         The original key, value and headers are kept, except a value too large for a Kafka
         record (over the producer's ``message.max.bytes``, or refused by the dead-letter topic
-        with ``MSG_SIZE_TOO_LARGE``): then the value is left out and
+        with ``MSG_SIZE_TOO_LARGE`` when sent alone): then the value is left out and
         ``streamproc.error.value_omitted`` holds its size in bytes; the source coordinate
-        headers say where to read it (the input topic keeps it for its retention). Any other
+        headers say where to read it (the input topic keeps it for its retention). A record
+        refused as part of a record batch is first sent again alone (``alone``). Any other
         rejection of a dead-letter record stops the pipeline (``on_fatal``): we cannot go on
         without losing the record.
         """
@@ -248,24 +309,36 @@ class Sink:
         ]
         if omit_value:
             headers.append((H_VALUE_OMITTED, b"%d" % len(record.value or b"")))
-        log.info(
-            "dead-lettered",
-            topic=record.tp.topic,
-            partition=record.tp.partition,
-            offset=record.offset,
-            stage=stage,
-            error_class=error_class,
-            reason=message[:200],
-            value_omitted=omit_value,
-        )
+        if not alone:
+            log.info(
+                "dead-lettered",
+                topic=record.tp.topic,
+                partition=record.tp.partition,
+                offset=record.offset,
+                stage=stage,
+                error_class=error_class,
+                reason=message[:200],
+                value_omitted=omit_value,
+            )
 
-        def too_large(err: KafkaError) -> bool:
-            return err.code() == KafkaError.MSG_SIZE_TOO_LARGE and not omit_value
+        def fatal(reason: str) -> None:
+            self._on_fatal(
+                FatalPipelineError(
+                    f"dead-letter topic {dlq_topic!r} rejected the record from "
+                    f"{record.tp.topic}[{record.tp.partition}]@{record.offset}: {reason}"
+                )
+            )
 
-        def without_value() -> None:
-            self.dead_letter(record, dlq_topic, stage, error_class, message, omit_value=True)
+        def too_large(err: KafkaError, judged_alone: bool) -> None:
+            """Refused as too large: alone first, then without the value, then give up."""
+            if not judged_alone:
+                self.dead_letter(record, dlq_topic, stage, error_class, message, omit_value, True)
+            elif not omit_value:
+                self.dead_letter(record, dlq_topic, stage, error_class, message, True, True)
+            else:
+                fatal(err.str())
 
-        def delivered(err: KafkaError | None, msg: Message) -> None:
+        def delivered(err: KafkaError | None, msg: Message | None) -> None:
             if err is None:
                 self._metrics.dead_lettered.labels(record.tp.topic, stage).inc()
                 if self.transactions is None:
@@ -273,25 +346,22 @@ class Sink:
                 return
             if self.transactions is not None:
                 return  # the transaction aborts and the record is retried after the rewind
-            if too_large(err):  # the topic's limit is below the producer's: retry without it
-                without_value()
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                too_large(err, alone)
                 return
-            self._on_fatal(
-                FatalPipelineError(
-                    f"dead-letter topic {dlq_topic!r} rejected the record from "
-                    f"{record.tp.topic}[{record.tp.partition}]@{record.offset}: {err.str()}"
-                )
-            )
+            fatal(err.str())
 
+        if alone:
+            self._send_alone(dlq_topic, record.key, value, headers, delivered)
+            return
         try:
             self._send(record, dlq_topic, record.key, value, headers, delivered)
         except KafkaException as exc:
-            if too_large(exc.args[0]):
-                without_value()
+            err = exc.args[0]
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                too_large(err, True)  # the producer's own limit judges each record alone
                 return
-            self._on_fatal(
-                FatalPipelineError(f"dead-letter topic {dlq_topic!r} rejected a record: {exc}")
-            )
+            fatal(str(exc))
 
     def _send(
         self,
@@ -313,7 +383,7 @@ class Sink:
             return True
         with self.transactions.lock:
             if not self._tracker.is_current(record.tp, record.generation):
-                self._tracker.late_results += 1
+                self._tracker.late(record.tp, record.generation)
                 return False
             self.transactions.produce(
                 lambda: self._produce(topic, key, value, headers, on_delivery)
@@ -340,8 +410,18 @@ class Sink:
                 self._producer.poll(0.05)
 
     def flush(self, timeout_s: float) -> int:
-        """Wait for outstanding deliveries; return how many are still outstanding."""
-        return int(self._producer.flush(timeout_s))
+        """Wait for outstanding deliveries (records sent again alone included, and those a
+        delivery report of the flush sends alone); return how many are still outstanding."""
+        deadline_s = time.monotonic() + timeout_s
+        while True:
+            left = int(self._producer.flush(max(0.0, deadline_s - time.monotonic())))
+            alone = self._alone
+            if alone is not None:
+                left += int(alone.flush(max(0.0, deadline_s - time.monotonic())))
+            if left == 0 and len(self._producer) == 0:
+                return 0
+            if time.monotonic() >= deadline_s:
+                return left + len(self._producer)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush, then stop the poll thread (idempotent)."""
@@ -352,3 +432,4 @@ class Sink:
         if self._thread.ident is not None:
             self._thread.join(timeout_s)
         self._producer = None  # type: ignore[assignment]  # destroys the librdkafka handle
+        self._alone = None

@@ -12,6 +12,15 @@ Rebalances (cooperative-sticky, incremental):
 * revoke: drop the revoked rings, wait (bounded by ``revoke_timeout_s``) for their in-flight
   batches, commit their watermarks synchronously, forget them.
 * lost: drop and forget without committing.
+
+Flow control: a partition paused at its ring's high watermark is resumed at the low one. Pausing
+makes librdkafka drop the partition's prefetched messages, and a plain resume is fetched again
+only on the broker thread's next idle wake-up (measured: ~1 s after the pause, whatever the
+fetch settings), so the ring ran dry long before. A resume therefore also seeks the partition
+to its next offset, which starts the fetch at once (2 ms on loopback). While partitions are
+paused the source never blocks long in ``consume``: with everything paused it waits on its
+control queue instead (a resume wakes it at once), with some paused at most
+:data:`PAUSED_POLL_S`.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from confluent_kafka import (
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.buffers import FlowControl, PartitionBuffers
+from streamproc.clients import build_client
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config
 from streamproc.logs import get_logger, kafka_logger, redact
@@ -43,6 +53,12 @@ from streamproc.records import Record, TopicPartition
 from streamproc.transactions import Transactions
 
 log = get_logger(__name__)
+
+PAUSED_POLL_S = 0.005
+"""Longest blocking ``consume`` while some partitions are paused and others are not (a resume
+queued meanwhile waits at most this long)."""
+GAUGE_INTERVAL_S = 1.0
+"""Ring fill gauges are refreshed at least this often (and at every pause and resume)."""
 
 
 @dataclass
@@ -104,6 +120,7 @@ class Source:
         self._generations: dict[TopicPartition, int] = {}
         self._seek_floor: dict[TopicPartition, int] = {}
         self._positions: dict[TopicPartition, int | None] = {}
+        self._flow_paused: set[TopicPartition] = set()  # paused by us at the high watermark
         self._last_commit_error: str | None = None
         self._stop = threading.Event()
         self._fetching = True
@@ -137,7 +154,7 @@ class Source:
             "consumer config",
             settings=redact({k: v for k, v in settings.items() if not callable(v)}),
         )
-        self._consumer = Consumer(settings)
+        self._consumer = build_client(Consumer, settings, "kafka.consumer")
         self._thread = threading.Thread(target=self._run, name="source", daemon=True)
 
     # -- control from other threads --------------------------------------------------------
@@ -189,6 +206,7 @@ class Source:
         timeout_s = kafka.poll_timeout_ms / 1000.0
         commit_every_s = kafka.commit_interval_ms / 1000.0
         next_commit_s = time.monotonic() + commit_every_s
+        next_gauges_s = time.monotonic()
         while not self._stop.is_set():
             self._drain_control()
             # Take what is already fetched without waiting; only block (for one message) when
@@ -196,14 +214,30 @@ class Source:
             # low rates added up to poll_timeout_ms to every message's latency.
             messages = self._consumer.consume(kafka.consume_batch_messages, 0)
             if not messages:
-                messages = self._consumer.consume(1, timeout_s)
+                messages = self._wait_for_input(timeout_s)
             self.last_poll_s = time.monotonic()
             if messages:
                 self._handle(messages)
             if self.last_poll_s >= next_commit_s:
                 self._commit(synchronous=False)
                 next_commit_s = self.last_poll_s + commit_every_s
+            if self.last_poll_s >= next_gauges_s:
                 self._export_buffer_gauges()
+                next_gauges_s = self.last_poll_s + GAUGE_INTERVAL_S
+
+    def _wait_for_input(self, timeout_s: float) -> list[Message]:
+        """Block for input, but let a queued resume (or stop) in without delay."""
+        if self.assigned and (not self._fetching or self.assigned <= self._flow_paused):
+            # Nothing can arrive before a resume: wait for one on the control queue.
+            try:
+                item = self._control.get(timeout=timeout_s)
+            except queue.Empty:
+                return []
+            self._control_item(item)
+            return []
+        if self._flow_paused:
+            timeout_s = min(timeout_s, PAUSED_POLL_S)
+        return self._consumer.consume(1, timeout_s)
 
     def _handle(self, messages: list[Message]) -> None:
         """Wrap one poll's messages in records and push them into their rings: one lock
@@ -293,16 +327,19 @@ class Source:
             self._metrics.child(self._metrics.consumed, topic).inc(len(accepted))
         if pause:
             self._consumer.pause([_ktp(tp) for tp in pause])
+        if pause or refused:
+            self._flow_paused.update(pause)
+            self._flow_paused.update(refused)
+            self._export_buffer_gauges()
 
     def _export_buffer_gauges(self) -> None:
-        paused = 0
+        """Ring fill per partition and the count of partitions paused by flow control."""
         for lane in self._lanes.values():
             with lane.cond:
                 fills = lane.buffers.fill_ratios()
-                paused += len(lane.buffers.paused)
             for tp, fill in fills.items():
                 self._metrics.ring_fill.labels(tp.topic, str(tp.partition)).set(fill)
-        self._metrics.paused.set(paused)
+        self._metrics.paused.set(len(self._flow_paused))
 
     def _drain_control(self) -> None:
         while True:
@@ -310,15 +347,36 @@ class Source:
                 item = self._control.get_nowait()
             except queue.Empty:
                 return
-            if item == "stop_fetching":
-                self._fetching = False
-                if self.assigned:
-                    self._consumer.pause([_ktp(tp) for tp in self.assigned])
-                continue
-            assert isinstance(item, FlowControl)
-            resume = [_ktp(tp) for tp in item.resume if tp in self._generations]
-            if resume and self._fetching:
-                self._consumer.resume(resume)
+            self._control_item(item)
+
+    def _control_item(self, item: FlowControl | str) -> None:
+        if item == "stop_fetching":
+            self._fetching = False
+            if self.assigned:
+                self._consumer.pause([_ktp(tp) for tp in self.assigned])
+            return
+        assert isinstance(item, FlowControl)
+        self._resume([tp for tp in item.resume if tp in self._generations])
+
+    def _resume(self, tps: list[TopicPartition]) -> None:
+        """Resume partitions paused by flow control, and seek each to its next offset: the
+        seek starts the fetch at once (see the module docstring)."""
+        if not tps:
+            return
+        self._flow_paused.difference_update(tps)
+        if self._fetching:
+            self._consumer.resume([_ktp(tp) for tp in tps])
+            for tp in tps:
+                # A refused record's offset (its floor), else the next offset after the last
+                # record taken. No floor is set here: that next offset may not exist (a
+                # transaction marker, a compacted record); the seek's own barrier drops
+                # anything fetched before it, and the pause already dropped the prefetch.
+                offset = self._seek_floor.get(tp)
+                if offset is None:
+                    offset = self._positions.get(tp)
+                if offset is not None:
+                    self._consumer.seek(_ktp(tp, offset))
+        self._export_buffer_gauges()
 
     # -- commits ---------------------------------------------------------------------------
     def _commit(self, synchronous: bool, only: set[TopicPartition] | None = None) -> None:
@@ -361,6 +419,7 @@ class Source:
         fresh ring and generation (results of the old generation are dropped by the sink)."""
         tps = sorted(self.assigned)
         committed = self._consumer.committed([_ktp(tp) for tp in tps], timeout=30)
+        self._flow_paused.difference_update(tps)
         self._tracker.revoke(tps)
         self._generations.update(self._tracker.assign(tps))
         for tp in tps:
@@ -420,6 +479,7 @@ class Source:
         self._generations.update(generations)
         for tp in tps:
             self._seek_floor.pop(tp, None)
+            self._flow_paused.discard(tp)
             self._positions[tp] = None
             lane = self._lanes[tp.topic]
             with lane.cond:
@@ -474,6 +534,7 @@ class Source:
         for tp in tps:
             self._generations.pop(tp, None)
             self._seek_floor.pop(tp, None)
+            self._flow_paused.discard(tp)
             self._positions.pop(tp, None)
             with contextlib.suppress(Exception):
                 self._metrics.ring_fill.remove(tp.topic, str(tp.partition))

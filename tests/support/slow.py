@@ -3,11 +3,14 @@
 * ``tests.support.slow:make_workload``: a built-in workload whose model sleeps ``delay_s`` per
   batch (a slow device);
 * ``tests.support.slow:bloated``: trades whose result is ``size_bytes`` long (to overflow the
-  broker's or producer's message size limit).
+  broker's or producer's message size limit);
+* ``tests.support.slow:bloated_some``: trades whose result carries ``size_bytes`` of random
+  (incompressible) bytes for inputs at offsets ``o`` with ``o % every == at`` only.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -57,6 +60,24 @@ class Bloated(_Wrapped):
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
         value = self.inner.encode(record, outputs).value
         return Encoded(value + b" " * max(0, self.size_bytes - len(value)))
+
+
+class BloatedSome(_Wrapped):
+    def __init__(self, inner: Workload, size_bytes: int, every: int, at: int) -> None:
+        super().__init__(inner)
+        self.size_bytes, self.every, self.at = size_bytes, every, at
+
+    def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        value = self.inner.encode(record, outputs).value
+        if record.offset % self.every == self.at:
+            value += os.urandom(self.size_bytes)
+        return Encoded(value)
+
+
+def bloated_some(
+    base: str = "trades", size_bytes: int = 200_000, every: int = 100, at: int = 50
+) -> Workload:
+    return BloatedSome(load_workload(base), size_bytes, every, at)
 
 
 def make_workload(base: str = "trades", delay_s: float = 1.0) -> Workload:

@@ -234,12 +234,12 @@ def test_sparse_arrivals_cut_at_once_instead_of_waiting_for_nothing(bufs: Partit
     clock = FakeClock()
     batcher = Batcher(4, 1 << 20, max_wait_ms=50)
     fill(bufs, A, [clock.now_s])
-    assert isinstance(batcher.decide(bufs.views(), clock()), Wait)  # no rate known yet
+    assert isinstance(batcher.decide(bufs.views(), clock()), Wait)  # no gaps known yet
     # video at about 10 msg/s: one frame per 100 ms, each cut alone
     for k in range(4):
-        batcher.cut(clock.now_s - 0.4 + 0.1 * k, 1)
-    assert batcher.arrivals.per_s() == pytest.approx(10.0)
-    # 10 msg/s x 50 ms = 0.5 messages expected before the deadline: waiting adds latency only
+        batcher.cut([clock.now_s - 0.4 + 0.1 * k])
+    assert batcher.arrivals.typical_s == pytest.approx(0.1)
+    # a frame every 100 ms, 50 ms to the deadline: waiting adds latency only
     assert batcher.decide(bufs.views(), clock()) == Cut(4, "sparse")
 
 
@@ -247,21 +247,60 @@ def test_arrivals_that_can_grow_the_batch_are_waited_for(bufs: PartitionBuffers)
     clock = FakeClock()
     batcher = Batcher(4, 1 << 20, max_wait_ms=50)
     for k in range(4):
-        batcher.cut(clock.now_s - 0.04 + 0.01 * k, 1)  # 100 msg/s: 5 expected in 50 ms
+        batcher.cut([clock.now_s - 0.04 + 0.01 * k])  # 100 msg/s: 5 expected in 50 ms
     fill(bufs, A, [clock.now_s])
     decision = batcher.decide(bufs.views(), clock())
     assert decision == Wait(pytest.approx(clock.now_s + 0.05))
-    # 35 ms later 15 ms are left: 1.5 messages expected, still worth the wait; at 45 ms not
+    # 35 ms later 15 ms are left: a 10 ms gap still fits, worth the wait; at 45 ms not
     clock.now_s += 0.035
     assert isinstance(batcher.decide(bufs.views(), clock()), Wait)
     clock.now_s += 0.010
     assert batcher.decide(bufs.views(), clock()) == Cut(4, "sparse")
 
 
-def test_a_backlog_fetched_in_one_poll_gives_no_rate() -> None:
+def test_a_backlog_fetched_in_one_poll_gives_no_sparse_cut(bufs: PartitionBuffers) -> None:
     batcher = Batcher(4, 1 << 20, max_wait_ms=50)
     for _ in range(5):
-        batcher.cut(100.0, 256)  # one consume time for everything
-    assert batcher.arrivals.per_s() is None
-    batcher.cut(99.0, 1)  # an older record (another partition, earliest deadline first)
-    assert batcher.arrivals.per_s() is None  # the newest consume time never goes back
+        batcher.cut([100.0] * 256)  # one consume time for everything
+    assert batcher.arrivals.typical_s == 0.0
+    batcher.cut([99.0])  # an older record (another partition, earliest deadline first)
+    assert batcher.arrivals.typical_s == 0.0  # gaps are never negative
+    fill(bufs, A, [100.0])
+    assert batcher.decide(bufs.views(), 100.001) == Wait(pytest.approx(100.05))
+
+
+def test_a_burst_after_idle_forms_one_batch() -> None:
+    """Bursts of 8 messages within 1 ms, 2 s apart; max wait 5 ms, batch 8, a 20 ms model.
+
+    Replays the dispatcher's loop with a fake clock: a message is consumed, the batcher is
+    asked (the device is free: the previous burst finished long ago), and either cuts or waits
+    until the next arrival or its deadline. Every burst after the first must be cut as one
+    batch of 8 (the mean rate over the idle gaps, 4 msg/s, once cut each burst's first
+    message alone 0.4 ms after it was consumed).
+    """
+    batcher = Batcher(8, 1 << 20, max_wait_ms=5)
+    bufs = PartitionBuffers(capacity=64, high_watermark=1.0, low_watermark=0.0)
+    bufs.assign([A])
+    cuts: list[list[int]] = []
+    offset = 0
+    for burst in range(6):
+        start_s = 100.0 + 2.0 * burst
+        arrivals = [start_s + 0.000125 * i for i in range(8)]
+        sizes: list[int] = []
+        pending = list(arrivals)
+        now_s = start_s
+        while pending or bufs.total():
+            while pending and pending[0] <= now_s:
+                bufs.push(Record(A, offset, None, b"x", (), 0, pending.pop(0), 1))
+                offset += 1
+            decision = batcher.decide(bufs.views(), now_s)
+            if isinstance(decision, Cut):
+                records, _ = bufs.take(decision.count, None, batcher.max_wait_s)
+                batcher.cut([r.consumed_at_s for r in records])
+                sizes.append(len(records))
+                now_s += 0.020  # the model's time; the next burst is far away
+                continue
+            wake = [t for t in (decision.until_s, pending[0] if pending else None) if t]
+            now_s = max(now_s, min(wake))
+        cuts.append(sizes)
+    assert all(sizes == [8] for sizes in cuts[1:]), cuts
