@@ -63,16 +63,27 @@ test: venv kafka-jars lint tools
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Deployment tooling (helm, kubeconform, hadolint, schemas) under $(CACHE)/tools; see deploy/tools.sh.
-.PHONY: tools lint-deploy compose-test
+.PHONY: tools lint-deploy compose-test images engine
 tools:
 	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/tools.sh >/dev/null
 
 lint-deploy: tools
 	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/lint.sh
 
-# Needs Docker with the compose plugin: the whole stack end to end (deploy/compose/compose-test.sh).
-compose-test:
-	deploy/compose/compose-test.sh
+# A Docker engine with the compose v2 plugin: installed and started when missing (root on Debian),
+# otherwise named (deploy/engine.sh).
+engine:
+	deploy/engine.sh
+
+# Every image of the compose stack built locally, no registry needed (deploy/images/build.sh):
+# streamproc/python:3.11-bookworm, streamproc/kafka:4.1.1, streamproc/prometheus:2.42, streamproc:cpu.
+images: venv kafka-jars engine
+	PYTHON=$(PYTHON) deploy/images/build.sh
+
+# The whole stack end to end on a real engine (deploy/compose/compose-test.sh): sets up the engine
+# and the images first.
+compose-test: venv kafka-jars engine
+	PYTHON=$(PYTHON) deploy/compose/compose-test.sh
 
 bench: venv kafka-jars
 	$(VENV)/bin/streamproc bench

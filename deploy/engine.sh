@@ -24,7 +24,9 @@ missing() { log "MISSING: $*"; exit 1; }
 is_root() { [[ "$(id -u)" == 0 ]]; }
 
 apt_install() {
-  is_root && command -v apt-get >/dev/null || missing "$* (install them: apt-get install $*)"
+  if ! is_root || ! command -v apt-get >/dev/null; then
+    missing "$* (install them: apt-get install $*)"
+  fi
   log "installing $* with apt-get ..."
   export DEBIAN_FRONTEND=noninteractive
   # A lock held by another apt run is waited for, not fought over.
@@ -38,7 +40,10 @@ command -v dockerd >/dev/null || want+=(docker.io)
 command -v iptables >/dev/null || want+=(iptables)
 command -v debootstrap >/dev/null || want+=(debootstrap)
 command -v docker >/dev/null || want+=(docker.io)
-((${#want[@]} == 0)) || apt_install $(printf '%s\n' "${want[@]}" | sort -u)
+if ((${#want[@]} > 0)); then
+  mapfile -t want < <(printf '%s\n' "${want[@]}" | sort -u)
+  apt_install "${want[@]}"
+fi
 
 # --- 2. the engine ------------------------------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then

@@ -37,7 +37,27 @@ STREAMPROC_CUDA_IMAGE="${STREAMPROC_CUDA_IMAGE:-streamproc:cuda}"
 
 log() { printf 'images: %s\n' "$*" >&2; }
 exists() { docker image inspect "$1" >/dev/null 2>&1; }
-build() { docker build --quiet "$@" >/dev/null; }
+image_id() { docker image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+
+# Runs a build of image TAG (the rest: the build command); removes the image it replaced, so that
+# rebuilding after a change leaves no dangling image behind.
+replacing() {
+  local tag="$1" previous
+  shift
+  previous="$(image_id "$tag")"
+  "$@"
+  if [[ -n "$previous" && "$previous" != "$(image_id "$tag")" ]]; then
+    docker rmi "$previous" >/dev/null 2>&1 || true # still used by a container: kept
+  fi
+}
+
+# docker build, quiet; the legacy builder's deprecation notice is noise here.
+build() {
+  local tag="$2"
+  replacing "$tag" docker build --quiet "$@" > >(grep -v '^sha256:' >&2) 2> >(
+    grep -v -e DEPRECATED -e 'Install the buildx' -e 'docs.docker.com/go/buildx' -e '^ *$' >&2
+  )
+}
 
 base() {
   if exists "$DEBIAN_IMAGE" && [[ "${REBUILD_BASE:-0}" != 1 ]]; then
@@ -108,14 +128,25 @@ pip_index_url() {
   fi
 }
 
+# Through `docker compose build streamproc` when the compose plugin is there (BuildKit: the same
+# builder and layer cache as `make compose-test`), else (or with IMAGE_BUILDER=docker) `docker build`.
 streamproc_image() {
-  local variant="$1" tag="$2"
+  local variant="$1" tag="$2" index
   exists "$STREAMPROC_BASE_IMAGE" || base
   ca_certificates
+  index="$(pip_index_url)"
   log "building $tag (VARIANT=$variant; the pip step takes minutes the first time) ..."
-  build -t "$tag" --build-arg "BASE_IMAGE=$STREAMPROC_BASE_IMAGE" \
-    --build-arg "VARIANT=$variant" --build-arg "PIP_INDEX_URL=$(pip_index_url)" "$ROOT"
-  log "built $tag"
+  if [[ "${IMAGE_BUILDER:-compose}" == compose ]] && docker compose version >/dev/null 2>&1; then
+    STREAMPROC_IMAGE="$tag" STREAMPROC_VARIANT="$variant" PIP_INDEX_URL="$index" \
+      STREAMPROC_BASE_IMAGE="$STREAMPROC_BASE_IMAGE" \
+      replacing "$tag" docker compose -f "$ROOT/docker-compose.yml" build --quiet streamproc
+  else
+    build -t "$tag" --build-arg "BASE_IMAGE=$STREAMPROC_BASE_IMAGE" \
+      --build-arg "VARIANT=$variant" --build-arg "PIP_INDEX_URL=$index" "$ROOT"
+    # the legacy builder keeps the build stage as an untagged image: only that one goes
+    docker image prune --force --filter label=io.streamproc.stage=build >/dev/null
+  fi
+  log "built $tag: $(($(docker image inspect --format '{{.Size}}' "$tag") / 1000000)) MB"
 }
 
 (($# > 0)) || set -- base kafka prometheus streamproc

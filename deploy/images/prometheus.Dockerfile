@@ -6,9 +6,10 @@ FROM ${DEBIAN_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends prometheus \
  && rm -rf /var/lib/apt/lists/* \
- && install -d -o prometheus -g prometheus /prometheus \
+ && install -d -o 65534 -g 65534 /prometheus \
  && prometheus --version && promtool --version
-USER prometheus
+# nobody, as the official prom/prometheus image
+USER 65534:65534
 WORKDIR /prometheus
 EXPOSE 9090
 ENTRYPOINT ["/usr/bin/prometheus"]
