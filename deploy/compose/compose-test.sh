@@ -54,7 +54,6 @@ fail() {
 # The checks in deploy/compose/check_stack.py, run by the consumer container's own Python.
 check() { compose exec -T streamproc python - "$@" <deploy/compose/check_stack.py; }
 dangling() { docker images --filter dangling=true --quiet --no-trunc | sort; }
-image_id() { docker image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
 
 # --- 0. engine and images -----------------------------------------------------------------------
 started=$SECONDS
@@ -156,13 +155,14 @@ replay_trades() {
 
 # --- 1. the image, built once, and the rules ----------------------------------------------------
 log "building $STREAMPROC_IMAGE once (docker compose build streamproc; base ${STREAMPROC_BASE_IMAGE:-python:3.11}) ..."
-previous="$(image_id "$STREAMPROC_IMAGE")"
 build_started=$SECONDS
-compose build streamproc >/dev/null
-if [[ -n "$previous" && "$previous" != "$(image_id "$STREAMPROC_IMAGE")" ]]; then
-  docker rmi "$previous" >/dev/null 2>&1 || true # the image this build replaced
-  dangling_before="$(dangling)"
-fi
+# The image this build replaces was made before the run: never counted as a leftover of it.
+previous="$(docker image inspect --format '{{.Id}}' "$STREAMPROC_IMAGE" 2>/dev/null || true)"
+# deploy/images/build.sh: hands pip the host's index and CA certificates, removes the image the
+# build replaces (no dangling image), prints the build log on failure.
+STREAMPROC_BASE_IMAGE="${STREAMPROC_BASE_IMAGE:-python:3.11.13-slim-bookworm}" \
+  deploy/images/build.sh streamproc
+dangling_before="$(printf '%s\n%s\n' "$dangling_before" "$previous" | sort)"
 size_mb=$(($(docker image inspect --format '{{.Size}}' "$STREAMPROC_IMAGE") / 1000000))
 log "ok: built $STREAMPROC_IMAGE in $((SECONDS - build_started)) s: $size_mb MB"
 

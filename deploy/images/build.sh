@@ -132,14 +132,23 @@ pip_index_url() {
 # builder and layer cache as `make compose-test`), else (or with IMAGE_BUILDER=docker) `docker build`.
 streamproc_image() {
   local variant="$1" tag="$2" index
-  exists "$STREAMPROC_BASE_IMAGE" || base
+  [[ "$STREAMPROC_BASE_IMAGE" != streamproc/* ]] || exists "$STREAMPROC_BASE_IMAGE" || base
   ca_certificates
   index="$(pip_index_url)"
   log "building $tag (VARIANT=$variant; the pip step takes minutes the first time) ..."
   if [[ "${IMAGE_BUILDER:-compose}" == compose ]] && docker compose version >/dev/null 2>&1; then
-    STREAMPROC_IMAGE="$tag" STREAMPROC_VARIANT="$variant" PIP_INDEX_URL="$index" \
+    local output
+    output="$(mktemp)"
+    if ! STREAMPROC_IMAGE="$tag" STREAMPROC_VARIANT="$variant" PIP_INDEX_URL="$index" \
       STREAMPROC_BASE_IMAGE="$STREAMPROC_BASE_IMAGE" \
-      replacing "$tag" docker compose -f "$ROOT/docker-compose.yml" build --quiet streamproc
+      replacing "$tag" docker compose -f "$ROOT/docker-compose.yml" --progress plain \
+      build streamproc >"$output" 2>&1; then
+      tail -40 "$output" >&2
+      rm -f "$output"
+      log "building $tag failed"
+      exit 1
+    fi
+    rm -f "$output"
   else
     build -t "$tag" --build-arg "BASE_IMAGE=$STREAMPROC_BASE_IMAGE" \
       --build-arg "VARIANT=$variant" --build-arg "PIP_INDEX_URL=$index" "$ROOT"
