@@ -84,7 +84,7 @@ cleanup() {
     log "KEEP=1: leaving the stack up (docker compose -p $COMPOSE_PROJECT_NAME down -v)"
     exit "$rc"
   fi
-  ((${#run_containers[@]} == 0)) || docker rm -f "${run_containers[@]}" >/dev/null 2>&1
+  ((${#run_containers[@]} == 0)) || docker rm -f "${run_containers[@]}" >/dev/null 2>&1 || true
   compose down --volumes --remove-orphans --timeout 60 >/dev/null 2>&1
   local label="label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
   leftovers="$(docker ps -a -q --filter "$label") $(docker network ls -q --filter "$label")"
@@ -245,6 +245,7 @@ else
   log "ok: consumer restarted (docker start)"
 fi
 wait_for "the kill-phase replayer finished" replayer_done "$replayer"
+docker rm "$replayer" >/dev/null
 expected=$((expected + KILL_MESSAGES))
 check verify --allow-duplicates --expect-inputs "$expected" --timeout-s "$TIMEOUT_S" ||
   fail "after docker kill + restart: results missing or commits behind"
@@ -262,6 +263,7 @@ code="$(docker inspect --format '{{.State.ExitCode}}' "$cid")"
 ((code == 0 && stop_s < grace)) || fail "docker stop: exit code $code after ${stop_s}s (grace ${grace}s)"
 log "ok: docker stop mid-replay: graceful drain, exit 0 after ${stop_s}s (grace period ${grace}s)"
 wait_for "the stop-phase replayer finished" replayer_done "$replayer"
+docker rm "$replayer" >/dev/null
 compose start streamproc >/dev/null 2>&1
 wait_for "streamproc ready again" ready
 expected=$((expected + STOP_MESSAGES))
