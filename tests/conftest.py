@@ -134,11 +134,15 @@ def _container_broker() -> Iterator[str]:
             KAFKA_NODE_ID="1",
             KAFKA_PROCESS_ROLES="broker,controller",
             KAFKA_CONTROLLER_QUORUM_VOTERS="1@localhost:9093",
-            KAFKA_LISTENERS="PLAINTEXT://:9092,CONTROLLER://localhost:9093",
-            KAFKA_ADVERTISED_LISTENERS=f"PLAINTEXT://127.0.0.1:{port}",
-            KAFKA_LISTENER_SECURITY_PROTOCOL_MAP="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            # clients: the published port; the broker itself (transaction markers, metadata)
+            # on a listener of its own that resolves inside the container
+            KAFKA_LISTENERS="PLAINTEXT://:9092,BROKER://localhost:9094,CONTROLLER://localhost:9093",
+            KAFKA_ADVERTISED_LISTENERS=f"PLAINTEXT://127.0.0.1:{port},BROKER://localhost:9094",
+            KAFKA_LISTENER_SECURITY_PROTOCOL_MAP=(
+                "PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT"
+            ),
             KAFKA_CONTROLLER_LISTENER_NAMES="CONTROLLER",
-            KAFKA_INTER_BROKER_LISTENER_NAME="PLAINTEXT",
+            KAFKA_INTER_BROKER_LISTENER_NAME="BROKER",
             # as the local broker (streamproc.kafka_local): small internal topics, fast groups
             KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR="1",
             KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS="4",
