@@ -79,6 +79,21 @@ def _pom(tools: bool) -> str:
     )
 
 
+# Broker settings of a single test/demo node: internal topics with one replica and few partitions,
+# no rebalance delay, no topic auto-creation (also used by the tests' container broker).
+SINGLE_NODE_SETTINGS = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.partitions": "1",
+    "auto.create.topics.enable": "false",
+}
+
 _LOG4J2 = """status = warn
 appender.file.type = File
 appender.file.name = file
@@ -251,16 +266,7 @@ class LocalKafka:
                     "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
                     "inter.broker.listener.name=PLAINTEXT",
                     f"log.dirs={self.run_dir / 'data'}",
-                    "offsets.topic.replication.factor=1",
-                    "offsets.topic.num.partitions=4",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "transaction.state.log.num.partitions=4",
-                    "share.coordinator.state.topic.replication.factor=1",
-                    "share.coordinator.state.topic.min.isr=1",
-                    "group.initial.rebalance.delay.ms=0",
-                    "num.partitions=1",
-                    "auto.create.topics.enable=false",
+                    *(f"{key}={value}" for key, value in SINGLE_NODE_SETTINGS.items()),
                     "log.flush.interval.ms=1000",
                     "",
                 ]

@@ -123,7 +123,7 @@ def _container_broker() -> Iterator[str]:
     from testcontainers.core.config import testcontainers_config
     from testcontainers.core.container import DockerContainer
 
-    from streamproc.kafka_local import free_port
+    from streamproc.kafka_local import SINGLE_NODE_SETTINGS, free_port
 
     testcontainers_config.ryuk_disabled = True
     port = free_port()
@@ -143,17 +143,8 @@ def _container_broker() -> Iterator[str]:
             ),
             KAFKA_CONTROLLER_LISTENER_NAMES="CONTROLLER",
             KAFKA_INTER_BROKER_LISTENER_NAME="BROKER",
-            # as the local broker (streamproc.kafka_local): small internal topics, fast groups
-            KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR="1",
-            KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS="4",
-            KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR="1",
-            KAFKA_TRANSACTION_STATE_LOG_MIN_ISR="1",
-            KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS="4",
-            KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR="1",
-            KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR="1",
-            KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS="0",
-            KAFKA_NUM_PARTITIONS="1",
-            KAFKA_AUTO_CREATE_TOPICS_ENABLE="false",
+            # as the local broker: KAFKA_FOO_BAR is the broker property foo.bar
+            **{f"KAFKA_{k.upper().replace('.', '_')}": v for k, v in SINGLE_NODE_SETTINGS.items()},
             KAFKA_HEAP_OPTS="-Xmx512m -Xms256m",
         )
         .with_kwargs(labels={OWNER_LABEL: str(os.getpid())})

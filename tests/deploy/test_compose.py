@@ -266,3 +266,12 @@ def test_partitions_that_never_received_a_record_count_as_committed() -> None:
     assert not verdict({0: 3, 2: 1}).committed_equals_end
     assert not verdict({0: 3}).committed_equals_end
     assert "check_stack.py" in (AUX / "compose-test.sh").read_text()
+
+
+def test_ci_runs_the_test_command_then_the_compose_test() -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip().startswith("make ")
+    ]
+    assert lines == ["make test", "make compose-test"]
