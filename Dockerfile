@@ -1,58 +1,73 @@
-# syntax=docker/dockerfile:1.7
+# streamproc container image: CPU by default, CUDA by build argument.
 #
-# streamproc container image.
+#   docker build -t streamproc:cpu .                               # python:3.11 base from a registry
+#   docker build -t streamproc:cuda --build-arg VARIANT=cuda .
+#   make images          # no registry: every base image built locally (deploy/images/build.sh),
+#                        # then BASE_IMAGE=streamproc/python:3.11-bookworm
 #
-#   docker build -t streamproc:0.1.0 .                          # CPU image (default)
-#   docker build -t streamproc:0.1.0-cuda --build-arg VARIANT=cuda .
+# Builds with the legacy builder and with BuildKit alike: no `# syntax=` line (it would pull a
+# frontend image), no BuildKit-only flags. Every base image is the build argument BASE_IMAGE.
 #
-# VARIANT=cpu   installs requirements.lock verbatim from PyPI by default (runs on CPU; the CUDA
-#               libraries bundled with PyPI's torch are simply unused). For a much smaller image,
-#               pass --build-arg TORCH_CPU_INDEX_URL=<PyTorch's CPU wheel index>: torch and
-#               torchvision then come from there at the same versions and the nvidia-*/cuda-*/
-#               triton wheels are left out.
-# VARIANT=cuda  installs requirements.lock verbatim: the PyPI torch wheels bundle the CUDA runtime
-#               libraries, so the host only needs the NVIDIA driver and container toolkit
-#               (docker run --gpus all / the Kubernetes NVIDIA device plugin); no CUDA base image.
+# Only requirements.lock (the runtime lock) is installed, never requirements-dev.lock.
+# VARIANT=cpu   requirements.lock up to its "# cuda-only" marker: torch from PyPI cannot be
+#               imported without its bundled CUDA libraries (nvidia-* wheels), even on CPU, so they
+#               stay; triton (GPU kernels of torch.compile) and the CUDA libraries only a GPU
+#               loads (see below) are left out.
+# VARIANT=cuda  the whole requirements.lock: the host needs only the NVIDIA driver and container
+#               toolkit (docker run --gpus all / the Kubernetes NVIDIA device plugin).
 #
 # Both stages use the same BASE_IMAGE, because the virtualenv copied into the final stage links
 # to that image's Python. The final stage has no compilers, no pip and runs as UID 10001; it works
 # with a read-only root filesystem as long as /tmp is writable (HOME and every cache live there).
+# PIP_INDEX_URL (optional) and deploy/docker/ca-certificates/*.crt (optional, git-ignored; extra
+# CAs, e.g. of a TLS-inspecting proxy) serve the pip step only and never reach the final stage.
 
 ARG BASE_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
+# Lets `deploy/images/build.sh` remove the untagged build-stage image the legacy builder leaves.
+LABEL io.streamproc.stage=build
 ARG VARIANT=cpu
-ARG TORCH_CPU_INDEX_URL=
+ARG PIP_INDEX_URL=
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
-RUN python -m venv /opt/streamproc
+RUN python3 -m venv /opt/streamproc
 ENV PATH=/opt/streamproc/bin:$PATH
+COPY deploy/docker/ca-certificates/ /tmp/ca-certificates/
 COPY requirements.lock ./
-# --no-deps everywhere: requirements.lock is the complete, closed set; `pip check` proves it.
-RUN case "$VARIANT" in \
-      cpu) \
-        if [ -n "$TORCH_CPU_INDEX_URL" ]; then \
-          grep -Ev '^(nvidia-|cuda-|triton==|torch==|torchvision==)' requirements.lock > /tmp/req.txt; \
-          grep -E '^(torch|torchvision)==' requirements.lock > /tmp/torch.txt; \
-          pip install --no-deps --requirement /tmp/req.txt; \
-          pip install --no-deps --index-url "$TORCH_CPU_INDEX_URL" --requirement /tmp/torch.txt; \
-        else \
-          pip install --no-deps --requirement requirements.lock; \
-        fi ;; \
-      cuda) pip install --no-deps --requirement requirements.lock ;; \
+# --no-deps: requirements.lock is the complete, closed set (see its header for what it leaves out).
+RUN if [ -z "$PIP_INDEX_URL" ]; then unset PIP_INDEX_URL; fi; \
+    set -- /tmp/ca-certificates/*.crt; \
+    if [ -e "$1" ]; then \
+      cat /etc/ssl/certs/ca-certificates.crt /tmp/ca-certificates/*.crt > /tmp/ca-bundle.pem; \
+      export PIP_CERT=/tmp/ca-bundle.pem; \
+    fi; \
+    case "$VARIANT" in \
+      cpu) sed '/^# cuda-only/,$d' requirements.lock > /tmp/requirements.txt ;; \
+      cuda) cp requirements.lock /tmp/requirements.txt ;; \
       *) echo "VARIANT must be cpu or cuda, got '$VARIANT'" >&2; exit 1 ;; \
-    esac
+    esac; \
+    pip install --no-deps --requirement /tmp/requirements.txt
 COPY pyproject.toml README.md ./
 COPY streamproc ./streamproc
+COPY deploy/docker/streamproc-render-config /opt/streamproc/bin/streamproc-render-config
+# CPU variant: drop the CUDA libraries that only a GPU ever loads (cuDNN's engine/graph/adv/ops
+# sub-libraries, cusolverMg, the CUPTI profiler hosts): not mapped by `import torch` nor by CPU
+# inference (measured via /proc/self/maps), about 1 GB. libcudnn.so itself stays (linked).
 RUN pip install --no-deps --no-build-isolation . \
- && pip check \
- && python -c "import streamproc.cli, torch; print('torch', torch.__version__)" \
- && pip uninstall --yes pip
-COPY --chmod=0755 deploy/docker/streamproc-render-config /opt/streamproc/bin/streamproc-render-config
+ && if [ "$VARIANT" = cpu ]; then \
+      site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+      rm -f "$site"/nvidia/cudnn/lib/libcudnn_*.so.* "$site"/nvidia/*/lib/libcusolverMg.so.* \
+            "$site"/nvidia/*/lib/libnvperf_*.so; \
+    fi \
+ && python -c "import streamproc.cli, streamproc.workloads, torch; \
+print('torch', torch.__version__, torch.nn.Conv2d(3, 8, 3)(torch.randn(1, 3, 32, 32)).shape)" \
+ && pip uninstall --yes pip \
+ && chmod 0755 /opt/streamproc/bin/streamproc-render-config
 
 FROM ${BASE_IMAGE} AS runtime
 ARG VARIANT=cpu

@@ -1,12 +1,12 @@
 # Two commands on a fresh machine: `make demo` and `make test` (see README.md).
 # The heavy dependency set (torch is multi-GB) lives in a shared virtual environment keyed by a
-# hash of requirements.lock and the Python version, built once per machine and reused by every
-# clone; each clone gets a thin .venv that layers the project (editable) over it.
+# hash of requirements.lock + requirements-dev.lock and the Python version, built once per machine
+# and reused by every clone; each clone gets a thin .venv that layers the project (editable) over it.
 
 PYTHON ?= python3.11
 CACHE ?= $(or $(STREAMPROC_CACHE_DIR),$(HOME)/.cache/streamproc)
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-DEPS_HASH := $(shell cat requirements.lock | sha256sum | cut -c1-12)-py$(PYVER)
+DEPS_HASH := $(shell cat requirements.lock requirements-dev.lock | sha256sum | cut -c1-12)-py$(PYVER)
 DEPS := $(CACHE)/deps-$(DEPS_HASH)
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,13 +19,13 @@ all: test
 
 deps: $(DEPS)/.complete
 
-# No file prerequisite: the folder name already carries the hash of requirements.lock.
+# No file prerequisite: the folder name already carries the hash of both locks.
 $(DEPS)/.complete:
 	@echo "building the shared dependency environment $(DEPS) (first time only) ..."
 	rm -rf "$(DEPS).partial"
 	$(PYTHON) -m venv "$(DEPS).partial"
 	"$(DEPS).partial/bin/python" -m pip install --quiet --upgrade pip
-	"$(DEPS).partial/bin/python" -m pip install --quiet --requirement requirements.lock
+	"$(DEPS).partial/bin/python" -m pip install --quiet --requirement requirements-dev.lock
 	rm -rf "$(DEPS)"
 	mv "$(DEPS).partial" "$(DEPS)"
 	# a venv's scripts name its own path: re-point them after the move
@@ -63,16 +63,27 @@ test: venv kafka-jars lint tools
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Deployment tooling (helm, kubeconform, hadolint, schemas) under $(CACHE)/tools; see deploy/tools.sh.
-.PHONY: tools lint-deploy compose-test
+.PHONY: tools lint-deploy compose-test images engine
 tools:
 	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/tools.sh >/dev/null
 
 lint-deploy: tools
 	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/lint.sh
 
-# Needs Docker with the compose plugin: the whole stack end to end (deploy/compose/compose-test.sh).
-compose-test:
-	deploy/compose/compose-test.sh
+# A Docker engine with the compose v2 plugin: installed and started when missing (root on Debian),
+# otherwise named (deploy/engine.sh).
+engine:
+	deploy/engine.sh
+
+# Every image of the compose stack built locally, no registry needed (deploy/images/build.sh):
+# streamproc/python:3.11-bookworm, streamproc/kafka:4.1.1, streamproc/prometheus:2.42, streamproc:cpu.
+images: venv kafka-jars engine
+	PYTHON=$(PYTHON) deploy/images/build.sh
+
+# The whole stack end to end on a real engine (deploy/compose/compose-test.sh): sets up the engine
+# and the images first.
+compose-test: venv kafka-jars engine
+	PYTHON=$(PYTHON) deploy/compose/compose-test.sh
 
 bench: venv kafka-jars
 	$(VENV)/bin/streamproc bench

@@ -8,11 +8,13 @@
   else 503.
 
 The server runs on daemon threads (stdlib ``ThreadingHTTPServer``) and reads state through two
-callables, so it holds no pipeline logic.
+callables, so it holds no pipeline logic. A client that hangs up before its answer is written (a
+probe or scrape that timed out) is routine: the answer is dropped without a traceback.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,8 +59,7 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:
                 return  # probes every few seconds would flood the logs
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), Handler)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
@@ -70,6 +71,16 @@ class HealthServer:
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # BrokenPipeError, ConnectionResetError, ConnectionAborted: the client went away.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 def _probe(check: Probe) -> tuple[int, bytes, str]:

@@ -41,7 +41,7 @@ LOG4J_VERSION = "2.24.3"
 _PR_SET_PDEATHSIG = 1
 MARKER = ".streamproc-broker"
 
-_POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>io.streamproc</groupId>
   <artifactId>kafka-local</artifactId>
@@ -50,19 +50,49 @@ _POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <dependencies>
     <dependency>
       <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
-      <version>{KAFKA_VERSION}</version>
+      <version>@KAFKA@</version>
     </dependency>
     <dependency>
       <groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId>
-      <version>{LOG4J_VERSION}</version>
+      <version>@LOG4J@</version>
     </dependency>
     <dependency>
       <groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
-      <version>{LOG4J_VERSION}</version>
+      <version>@LOG4J@</version>
     </dependency>
-  </dependencies>
+@TOOLS@  </dependencies>
 </project>
 """
+_TOOLS_DEPENDENCY = """    <dependency>
+      <groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId>
+      <version>@KAFKA@</version>
+    </dependency>
+"""
+
+
+def _pom(tools: bool) -> str:
+    extra = _TOOLS_DEPENDENCY if tools else ""
+    return (
+        _POM.replace("@TOOLS@", extra)
+        .replace("@KAFKA@", KAFKA_VERSION)
+        .replace("@LOG4J@", LOG4J_VERSION)
+    )
+
+
+# Broker settings of a single test/demo node: internal topics with one replica and few partitions,
+# no rebalance delay, no topic auto-creation (also used by the tests' container broker).
+SINGLE_NODE_SETTINGS = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.partitions": "1",
+    "auto.create.topics.enable": "false",
+}
 
 _LOG4J2 = """status = warn
 appender.file.type = File
@@ -85,14 +115,19 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def ensure_kafka_jars(root: Path | None = None) -> Path:
+def ensure_kafka_jars(root: Path | None = None, tools: bool = False) -> Path:
     """Resolve Apache Kafka's jars from Maven Central once; return the folder holding them.
+
+    With ``tools=True`` the set also holds ``org.apache.kafka:kafka-tools`` (the command-line
+    tools: topics, consumer groups, offsets, console consumer), in its own folder
+    ``kafka-<version>-tools/libs``; the container image of the broker is built from it.
 
     Raises:
         BrokerError: Maven or Java is missing, or the resolution failed (Maven's output is
             included in the message).
     """
-    libs = (root or cache_dir()) / f"kafka-{KAFKA_VERSION}" / "libs"
+    suffix = "-tools" if tools else ""
+    libs = (root or cache_dir()) / f"kafka-{KAFKA_VERSION}{suffix}" / "libs"
     marker = libs / ".complete"
     if marker.exists():
         return libs
@@ -101,7 +136,7 @@ def ensure_kafka_jars(root: Path | None = None) -> Path:
             raise BrokerError(f"`{tool}` not found on PATH: the local broker needs Java 17 + Maven")
     work = libs.parent
     work.mkdir(parents=True, exist_ok=True)
-    (work / "pom.xml").write_text(_POM)
+    (work / "pom.xml").write_text(_pom(tools))
     staging = work / "libs.partial"
     shutil.rmtree(staging, ignore_errors=True)
     proc = subprocess.run(
@@ -231,16 +266,7 @@ class LocalKafka:
                     "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
                     "inter.broker.listener.name=PLAINTEXT",
                     f"log.dirs={self.run_dir / 'data'}",
-                    "offsets.topic.replication.factor=1",
-                    "offsets.topic.num.partitions=4",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "transaction.state.log.num.partitions=4",
-                    "share.coordinator.state.topic.replication.factor=1",
-                    "share.coordinator.state.topic.min.isr=1",
-                    "group.initial.rebalance.delay.ms=0",
-                    "num.partitions=1",
-                    "auto.create.topics.enable=false",
+                    *(f"{key}={value}" for key, value in SINGLE_NODE_SETTINGS.items()),
                     "log.flush.interval.ms=1000",
                     "",
                 ]

@@ -3,23 +3,39 @@
 Integration tests need a real Apache Kafka broker and get one, in this order:
 
 1. ``$KAFKA_BOOTSTRAP_SERVERS`` when set (an existing cluster);
-2. a container from testcontainers-python's Kafka module (KRaft) when a Docker engine answers;
+2. a container of ``$KAFKA_IMAGE`` (default ``streamproc/kafka:4.1.1``, built by ``make images``
+   from the same Maven Central jars as 3.) when a Docker engine answers and has that image;
 3. else a local Apache Kafka broker fetched from Maven Central and started on loopback.
 
-``STREAMPROC_TEST_BROKER=local|docker`` forces 2 or 3. The broker lives for the test session and
-is stopped at the end, even on failure or interrupt.
+``STREAMPROC_TEST_BROKER=local|docker`` forces 3 or 2 (``docker`` fails with the command to run
+when the engine or the image is missing; it never pulls: these machines reach no registry). With
+``auto`` (the default), an engine without the image means the local broker, said in one line of
+the report header. The broker lives for the test session and is stopped at the end, even on
+failure or interrupt.
+
+Ryuk (testcontainers' reaper container) is disabled: its image would have to be pulled. The
+container is removed by the fixture's ``finally`` (failure, Ctrl-C); one left by a session that was
+killed outright (SIGKILL) carries the label ``io.streamproc.test-broker=<pid>`` and is removed by
+the next session once that pid is gone.
 With ``CI`` set, a skipped test fails the run: nothing skipped is counted as done.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+KAFKA_IMAGE = os.environ.get("KAFKA_IMAGE", "streamproc/kafka:4.1.1")
+OWNER_LABEL = "io.streamproc.test-broker"
+_BROKER_LOGS: list[Path] = []
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +45,7 @@ def bootstrap_servers() -> Iterator[str]:
     if given:
         yield given
         return
-    choice = os.environ.get("STREAMPROC_TEST_BROKER", "auto")
-    if choice == "docker" or (choice == "auto" and _docker_engine_answers()):
+    if broker_choice()[0] == "docker":
         yield from _container_broker()
         return
     from streamproc.kafka_local import LocalKafka, ensure_kafka_jars
@@ -46,25 +61,115 @@ def bootstrap_servers() -> Iterator[str]:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-_BROKER_LOGS: list[Path] = []
-KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"  # testcontainers' Kafka module targets this image
+@functools.cache
+def broker_choice() -> tuple[str, str]:
+    """("docker" | "local" | "given", why), decided once per session."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return "given", f"KAFKA_BOOTSTRAP_SERVERS={os.environ['KAFKA_BOOTSTRAP_SERVERS']}"
+    choice = os.environ.get("STREAMPROC_TEST_BROKER", "auto")
+    if choice not in ("auto", "docker", "local"):
+        raise pytest.UsageError(f"STREAMPROC_TEST_BROKER must be auto, docker or local: {choice!r}")
+    if choice == "local":
+        return "local", "STREAMPROC_TEST_BROKER=local"
+    missing = _container_unavailable()
+    if missing is None:
+        return "docker", f"container of {KAFKA_IMAGE}"
+    if choice == "docker":
+        raise pytest.UsageError(f"STREAMPROC_TEST_BROKER=docker: {missing}")
+    return "local", missing
 
 
-def _docker_engine_answers() -> bool:
+def _container_unavailable() -> str | None:
+    """None when the engine answers and holds KAFKA_IMAGE, else what is missing and what to do."""
     try:
         import docker
 
-        docker.from_env(timeout=3).ping()
+        client = docker.from_env(timeout=5)
+        client.ping()
     except Exception:
-        return False
-    return True
+        return "no Docker engine answers"
+    try:
+        client.images.get(KAFKA_IMAGE)
+    except docker.errors.ImageNotFound:
+        return (
+            f"the Docker engine has no image {KAFKA_IMAGE} (build it: make images; or set "
+            "KAFKA_IMAGE to one it has)"
+        )
+    finally:
+        client.close()
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    kind, why = broker_choice()
+    if kind == "local" and why.startswith("the Docker engine"):
+        return f"kafka broker: local (Maven Central jars) because {why}"
+    return f"kafka broker: {kind} ({why})"
+
+
+def _remove_leftover_brokers(client: object) -> None:
+    """Remove broker containers of test sessions that no longer run (killed without cleanup)."""
+    from streamproc.kafka_local import alive
+
+    for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):  # type: ignore[attr-defined]
+        owner = container.labels.get(OWNER_LABEL, "")
+        if not owner.isdigit() or not alive(int(owner)):
+            container.remove(force=True, v=True)
 
 
 def _container_broker() -> Iterator[str]:
-    from testcontainers.kafka import KafkaContainer
+    """One KRaft node in a container of KAFKA_IMAGE, its listener published on 127.0.0.1."""
+    from confluent_kafka.admin import AdminClient
+    from testcontainers.core.config import testcontainers_config
+    from testcontainers.core.container import DockerContainer
 
-    with KafkaContainer(KAFKA_IMAGE).with_kraft() as kafka:
-        yield kafka.get_bootstrap_server()
+    from streamproc.kafka_local import SINGLE_NODE_SETTINGS, free_port
+
+    testcontainers_config.ryuk_disabled = True
+    port = free_port()
+    broker = (
+        DockerContainer(KAFKA_IMAGE)
+        .with_envs(
+            CLUSTER_ID="DxCWdqKLRGe928dtyDqT1g",
+            KAFKA_NODE_ID="1",
+            KAFKA_PROCESS_ROLES="broker,controller",
+            KAFKA_CONTROLLER_QUORUM_VOTERS="1@localhost:9093",
+            # clients: the published port; the broker itself (transaction markers, metadata)
+            # on a listener of its own that resolves inside the container
+            KAFKA_LISTENERS="PLAINTEXT://:9092,BROKER://localhost:9094,CONTROLLER://localhost:9093",
+            KAFKA_ADVERTISED_LISTENERS=f"PLAINTEXT://127.0.0.1:{port},BROKER://localhost:9094",
+            KAFKA_LISTENER_SECURITY_PROTOCOL_MAP=(
+                "PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT"
+            ),
+            KAFKA_CONTROLLER_LISTENER_NAMES="CONTROLLER",
+            KAFKA_INTER_BROKER_LISTENER_NAME="BROKER",
+            # as the local broker: KAFKA_FOO_BAR is the broker property foo.bar
+            **{f"KAFKA_{k.upper().replace('.', '_')}": v for k, v in SINGLE_NODE_SETTINGS.items()},
+            KAFKA_HEAP_OPTS="-Xmx512m -Xms256m",
+        )
+        .with_kwargs(labels={OWNER_LABEL: str(os.getpid())})
+    )
+    # Published on loopback only (with_bind_ports takes no host address; the Docker SDK does).
+    broker.ports["9092/tcp"] = ("127.0.0.1", port)
+    _remove_leftover_brokers(broker.get_docker_client().client)
+    broker.start()
+    try:
+        bootstrap = f"127.0.0.1:{port}"
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        deadline_s = time.monotonic() + 90.0
+        while True:
+            with contextlib.suppress(Exception):
+                if admin.list_topics(timeout=2).brokers:
+                    break
+            container = broker.get_wrapped_container()
+            container.reload()
+            if container.status != "running" or time.monotonic() > deadline_s:
+                logs = container.logs(tail=40).decode(errors="replace")
+                raise RuntimeError(f"{KAFKA_IMAGE} did not answer on {bootstrap}:\n{logs}")
+            time.sleep(0.2)
+        yield bootstrap
+    finally:
+        broker.stop()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

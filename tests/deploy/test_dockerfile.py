@@ -18,9 +18,9 @@ DOCKERFILE = ROOT / "Dockerfile"
 RENDERER = ROOT / "deploy" / "docker" / "streamproc-render-config"
 
 
-def instructions() -> list[tuple[str, str]]:
+def instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
     result = []
     for line in text.splitlines():
         line = line.strip()
@@ -36,11 +36,58 @@ def final_stage() -> list[tuple[str, str]]:
     return items[last_from:]
 
 
+IMAGE_DOCKERFILES = sorted((ROOT / "deploy" / "images").glob("*.Dockerfile"))
+# Never in a runtime image (the compose test also lists the built image's packages).
+DEV_TOOLS = {"pytest", "pytest-timeout", "ruff", "testcontainers", "docker", "scikit-image"}
+NOT_RUNTIME = DEV_TOOLS | {"scipy", "pandas", "matplotlib", "iniconfig", "pluggy"}
+
+
 def test_hadolint_is_clean(tools: dict[str, str]) -> None:
-    result = subprocess.run(
-        [tools["HADOLINT"], str(DOCKERFILE)], capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    for dockerfile in [DOCKERFILE, *IMAGE_DOCKERFILES]:
+        result = subprocess.run(
+            [tools["HADOLINT"], str(dockerfile)], capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 0, f"{dockerfile.name}: {result.stdout}{result.stderr}"
+
+
+def test_builds_with_the_legacy_builder_and_pulls_no_frontend() -> None:
+    """Defect 2: `# syntax=` pulled a frontend image; `COPY --chmod` failed without BuildKit."""
+    for dockerfile in [DOCKERFILE, *IMAGE_DOCKERFILES]:
+        text = dockerfile.read_text()
+        assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), dockerfile.name
+        for word, args in instructions(dockerfile):
+            flags = re.findall(r"--([a-z-]+)", args.split(" ", 1)[0] if word == "RUN" else args)
+            if word in ("COPY", "ADD"):
+                assert set(flags) <= {"from"}, (dockerfile.name, word, args)
+            if word == "RUN":
+                assert not args.startswith("--"), (dockerfile.name, args)
+        froms = [args for word, args in instructions(dockerfile) if word == "FROM"]
+        assert froms and all(f.startswith("${") for f in froms), (dockerfile.name, froms)
+
+
+def lock_names(path: Path) -> set[str]:
+    names = set()
+    for line in path.read_text().splitlines():
+        if line and not line.startswith(("#", "-r")):
+            names.add(re.split("[=<>]", line)[0].strip().lower().replace("_", "-"))
+    return names
+
+
+def test_runtime_lock_has_no_dev_tools_and_the_image_installs_only_it() -> None:
+    runtime = lock_names(ROOT / "requirements.lock")
+    dev = lock_names(ROOT / "requirements-dev.lock")
+    assert not runtime & NOT_RUNTIME, runtime & NOT_RUNTIME
+    assert not runtime & dev, runtime & dev
+    assert dev >= DEV_TOOLS
+    assert "-r requirements.lock" in (ROOT / "requirements-dev.lock").read_text()
+    assert {"torch", "torchvision", "confluent-kafka", "triton"} <= runtime
+    text = DOCKERFILE.read_text()
+    assert "requirements-dev.lock" not in " ".join(a for w, a in instructions() if w != "#")
+    lock = (ROOT / "requirements.lock").read_text()
+    # the CPU variant stops at the marker: only CUDA-only wheels may follow it
+    cuda_only = re.split(r"^# cuda-only.*$", lock, maxsplit=1, flags=re.M)[1].splitlines()
+    assert [line.split("==")[0] for line in cuda_only if line] == ["triton"]
+    assert "sed '/^# cuda-only/,$d' requirements.lock" in text
 
 
 def test_multi_stage_cpu_by_default_cuda_by_build_arg() -> None:

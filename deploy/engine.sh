@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Makes a Docker engine with the compose v2 plugin available, or says exactly what is missing.
+#
+#   deploy/engine.sh            # used by `make images` and `make compose-test`
+#
+# 1. `docker` client and `dockerd`: as root on Debian/Ubuntu, installs `docker.io` and `iptables`
+#    with apt-get when missing (plus `debootstrap`, which `make images` needs for the base image).
+# 2. The engine: starts `dockerd` in the background (log: /var/log/streamproc-dockerd.log) when
+#    nobody answers on the default socket and we are root; waits up to 60 s for it.
+# 3. The compose v2 plugin (Debian ships none): builds github.com/docker/compose/v2 at
+#    COMPOSE_VERSION from the Go module proxy (about 3 min the first time) into
+#    /usr/local/lib/docker/cli-plugins/docker-compose.
+# Without root, nothing is installed: the script names what is missing and exits 1.
+# A warm run (everything present) takes well under a second.
+set -euo pipefail
+
+COMPOSE_VERSION="${COMPOSE_VERSION:-v2.29.7}"
+PLUGIN_DIR=/usr/local/lib/docker/cli-plugins
+CACHE="${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}"
+DOCKERD_LOG=/var/log/streamproc-dockerd.log
+
+log() { printf 'engine: %s\n' "$*" >&2; }
+missing() { log "MISSING: $*"; exit 1; }
+is_root() { [[ "$(id -u)" == 0 ]]; }
+
+apt_install() {
+  if ! is_root || ! command -v apt-get >/dev/null; then
+    missing "$* (install them: apt-get install $*)"
+  fi
+  log "installing $* with apt-get ..."
+  export DEBIAN_FRONTEND=noninteractive
+  # A lock held by another apt run is waited for, not fought over.
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# --- 1. packages --------------------------------------------------------------------------------
+want=()
+command -v dockerd >/dev/null || want+=(docker.io)
+command -v iptables >/dev/null || want+=(iptables)
+command -v debootstrap >/dev/null || want+=(debootstrap)
+command -v docker >/dev/null || want+=(docker.io)
+if ((${#want[@]} > 0)); then
+  mapfile -t want < <(printf '%s\n' "${want[@]}" | sort -u)
+  apt_install "${want[@]}"
+fi
+
+# --- 2. the engine ------------------------------------------------------------------------------
+if ! docker info >/dev/null 2>&1; then
+  is_root || missing "a running Docker engine (start it: sudo dockerd, or sudo systemctl start docker)"
+  if [[ -S /var/run/docker.sock ]] && pgrep -x dockerd >/dev/null; then
+    log "dockerd is running but does not answer yet; waiting ..."
+  else
+    log "starting dockerd (log: $DOCKERD_LOG) ..."
+    setsid dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  fi
+  deadline=$((SECONDS + 60))
+  until docker info >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || missing "dockerd did not answer within 60 s; see $DOCKERD_LOG"
+    sleep 0.5
+  done
+  log "dockerd answers"
+fi
+
+# --- 3. the compose v2 plugin -------------------------------------------------------------------
+if ! docker compose version 2>/dev/null | grep -q "${COMPOSE_VERSION#v}"; then
+  is_root || missing "the docker compose v2 plugin ($PLUGIN_DIR/docker-compose)"
+  command -v go >/dev/null || missing "Go (to build the compose plugin from the module proxy)"
+  log "building docker compose $COMPOSE_VERSION from the Go module proxy (first time only) ..."
+  gobin="$(mktemp -d)"
+  (
+    export GOBIN="$gobin" GOMODCACHE="$CACHE/engine/go/mod" GOCACHE="$CACHE/engine/go/build"
+    export GOFLAGS="-modcacherw -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
+    go install -trimpath \
+      -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$COMPOSE_VERSION" \
+      "github.com/docker/compose/v2/cmd@$COMPOSE_VERSION"
+  )
+  mkdir -p "$PLUGIN_DIR"
+  install -m 0755 "$gobin/cmd" "$PLUGIN_DIR/docker-compose"
+  rm -rf "$gobin"
+  docker compose version >&2
+fi
