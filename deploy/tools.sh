@@ -30,7 +30,7 @@ PY_TOOLS=(
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # KEDA_VERSION (the CRD schemas match the operator that `make k8s-test` runs) and the cluster's
 # versions live in one place.
-# shellcheck source=k8s/versions.env
+# shellcheck source=/dev/null
 source "$ROOT/deploy/k8s/versions.env"
 PYTHON="${PYTHON:-python3.11}"
 CACHE="${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}"

@@ -18,7 +18,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
+# shellcheck source=/dev/null
 source "$HERE/versions.env"
 CACHE="${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}"
 K8S_CACHE="$CACHE/k8s"
@@ -73,7 +73,7 @@ build_kubernetes() {
   {
     printf 'module streamproc.local/k8s-build\n\ngo 1.22.0\n\nrequire k8s.io/kubernetes %s\n\n' \
       "$KUBERNETES_VERSION"
-    for staging in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$kdir/go.mod"); do
+    awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$kdir/go.mod" | while read -r staging; do
       version=""
       for p in "$patch" $((patch - 1)) $((patch + 1)) $((patch - 2)) $((patch + 2)); do
         ((p >= 0)) || continue
@@ -164,13 +164,15 @@ build_keda() {
 
 what="${1:-all}"
 case "$what" in
+  cluster | kubernetes | etcd | cni | keda | all) ;;
+  *) log "usage: $0 [kubernetes|etcd|cni|keda|cluster|all]"; exit 2 ;;
+esac
+case "$what" in
   cluster) "$0" kubernetes >/dev/null && "$0" etcd >/dev/null && "$0" cni >/dev/null ;;
   kubernetes | all) build_into "$KUBE_DIR" "Kubernetes $KUBERNETES_VERSION" build_kubernetes ;;&
   etcd | all) build_into "$ETCD_DIR" "etcd $ETCD_VERSION" build_etcd ;;&
   cni | all) build_into "$CNI_DIR" "CNI plugins $CNI_PLUGINS_VERSION" build_cni ;;&
-  keda | all) build_into "$KEDA_DIR" "KEDA $KEDA_VERSION" build_keda ;;&
-  cluster | kubernetes | etcd | cni | keda | all) ;;
-  *) log "usage: $0 [kubernetes|etcd|cni|keda|cluster|all]"; exit 2 ;;
+  keda | all) build_into "$KEDA_DIR" "KEDA $KEDA_VERSION" build_keda ;;
 esac
 
 env_file="$K8S_CACHE/build-$KUBERNETES_VERSION-$ETCD_VERSION-$CNI_PLUGINS_VERSION-$KEDA_VERSION.env"

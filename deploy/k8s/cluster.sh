@@ -18,7 +18,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
+# shellcheck source=/dev/null
 source "$HERE/versions.env"
 CACHE="${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}"
 K8S_CACHE="$CACHE/k8s"
@@ -400,17 +400,17 @@ down() {
   fi
   iptables_cleanup
   # Mounts of the cluster (rootfs overlays, volumes, netns bind mounts), innermost first.
-  for mnt in $(awk -v a="$STATE" -v b="$IMAGES" 'index($5, a) == 1 || index($5, b) == 1 { print $5 }' \
-    /proc/self/mountinfo | sort -r); do
+  awk -v a="$STATE" -v b="$IMAGES" 'index($5, a) == 1 || index($5, b) == 1 { print $5 }' \
+    /proc/self/mountinfo | sort -r | while read -r mnt; do
     umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
   done
-  for mnt in $(awk '$5 ~ "^/run/netns/cni-" { print $5 }' /proc/self/mountinfo); do
-    umount "$mnt" 2>/dev/null && rm -f "$mnt" || true
+  awk '$5 ~ "^/run/netns/cni-" { print $5 }' /proc/self/mountinfo | while read -r mnt; do
+    if umount "$mnt" 2>/dev/null; then rm -f "$mnt"; fi
   done
   ip link delete "$BRIDGE" 2>/dev/null || true
   cgroups_cleanup
   if [[ -f "$STATE/sysctls.before" ]]; then
-    while IFS== read -r key value; do sysctl -qw "$key=$value" || true; done <"$STATE/sysctls.before"
+    while IFS='=' read -r key value; do sysctl -qw "$key=$value" || true; done <"$STATE/sysctls.before"
     rm -f "$STATE/sysctls.before"
   fi
   find /var/log/containers -maxdepth 1 -lname "$STATE/*" -delete 2>/dev/null || true
@@ -461,6 +461,7 @@ case "${1:-}" in
     load "$@"
     ;;
   env)
+    # shellcheck disable=SC2016 # $PATH is for the shell that evaluates this
     printf 'export KUBECONFIG=%s\nexport PATH=%s:$PATH\nexport STREAMPROC_K8S_CONTAINERD=%s\n' \
       "$STATE/admin.conf" "$K8S_CACHE/kubernetes-$KUBERNETES_VERSION/bin" "$SOCK"
     ;;

@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 HERE=deploy/k8s
-# shellcheck source=versions.env
+# shellcheck source=/dev/null
 source "$HERE/versions.env"
 PYTHON="${PY:-.venv/bin/python}"
 STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
@@ -62,8 +62,11 @@ phase build
 # --- 2. images --------------------------------------------------------------------------------------
 docker info >/dev/null 2>&1 || fail "no Docker engine answers (make images starts one)"
 for image in "$STREAMPROC_IMAGE" "$KAFKA_IMAGE"; do
-  docker image inspect "$image" >/dev/null 2>&1 ||
-    fail "no image $image: build the images first (make images)"
+  docker image inspect "$image" >/dev/null 2>&1 && continue
+  grep -q '^images:' Makefile || fail "no image $image (and no \`make images\` to build it)"
+  log "no image $image: make images ..."
+  make images
+  docker image inspect "$image" >/dev/null 2>&1 || fail "make images did not build $image"
 done
 scratch_image() {
   local tag="$1" binary="$2" dir
@@ -109,14 +112,16 @@ phase cluster-up
 deploy/k8s/cluster.sh load "$STREAMPROC_IMAGE" "$KAFKA_IMAGE" "$KEDA_IMAGE" "$KEDA_ADAPTER_IMAGE"
 phase load
 
+# shellcheck disable=SC2016 # the variables envsubst may replace
 envsubst '${KAFKA_IP} ${KAFKA_IMAGE}' <"$HERE/manifests/kafka.yaml" | kubectl apply -f - >/dev/null
 kubectl -n kafka rollout status deployment/kafka --timeout=180s >/dev/null
 log "Kafka broker ready at $KAFKA_IP:9092"
 phase kafka
 
 # --- 4. the checks --------------------------------------------------------------------------------
+read -ra pytest_args <<<"${PYTEST_ARGS:-}"
 STREAMPROC_K8S=1 KAFKA_BOOTSTRAP="$KAFKA_IP:9092" STREAMPROC_IMAGE="$STREAMPROC_IMAGE" \
   KEDA_IMAGE="$KEDA_IMAGE" KEDA_ADAPTER_IMAGE="$KEDA_ADAPTER_IMAGE" KEDA_CONFIG="$KEDA_CONFIG" \
-  "$PYTHON" -m pytest tests/k8s -p no:cacheprovider -v ${PYTEST_ARGS:-}
+  "$PYTHON" -m pytest tests/k8s -p no:cacheprovider -v -s "${pytest_args[@]}"
 phase tests
 status=0
