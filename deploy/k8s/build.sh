@@ -7,7 +7,7 @@
 #                          kubeadm only generates the certificates and kubeconfigs)
 #     kubernetes-<v>/pause pause (gcc -static of build/pause/linux/pause.c)
 #     etcd-<v>/bin/        etcd
-#     cni-<v>/bin/         bridge host-local loopback portmap
+#     cni-<v>/bin/         bridge host-local loopback portmap firewall
 #     keda-<v>/bin/        keda (operator), keda-adapter (metrics API server);
 #                          keda-<v>/config/ (KEDA's kustomize manifests)
 #     go/                  module and build caches (safe to delete)
@@ -41,20 +41,21 @@ module_dir() {
   go mod download -json "$1@$2" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
 }
 
-# Runs "$@" (a build of DIR) into DIR.partial and renames it to DIR on success.
+# Runs the build function FN into DIR.partial and renames it to DIR on success. DIR is complete
+# when its .complete holds the hash of FN's current text (a changed recipe rebuilds).
 build_into() {
-  local dir="$1" what="$2" start=$SECONDS
-  shift 2
-  [[ -f "$dir/.complete" ]] && return
+  local dir="$1" what="$2" fn="$3" start=$SECONDS recipe
+  recipe="$(declare -f "$fn" | sha256sum | cut -c1-16)"
+  [[ "$(cat "$dir/.complete" 2>/dev/null)" == "$recipe" ]] && return
   # One builder per component at a time; a second one waits and then finds it built.
   exec 8>"$dir.lock"
   flock 8
-  [[ -f "$dir/.complete" ]] && return
+  [[ "$(cat "$dir/.complete" 2>/dev/null)" == "$recipe" ]] && return
   log "building $what (first time only) ..."
   rm -rf "$dir.partial"
   mkdir -p "$dir.partial"
-  "$@" "$dir.partial"
-  touch "$dir.partial/.complete"
+  "$fn" "$dir.partial"
+  echo "$recipe" >"$dir.partial/.complete"
   rm -rf "$dir"
   mv "$dir.partial" "$dir"
   log "built $what in $((SECONDS - start)) s"
@@ -132,7 +133,7 @@ GO
 
 build_cni() {
   local out="$1" plugin
-  for plugin in main/bridge ipam/host-local main/loopback meta/portmap; do
+  for plugin in main/bridge ipam/host-local main/loopback meta/portmap meta/firewall; do
     GOBIN="$out/bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
       "github.com/containernetworking/plugins/plugins/$plugin@$CNI_PLUGINS_VERSION"
   done

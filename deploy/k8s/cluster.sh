@@ -135,6 +135,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "$CNI_BIN"
     conf_dir = "$STATE/cni/net.d"
 EOF
+  # firewall: accepts the pods' traffic in FORWARD (CNI-FORWARD), which a Docker engine on the
+  # same machine sets to DROP; with br_netfilter even pod-to-pod traffic on the bridge passes it.
   cat >"$STATE/cni/net.d/10-streamproc.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
@@ -152,7 +154,8 @@ EOF
         "routes": [{"dst": "0.0.0.0/0"}],
         "dataDir": "$STATE/cni/ipam"
       }
-    }
+    },
+    {"type": "firewall", "backend": "iptables"}
   ]
 }
 EOF
@@ -259,6 +262,9 @@ up() {
   ip link add "$BRIDGE" type bridge
   ip addr add "$NODE_IP/${POD_CIDR#*/}" dev "$BRIDGE"
   ip link set "$BRIDGE" up
+  # Service IPs from this host (the tests reach the broker's Service): through the bridge, from
+  # the node address, never from the machine's own interface. Goes with the bridge.
+  ip route add "$SERVICE_CIDR" dev "$BRIDGE" src "$NODE_IP"
   local controller
   for controller in /sys/fs/cgroup/*/; do
     [[ -L "${controller%/}" ]] || mkdir -p "$controller${CGROUP_ROOT#/}"
@@ -292,6 +298,10 @@ up() {
     --proxy-client-key-file "$pki/front-proxy-client.key" \
     --enable-aggregator-routing --profiling=false
   wait_until "the API server" "$STARTUP_TIMEOUT_S" kubectl get --raw /readyz
+  # kubeadm's apiserver-kubelet-client certificate is in group kubeadm:cluster-admins, which
+  # `kubeadm init` binds to cluster-admin (kubectl exec/logs go through it).
+  kubectl create clusterrolebinding kubeadm:cluster-admins --clusterrole cluster-admin \
+    --group kubeadm:cluster-admins >/dev/null
   start kube-controller-manager kube-controller-manager \
     --kubeconfig "$STATE/controller-manager.conf" --bind-address 127.0.0.1 \
     --authentication-kubeconfig "$STATE/controller-manager.conf" \
