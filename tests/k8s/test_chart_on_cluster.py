@@ -229,7 +229,8 @@ def test_rolling_update_loses_nothing_and_never_shares_a_partition() -> None:
     old = {p["metadata"]["name"] for p in pods(NS, SELECTOR)}
     follower = LogFollower(NS, SELECTOR)
     try:
-        replays = replay_all(video=60, iot=120, trades=1200, rate_scale=0.5)
+        # at a quarter of the usual rates the trades replay lasts 2 min: through the whole roll
+        replays = replay_all(video=60, iot=120, trades=3000, rate_scale=0.25)
         # a config change in values: the ConfigMap checksum rolls the pods
         install(
             RELEASE, "at-least-once.yaml", "--set", "replicaCount=3",
@@ -360,6 +361,9 @@ def test_keda_scales_on_lag_and_back() -> None:
         ),
         420,
         5,
+    )
+    report(
+        "keda, scaled down", wait_for("every result", lambda: complete(PIPELINES, GROUP), 300, 5)
     )
     took_s = time.monotonic() - started
     print(f"[keda] scaled up on lag, drained, back to 1 replica {took_s:.0f} s later")
