@@ -314,8 +314,9 @@ def test_exactly_once_statefulset_killed_mid_stream_no_duplicates() -> None:
     # The transactional ids are the stable pod names: the restarted pod fenced its predecessor
     # under the same id instead of opening a new one.
     listing = kubectl(
-        "exec", "-n", "kafka", "deploy/kafka", "--", "/opt/kafka/bin/kafka-run-class.sh",
-        "org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server", "localhost:9092", "list",
+        "exec", "-n", "kafka", "deploy/kafka", "--",
+        "/opt/kafka/bin/kafka-run-class.sh", "org.apache.kafka.tools.TransactionsCommand",
+        "--bootstrap-server", "localhost:9092", "list",
     )  # fmt: skip
     ids = {line.split()[0] for line in listing.splitlines()[1:] if line.startswith(EOS_GROUP)}
     assert ids == {f"{EOS_GROUP}-eos-streamproc-0", f"{EOS_GROUP}-eos-streamproc-1"}, ids
