@@ -261,7 +261,9 @@ class LogFollower:
             for event in self.events(pod):
                 when = datetime.fromisoformat(event["timestamp"]).timestamp()
                 kind = event.get("event")
-                for partition in event.get("partitions") or []:
+                if kind not in ("partitions assigned", "partitions revoked", "partitions lost"):
+                    continue
+                for partition in event["partitions"]:
                     if kind == "partitions assigned":
                         open_since.setdefault(partition, when)
                     elif (

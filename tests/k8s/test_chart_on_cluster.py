@@ -40,6 +40,9 @@ from tests.k8s.kube import (
     wedge,
 )
 
+# Each test waits on a real cluster, on 2 shared cores: bounded by its own named deadlines.
+pytestmark = pytest.mark.timeout(1800)
+
 NS = "streaming"
 RELEASE = "sp"
 SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=streamproc"
@@ -287,9 +290,10 @@ def test_liveness_restarts_a_wedged_process() -> None:
 
 
 def test_helm_test_passes() -> None:
-    out = helm("test", RELEASE, "--namespace", NS, "--logs", "--timeout", "180s")
-    print(out)
-    assert "Phase:          Succeeded" in out or "Phase: Succeeded" in out.replace("  ", " ")
+    # (no --logs: the hook pod is deleted once it succeeds; a failed one stays for its logs)
+    out = helm("test", RELEASE, "--namespace", NS, "--timeout", "180s")
+    print(out[out.index("TEST SUITE") :])
+    assert " ".join(out.split()).count("Phase: Succeeded") == 1, out
 
 
 def test_exactly_once_statefulset_killed_mid_stream_no_duplicates() -> None:
