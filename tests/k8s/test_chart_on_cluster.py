@@ -30,7 +30,6 @@ from tests.k8s.kube import (
     exec_python,
     group_assignment,
     helm,
-    is_ready,
     kubectl,
     kubectl_json,
     overlaps,
@@ -377,12 +376,12 @@ def test_keda_scales_on_lag_and_back() -> None:
 def test_uninstall_leaves_nothing() -> None:
     for release in (RELEASE, EOS_RELEASE):
         helm("uninstall", release, "--namespace", NS, "--wait", "--timeout", "180s")
-    wait_for(
-        "no pod of either release", lambda: not pods(NS, "app.kubernetes.io/name=streamproc"), 180
-    )
-    left = kubectl(
-        "get", "all,configmap,serviceaccount,poddisruptionbudget,scaledobject", "-n", NS,
-        "-l", "app.kubernetes.io/name=streamproc", "-o", "name",
-    )  # fmt: skip
-    assert left.strip() == "", left
-    assert not [p for p in kubectl_json("get", "pods", "-n", NS)["items"] if is_ready(p)]
+    release_objects = "all,configmap,serviceaccount,poddisruptionbudget,scaledobject,secret"
+
+    def left() -> str:  # terminating pods included
+        selector = "app.kubernetes.io/name=streamproc"
+        return kubectl("get", release_objects, "-n", NS, "-l", selector, "-o", "name").strip()
+
+    wait_for("nothing of either release left", lambda: not left(), 180)
+    # the helm test pod (its own name label) and Helm's release records are gone too
+    assert not kubectl("get", "pods,secrets", "-n", NS, "-o", "name").strip()
