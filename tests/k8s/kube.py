@@ -15,7 +15,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streamproc.replay import produce
@@ -118,18 +117,6 @@ def wedge(pid: int) -> None:
 
 
 # --- the broker ---------------------------------------------------------------------------------
-def end_offset_total(topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "streamproc-k8s-test-probe"})
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in partitions
-        )
-    finally:
-        consumer.close()
-
-
 def group_assignment(group: str) -> dict[str, set[tuple[str, int]]]:
     """Member host (the pod's IP) -> partitions, as the group coordinator has them now."""
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
