@@ -179,7 +179,9 @@ staticPodPath: ""
 podLogsDir: $STATE/pod-logs
 rotateCertificates: false
 serializeImagePulls: false
-evictionHard: {memory.available: 200Mi, nodefs.available: 2%, imagefs.available: 2%, nodefs.inodesFree: 2%}
+# The disk is shared with other work on the machine: a dip below the default 10-15 % made the
+# kubelet delete every image (the pause image included) in the middle of a run.
+evictionHard: {memory.available: 200Mi, nodefs.available: 1Gi, imagefs.available: 1Gi, nodefs.inodesFree: 1%}
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 EOF
