@@ -85,6 +85,12 @@ images: venv kafka-jars engine
 compose-test: venv kafka-jars engine
 	PYTHON=$(PYTHON) deploy/compose/compose-test.sh
 
+# The Helm chart on a real single-node Kubernetes cluster built from source (root, Docker for the
+# images): install, replay, crash, roll, scale, probes, exactly-once, KEDA (deploy/k8s/k8s-test.sh).
+.PHONY: k8s-test
+k8s-test: venv tools
+	PY=$(PY) PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/k8s/k8s-test.sh
+
 bench: venv kafka-jars
 	$(VENV)/bin/streamproc bench
 

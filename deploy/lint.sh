@@ -22,7 +22,8 @@ run() {
 
 run "$HADOLINT" Dockerfile
 echo "hadolint: Dockerfile clean"
-run "$SHELLCHECK" deploy/tools.sh deploy/lint.sh deploy/compose/compose-test.sh deploy/compose/create-topics.sh
+run "$SHELLCHECK" deploy/tools.sh deploy/lint.sh deploy/compose/compose-test.sh deploy/compose/create-topics.sh \
+  deploy/k8s/build.sh deploy/k8s/cluster.sh deploy/k8s/k8s-test.sh
 echo "shellcheck: clean"
 run "$TOOLS_PYTHON" deploy/validate_compose.py --schema "$COMPOSE_SCHEMA" \
   docker-compose.yml deploy/compose/docker-compose.gpu.yml

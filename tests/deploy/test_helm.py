@@ -142,13 +142,39 @@ def test_every_resource_has_the_recommended_labels(render, values: str) -> None:
 def test_default_is_a_deployment_without_optional_resources(render) -> None:
     manifests = render("defaults")
     kinds = sorted(doc["kind"] for doc in manifests)
-    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Pod",
+        "PodDisruptionBudget",
+        "Service",
+        "ServiceAccount",
+    ]  # fmt: skip  (the Pod is the `helm test` hook)
     deployment = one(manifests, "Deployment")
     assert deployment["spec"]["replicas"] == 1
     # no surge: a new pod would wait for partitions the group has no reason to hand over
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert one(manifests, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     assert one(manifests, "Service")["spec"]["publishNotReadyAddresses"] is True
+
+
+@pytest.mark.parametrize("values", CI_NAMES)
+def test_helm_test_hook_is_outside_the_release_selector(render, values: str) -> None:
+    manifests = render(values)
+    hook = one(manifests, "Pod")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    selector = workload(manifests)["spec"]["selector"]["matchLabels"]
+    labels = hook["metadata"]["labels"]
+    assert not selector.items() <= labels.items(), "the Service/PDB/workload would select it"
+    spec = hook["spec"]
+    assert (
+        spec["securityContext"]
+        == workload(manifests)["spec"]["template"]["spec"]["securityContext"]
+    )
+    assert spec["containers"][0]["securityContext"] == container(manifests)["securityContext"]
+    assert spec["containers"][0]["image"] == container(manifests)["image"]
+    port = container(manifests)["ports"][0]["containerPort"]
+    assert f":{port}" in spec["containers"][0]["args"][0]
 
 
 @pytest.mark.parametrize("values", CI_NAMES)

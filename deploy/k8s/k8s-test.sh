@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# `make k8s-test`: the Helm chart on a real single-node Kubernetes cluster, end to end.
+#
+#  1. builds the cluster's binaries (deploy/k8s/build.sh; cached by version) and helm
+#     (deploy/tools.sh);
+#  2. takes the images of `make images` (STREAMPROC_IMAGE, KAFKA_IMAGE) from the Docker engine,
+#     and wraps KEDA's operator and metrics server into images FROM scratch;
+#  3. starts the cluster (deploy/k8s/cluster.sh up), loads the images into the node, deploys one
+#     Apache Kafka broker (deploy/k8s/manifests/kafka.yaml);
+#  4. runs tests/k8s (helm install with deploy/k8s/values/*.yaml, replay, crash, roll, scale,
+#     probes, securityContext, exactly-once StatefulSet, KEDA, helm test, helm uninstall), each
+#     verified from the broker;
+#  5. tears the cluster down and fails if any process, mount, network device, iptables chain or
+#     cgroup of it is left; prints the time of every phase.
+# KEEP=1 leaves the cluster up (deploy/k8s/cluster.sh down removes it). PYTEST_ARGS passes on.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+HERE=deploy/k8s
+# shellcheck source=/dev/null
+source "$HERE/versions.env"
+PYTHON="${PY:-.venv/bin/python}"
+STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
+export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.1.1}"
+KEDA_IMAGE="streamproc.local/keda:$KEDA_VERSION"
+KEDA_ADAPTER_IMAGE="streamproc.local/keda-metrics-apiserver:$KEDA_VERSION"
+export KAFKA_IP=10.96.0.100
+
+log() { printf '[k8s-test] %s\n' "$*" >&2; }
+fail() { log "FAIL: $*"; exit 1; }
+
+declare -A took
+phase_start=$SECONDS
+phase() {
+  local name="$1"
+  took[$name]=$((SECONDS - phase_start))
+  phase_start=$SECONDS
+}
+report_times() {
+  local name total=0
+  printf '[k8s-test] times:' >&2
+  for name in build images cluster-up load kafka tests teardown; do
+    [[ -n "${took[$name]:-}" ]] || continue
+    printf ' %s %ss,' "$name" "${took[$name]}" >&2
+    total=$((total + took[$name]))
+  done
+  printf ' total %ss (%s)\n' "$total" "$1" >&2
+}
+
+# --- 1. binaries ----------------------------------------------------------------------------------
+cold=warm
+[[ -f "${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}/k8s/keda-$KEDA_VERSION/.complete" ]] || cold=cold
+env_file="$("$HERE/build.sh" all)"
+# shellcheck source=/dev/null
+source "$env_file"
+# shellcheck source=/dev/null
+source "$(deploy/tools.sh)"
+export PATH="$KUBE_BIN:$PATH" HELM
+phase build
+
+# --- 2. images --------------------------------------------------------------------------------------
+docker info >/dev/null 2>&1 || fail "no Docker engine answers (make images starts one)"
+for image in "$STREAMPROC_IMAGE" "$KAFKA_IMAGE"; do
+  docker image inspect "$image" >/dev/null 2>&1 && continue
+  grep -q '^images:' Makefile || fail "no image $image (and no \`make images\` to build it)"
+  log "no image $image: make images ..."
+  make images
+  docker image inspect "$image" >/dev/null 2>&1 || fail "make images did not build $image"
+done
+scratch_image() {
+  local tag="$1" binary="$2" dir
+  dir="$(mktemp -d)"
+  cp "$binary" "$dir/"
+  printf 'FROM scratch\nCOPY %s /%s\nUSER 65532:65532\nENTRYPOINT ["/%s"]\n' \
+    "$(basename "$binary")" "$(basename "$binary")" "$(basename "$binary")" >"$dir/Dockerfile"
+  docker build --quiet --tag "$tag" "$dir" >"$dir/build.log" 2>&1 ||
+    { cat "$dir/build.log" >&2; fail "docker build of $tag failed"; }
+  rm -rf "$dir"
+}
+scratch_image "$KEDA_IMAGE" "$KEDA_BIN/keda"
+scratch_image "$KEDA_ADAPTER_IMAGE" "$KEDA_BIN/keda-adapter"
+phase images
+
+# --- 3. cluster -------------------------------------------------------------------------------------
+status=1
+cleanup() {
+  local rc=$?
+  ((rc == 0)) || status=1
+  if [[ "${KEEP:-0}" == 1 ]]; then
+    log "KEEP=1: the cluster stays up; $(deploy/k8s/cluster.sh env | tr '\n' ' ')"
+    return
+  fi
+  phase_start=$SECONDS
+  if deploy/k8s/cluster.sh down; then
+    phase teardown
+  else
+    status=1
+  fi
+  report_times "$cold"
+  if ((status == 0)); then
+    log "PASS"
+  else
+    log "FAIL"
+    exit 1
+  fi
+}
+trap cleanup EXIT
+deploy/k8s/cluster.sh up
+eval "$(deploy/k8s/cluster.sh env)"
+phase cluster-up
+deploy/k8s/cluster.sh load "$STREAMPROC_IMAGE" "$KAFKA_IMAGE" "$KEDA_IMAGE" "$KEDA_ADAPTER_IMAGE"
+phase load
+
+# shellcheck disable=SC2016 # the variables envsubst may replace
+envsubst '${KAFKA_IP} ${KAFKA_IMAGE}' <"$HERE/manifests/kafka.yaml" | kubectl apply -f - >/dev/null
+kubectl -n kafka rollout status deployment/kafka --timeout=180s >/dev/null
+log "Kafka broker ready at $KAFKA_IP:9092"
+phase kafka
+
+# --- 4. the checks --------------------------------------------------------------------------------
+read -ra pytest_args <<<"${PYTEST_ARGS:-}"
+STREAMPROC_K8S=1 KAFKA_BOOTSTRAP="$KAFKA_IP:9092" STREAMPROC_IMAGE="$STREAMPROC_IMAGE" \
+  KEDA_IMAGE="$KEDA_IMAGE" KEDA_ADAPTER_IMAGE="$KEDA_ADAPTER_IMAGE" KEDA_CONFIG="$KEDA_CONFIG" \
+  "$PYTHON" -m pytest tests/k8s -p no:cacheprovider -v -s "${pytest_args[@]}"
+phase tests
+status=0

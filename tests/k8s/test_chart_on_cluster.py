@@ -1,0 +1,397 @@
+"""The Helm chart on a real single-node cluster, every outcome checked from the broker.
+
+The tests run in file order against one cluster (deploy/k8s/k8s-test.sh): install, replay, crash,
+scale, roll, probes, exactly-once, KEDA, ``helm test``, uninstall. Each replay adds to the same
+topics and every verification covers everything replayed so far: 0 missing, duplicates reported
+(0 where nothing crashed), the group's committed offsets equal to the end offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import datetime
+
+import orjson
+import pytest
+
+from streamproc.admin import ensure_topics
+from streamproc.verify import Verdict, read_topic, verify
+from tests.k8s.kube import (
+    BOOTSTRAP,
+    CHART,
+    VALUES,
+    LogFollower,
+    Replay,
+    all_ready,
+    condition_time,
+    container_host_pid,
+    exec_python,
+    group_assignment,
+    helm,
+    kubectl,
+    kubectl_json,
+    overlaps,
+    pods,
+    restarts,
+    wait_for,
+    wedge,
+)
+
+# Each test waits on a real cluster, on 2 shared cores: bounded by its own named deadlines.
+pytestmark = pytest.mark.timeout(1800)
+
+NS = "streaming"
+RELEASE = "sp"
+SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=streamproc"
+GROUP = "streamproc"
+# workload, input, output, dead letters (values/at-least-once.yaml; dead letters: <input>.dlq)
+PIPELINES = [
+    ("video", "video.frames", "video.labels", "video.frames.dlq"),
+    ("iot", "iot.windows", "iot.scores", "iot.windows.dlq"),
+    ("trades", "trades", "trades.scores", "trades.dlq"),
+]
+PARTITIONS = 4
+ALL_PARTITIONS = {(p[1], i) for p in PIPELINES for i in range(PARTITIONS)}
+EOS_RELEASE = "eos"
+EOS_GROUP = "streamproc-eos"
+EOS_TOPICS = ("eos.trades", "eos.trades.scores", "eos.trades.dlq")
+EOS_SELECTOR = f"app.kubernetes.io/instance={EOS_RELEASE},app.kubernetes.io/name=streamproc"
+START_S = 420  # a pod on 2 shared cores: image start, torch import, three models
+
+
+def install(release: str, values: str, *extra: str) -> None:
+    helm(
+        "upgrade", "--install", release, str(CHART), "--namespace", NS, "--create-namespace",
+        "--values", str(VALUES / values), "--wait", "--timeout", f"{START_S}s", *extra,
+    )  # fmt: skip
+
+
+def verdicts(pipelines: list[tuple[str, str, str, str]], group: str) -> list[Verdict]:
+    return [verify(BOOTSTRAP, i, o, d, group) for _, i, o, d in pipelines]
+
+
+def complete(pipelines: list[tuple[str, str, str, str]], group: str) -> list[Verdict] | None:
+    """The verdicts once every input has a result and the group committed everything."""
+    found = verdicts(pipelines, group)
+    if all(not v.missing and v.committed_equals_end and v.output_stable for v in found):
+        return found
+    return None
+
+
+def committed_total(pipelines: list[tuple[str, str, str, str]], group: str) -> int:
+    return sum(max(o, 0) for v in verdicts(pipelines, group) for o in v.committed.values())
+
+
+def report(name: str, found: list[Verdict]) -> None:
+    for v in found:
+        print(
+            f"[{name}] {v.topic}: inputs={v.inputs} results={v.results} dead={v.dead_lettered} "
+            f"missing={len(v.missing)} duplicates={v.duplicates} "
+            f"committed==end={v.committed_equals_end}"
+        )
+
+
+def replay_all(video: int, iot: int, trades: int, rate_scale: float = 1.0) -> list[Replay]:
+    return [
+        Replay("video", "video.frames", video, 20 * rate_scale),
+        Replay("iot", "iot.windows", iot, 40 * rate_scale),
+        Replay("trades", "trades", trades, 100 * rate_scale),
+    ]
+
+
+def ip_to_pod() -> dict[str, str]:
+    return {p["status"].get("podIP", ""): p["metadata"]["name"] for p in pods(NS, SELECTOR)}
+
+
+def one_owner_each(expected_members: int) -> dict[str, set[tuple[str, int]]] | None:
+    """The group's assignment once it has EXPECTED_MEMBERS members (all of them pods of the
+    release) that each hold partitions, together every partition exactly once."""
+    assignment = group_assignment(GROUP)
+    owners = ip_to_pod()
+    if len(assignment) != expected_members or not set(assignment) <= set(owners):
+        return None
+    held = [tp for partitions in assignment.values() for tp in partitions]
+    if sorted(held) != sorted(ALL_PARTITIONS) or not all(assignment.values()):
+        return None
+    return {owners[ip]: partitions for ip, partitions in assignment.items()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def topics() -> None:
+    names = [t for p in PIPELINES for t in p[1:]] + list(EOS_TOPICS)
+    ensure_topics(BOOTSTRAP, dict.fromkeys(names, PARTITIONS))
+
+
+def test_install_and_replay_the_three_workloads() -> None:
+    install(RELEASE, "at-least-once.yaml")
+    running = wait_for("one Ready pod", lambda: all_ready(NS, SELECTOR, 1), 60)
+    assert running[0]["spec"]["containers"][0]["image"] == "streamproc:cpu"
+    replays = replay_all(video=60, iot=120, trades=400)
+    sent = [r.finish() for r in replays]
+    assert sent == [60, 120, 400]
+    found = wait_for("every result and commit", lambda: complete(PIPELINES, GROUP), 600, 5)
+    report("install", found)
+    assert all(v.duplicates == 0 for v in found), "duplicates without any crash"
+    # The results are what each workload's model produces, for exactly its input record.
+    for (workload, source, output, _), verdict in zip(PIPELINES, found, strict=True):
+        dump = read_topic(BOOTSTRAP, output)
+        assert len(dump.records) == verdict.results > 0
+        for _, value, headers, _ in dump.records.values():
+            result = orjson.loads(value)
+            coordinates = (source, int(headers["streamproc.source.partition"]),
+                           int(headers["streamproc.source.offset"]))  # fmt: skip
+            assert coordinates[0] == headers["streamproc.source.topic"].decode()
+            if workload == "video":
+                assert len(result["top5"]) == 5 and all(
+                    0 <= c["score"] <= 1 for c in result["top5"]
+                )
+            else:
+                assert isinstance(result["score"], float) and isinstance(result["anomaly"], bool)
+
+
+def test_security_context_holds_inside_the_pod() -> None:
+    pod = pods(NS, SELECTOR)[0]["metadata"]["name"]
+    probe = r"""
+import errno, json, os
+status = dict(l.split(":", 1) for l in open("/proc/1/status").read().splitlines() if ":" in l)
+try:
+    open("/root-fs-write-probe", "w")
+    root_write = "allowed"
+except OSError as exc:
+    root_write = errno.errorcode[exc.errno]
+open("/tmp/write-probe", "w").write("ok")
+print(json.dumps({
+    "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+    "pid1_uid": status["Uid"].split()[0],
+    "caps": {k: int(status[k], 16) for k in ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb")},
+    "no_new_privs": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    "root_write": root_write,
+}))
+"""
+    seen = json.loads(exec_python(NS, pod, probe))
+    print(f"[securityContext] {pod}: {seen}")
+    assert seen["uid"] == 10001 and seen["gid"] == 10001 and seen["pid1_uid"] == "10001"
+    assert 10001 in seen["groups"]  # fsGroup
+    assert seen["caps"] == dict.fromkeys(seen["caps"], 0), "capabilities left"
+    assert seen["no_new_privs"] == "1"  # allowPrivilegeEscalation: false
+    assert seen["seccomp"] == "2"  # RuntimeDefault: a filter is installed
+    assert seen["root_write"] == "EROFS"  # readOnlyRootFilesystem, /tmp writable
+
+
+def test_force_deleted_pod_mid_stream_loses_nothing() -> None:
+    before = pods(NS, SELECTOR)
+    victim = before[0]["metadata"]["name"]
+    committed_before = committed_total(PIPELINES[2:], GROUP)
+    replay = Replay("trades", "trades", 1200, 60)
+    # mid-stream: the pod is committing the new records when it is killed
+    wait_for(
+        "the consumer to commit part of the new records",
+        lambda: committed_total(PIPELINES[2:], GROUP) > committed_before + 20,
+        120,
+    )
+    assert replay.is_alive(), "the replay finished before the kill: not mid-stream"
+    # (the kubelet still sends SIGTERM with its 2-s minimum grace: a drain that fits in 2 s commits
+    # and leaves no duplicate; the hard kills are in the liveness and exactly-once tests)
+    kubectl("delete", "pod", "-n", NS, victim, "--grace-period=0", "--force")
+    assert replay.finish() == 1200
+    after = wait_for("a new Ready pod", lambda: all_ready(NS, SELECTOR, 1), START_S)
+    assert after[0]["metadata"]["name"] != victim
+    found = wait_for("every result and commit", lambda: complete(PIPELINES, GROUP), 600, 5)
+    report("force-delete", found)
+
+
+def test_scale_up_readiness_gate_and_one_owner_per_partition() -> None:
+    follower = LogFollower(NS, SELECTOR)
+    try:
+        install(RELEASE, "at-least-once.yaml", "--set", "replicaCount=3")
+        running = wait_for("3 Ready pods", lambda: all_ready(NS, SELECTOR, 3), START_S)
+        owners = wait_for("each partition owned by one of 3 pods", lambda: one_owner_each(3), 120)
+        print(f"[scale 3] partitions per pod: {[len(tps) for tps in owners.values()]}")
+        # Readiness gates on /readyz: a pod turns Ready only after its partitions are assigned,
+        # although its container was running (and /healthz answering) before.
+        for pod in running:
+            name = pod["metadata"]["name"]
+            assigned = follower.first_assignment(name)
+            ready = condition_time(pod, "Ready")
+            started = datetime.fromisoformat(
+                pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+            ).timestamp()
+            assert assigned is not None and ready is not None, name
+            assert started < assigned, f"{name}: assigned before its container started?"
+            assert ready.timestamp() >= int(assigned), f"{name}: Ready before partitions"
+    finally:
+        follower.stop()
+    replays = replay_all(video=20, iot=40, trades=200)
+    for r in replays:
+        r.finish()
+    report("scale 3", wait_for("every result", lambda: complete(PIPELINES, GROUP), 600, 5))
+
+
+def test_rolling_update_loses_nothing_and_never_shares_a_partition() -> None:
+    old = {p["metadata"]["name"] for p in pods(NS, SELECTOR)}
+    follower = LogFollower(NS, SELECTOR)
+    try:
+        # at a quarter of the usual rates the trades replay lasts 2 min: through the whole roll
+        replays = replay_all(video=60, iot=120, trades=3000, rate_scale=0.25)
+        # a config change in values: the ConfigMap checksum rolls the pods
+        install(
+            RELEASE, "at-least-once.yaml", "--set", "replicaCount=3",
+            "--set", "config.batching.max_wait_ms=25",
+        )  # fmt: skip
+        kubectl("rollout", "status", "-n", NS, "deployment/sp-streamproc", f"--timeout={START_S}s")
+        new = wait_for("3 new Ready pods", lambda: all_ready(NS, SELECTOR, 3), START_S)
+        assert not old & {p["metadata"]["name"] for p in new}, "not every pod was replaced"
+        for r in replays:
+            r.finish()
+        found = wait_for("every result and commit", lambda: complete(PIPELINES, GROUP), 600, 5)
+        report("rolling update", found)
+        wait_for("each partition owned once", lambda: one_owner_each(3), 120)
+    finally:
+        follower.stop()
+    owned = follower.ownership()
+    handed_over = [p for p, spans in owned.items() if len({s.pod for s in spans}) > 1]
+    assert handed_over, "no partition changed hands: the check saw no roll"
+    assert not overlaps(owned), "\n".join(overlaps(owned))
+    print(f"[rolling update] {len(handed_over)} partitions handed over, never two owners at once")
+
+
+def test_scale_back_down_to_one_owner() -> None:
+    install(RELEASE, "at-least-once.yaml")
+    wait_for("1 Ready pod", lambda: all_ready(NS, SELECTOR, 1), START_S)
+    owners = wait_for("one pod owning every partition", lambda: one_owner_each(1), 120)
+    print(f"[scale 1] partitions per pod: {[len(tps) for tps in owners.values()]}")
+    for r in replay_all(video=20, iot=40, trades=200):
+        r.finish()
+    report("scale 1", wait_for("every result", lambda: complete(PIPELINES, GROUP), 600, 5))
+
+
+def test_liveness_restarts_a_wedged_process() -> None:
+    pod = pods(NS, SELECTOR)[0]
+    name, before = pod["metadata"]["name"], restarts(pod)
+    wedge(container_host_pid(pod))
+    restarted = wait_for(
+        "the kubelet to restart the wedged container",
+        lambda: [
+            p for p in pods(NS, SELECTOR) if p["metadata"]["name"] == name and restarts(p) > before
+        ],
+        300,
+    )
+    events = kubectl_json(
+        "get", "events", "-n", NS, "--field-selector", f"involvedObject.name={name}"
+    )
+    messages = [e["message"] for e in events["items"] if e["reason"] == "Unhealthy"]
+    assert any("Liveness probe failed" in m for m in messages), messages
+    wait_for("the restarted pod Ready", lambda: all_ready(NS, SELECTOR, 1), START_S)
+    print(f"[liveness] {name}: restarts {before} -> {restarts(restarted[0])}")
+    for r in replay_all(video=20, iot=40, trades=200):
+        r.finish()
+    report("liveness", wait_for("every result", lambda: complete(PIPELINES, GROUP), 600, 5))
+
+
+def test_helm_test_passes() -> None:
+    # (no --logs: the hook pod is deleted once it succeeds; a failed one stays for its logs)
+    out = helm("test", RELEASE, "--namespace", NS, "--timeout", "180s")
+    print(out[out.index("TEST SUITE") :])
+    assert " ".join(out.split()).count("Phase: Succeeded") == 1, out
+
+
+def test_exactly_once_statefulset_killed_mid_stream_no_duplicates() -> None:
+    install(EOS_RELEASE, "exactly-once.yaml")
+    running = wait_for("2 Ready pods", lambda: all_ready(NS, EOS_SELECTOR, 2), START_S)
+    names = sorted(p["metadata"]["name"] for p in running)
+    assert names == ["eos-streamproc-0", "eos-streamproc-1"]
+    pipeline = [("trades", *EOS_TOPICS)]
+    replay = Replay("trades", EOS_TOPICS[0], 1500, 75)
+    wait_for(
+        "the transactional consumer to commit part of the stream",
+        lambda: committed_total(pipeline, EOS_GROUP) > 100,
+        180,
+    )
+    assert replay.is_alive(), "the replay finished before the kill: not mid-stream"
+    # eos-streamproc-0 crashes (SIGKILL from the node: no drain, its open transaction left
+    # behind); eos-streamproc-1 is force-deleted (the kubelet still gives it 2 s of SIGTERM).
+    zero = next(p for p in running if p["metadata"]["name"] == "eos-streamproc-0")
+    os.kill(container_host_pid(zero), signal.SIGKILL)
+    kubectl("delete", "pod", "-n", NS, "eos-streamproc-1", "--grace-period=0", "--force")
+    assert replay.is_alive(), "the replay finished during the kills: not mid-stream"
+    assert replay.finish() == 1500
+    back = wait_for("both pods back and Ready", lambda: all_ready(NS, EOS_SELECTOR, 2), START_S)
+    assert sorted(p["metadata"]["name"] for p in back) == names
+    assert restarts(next(p for p in back if p["metadata"]["name"] == "eos-streamproc-0")) >= 1
+    found = wait_for("every result and commit", lambda: complete(pipeline, EOS_GROUP), 600, 5)
+    report("exactly-once", found)
+    assert found[0].duplicates == 0, "read_committed output has duplicates"
+    # The transactional ids are the stable pod names: the restarted pod fenced its predecessor
+    # under the same id instead of opening a new one.
+    listing = kubectl(
+        "exec", "-n", "kafka", "deploy/kafka", "--",
+        "/opt/kafka/bin/kafka-run-class.sh", "org.apache.kafka.tools.TransactionsCommand",
+        "--bootstrap-server", "localhost:9092", "list",
+    )  # fmt: skip
+    ids = {line.split()[0] for line in listing.splitlines()[1:] if line.startswith(EOS_GROUP)}
+    assert ids == {f"{EOS_GROUP}-eos-streamproc-0", f"{EOS_GROUP}-eos-streamproc-1"}, ids
+
+
+def test_keda_scales_on_lag_and_back() -> None:
+    keda_config = os.environ.get("KEDA_CONFIG", "")
+    if not keda_config:
+        pytest.fail("KEDA_CONFIG is not set (deploy/k8s/k8s-test.sh sets it)")
+    from tests.k8s.keda import deploy_keda
+
+    deploy_keda(keda_config)
+    install(RELEASE, "at-least-once.yaml", "--values", str(VALUES / "keda.yaml"))
+    wait_for(
+        "the ScaledObject Ready",
+        lambda: any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in kubectl_json("get", "scaledobject", "-n", NS, "sp-streamproc")["status"].get(
+                "conditions", []
+            )
+        ),
+        180,
+    )
+    hpa = kubectl_json("get", "hpa", "-n", NS, "keda-hpa-sp-streamproc")
+    assert hpa["spec"]["maxReplicas"] == 3
+    # a backlog: video is the slowest model on CPU
+    Replay("video", "video.frames", 800, None).finish()
+    wait_for(
+        "KEDA to scale the Deployment up on lag",
+        lambda: (
+            kubectl_json("get", "deployment", "-n", NS, "sp-streamproc")["spec"]["replicas"] > 1
+        ),
+        240,
+        2,
+    )
+    started = time.monotonic()
+    found = wait_for("the backlog drained", lambda: complete(PIPELINES, GROUP), 900, 5)
+    report("keda", found)
+    wait_for(
+        "KEDA to scale back down after the drain",
+        lambda: (
+            kubectl_json("get", "deployment", "-n", NS, "sp-streamproc")["spec"]["replicas"] == 1
+        ),
+        420,
+        5,
+    )
+    report(
+        "keda, scaled down", wait_for("every result", lambda: complete(PIPELINES, GROUP), 300, 5)
+    )
+    took_s = time.monotonic() - started
+    print(f"[keda] scaled up on lag, drained, back to 1 replica {took_s:.0f} s later")
+
+
+def test_uninstall_leaves_nothing() -> None:
+    for release in (RELEASE, EOS_RELEASE):
+        helm("uninstall", release, "--namespace", NS, "--wait", "--timeout", "180s")
+    release_objects = "all,configmap,serviceaccount,poddisruptionbudget,scaledobject,secret"
+
+    def left() -> str:  # terminating pods included
+        selector = "app.kubernetes.io/name=streamproc"
+        return kubectl("get", release_objects, "-n", NS, "-l", selector, "-o", "name").strip()
+
+    wait_for("nothing of either release left", lambda: not left(), 180)
+    # the helm test pod (its own name label) and Helm's release records are gone too
+    assert not kubectl("get", "pods,secrets", "-n", NS, "-o", "name").strip()
