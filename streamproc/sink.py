@@ -64,6 +64,27 @@ def source_headers(record: Record) -> Headers:
     )
 
 
+def _produce_waiting(
+    producer: Producer,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes]],
+    on_delivery: Callable[[KafkaError | None, Message | None], None],
+) -> None:
+    """``producer.produce``; while its queue is full, wait for deliveries instead of dropping.
+
+    Raises:
+        KafkaException: the producer refused the record before sending it.
+    """
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 class _BatchAck:
     """Delivery accounting for one batch of results.
 
@@ -205,15 +226,10 @@ class Sink:
             if self._alone is None:
                 self._alone = Producer(self._alone_config)
             alone = self._alone
-        while True:
-            try:
-                alone.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
-                return
-            except BufferError:
-                alone.poll(0.05)
-            except KafkaException as exc:  # refused before sending: judged on its own already
-                on_delivery(exc.args[0], None)  # type: ignore[arg-type]
-                return
+        try:
+            _produce_waiting(alone, topic, key, value, headers, on_delivery)
+        except KafkaException as exc:  # refused before sending: judged on its own already
+            on_delivery(exc.args[0], None)
 
     # -- results ---------------------------------------------------------------------------
     def send_results(
@@ -399,15 +415,7 @@ class Sink:
         headers: list[tuple[str, bytes]],
         on_delivery: Callable[[KafkaError | None, Message], None],
     ) -> None:
-        while True:
-            try:
-                self._producer.produce(
-                    topic, value=value, key=key, headers=headers, on_delivery=on_delivery
-                )
-                return
-            except BufferError:
-                # The producer queue is full: wait for deliveries instead of dropping.
-                self._producer.poll(0.05)
+        _produce_waiting(self._producer, topic, key, value, headers, on_delivery)
 
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries (records sent again alone included, and those a

@@ -87,6 +87,17 @@ def _members_assigned(admin: AdminClient, group: str) -> int:
     return sum(1 for m in description.members if m.assignment.topic_partitions)
 
 
+def _run_until_idle(config: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``streamproc run --exit-when-idle-s 1`` as a real process, to completion."""
+    args = ["run", "--config", str(config), "--exit-when-idle-s", "1"]
+    return subprocess.run(
+        [sys.executable, "-m", "streamproc", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 def test_exit_when_idle_waits_for_the_first_assignment_after_a_member_died(
     bootstrap_servers: str, topics: Topics, tmp_path: Path
 ) -> None:
@@ -117,21 +128,7 @@ def test_exit_when_idle_waits_for_the_first_assignment_after_a_member_died(
     produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
     short = {**kafka, "session_timeout_ms": 6_000, "assignment_timeout_s": 3}
     impatient = write_config(tmp_path / "short.yaml", bootstrap_servers, topics, kafka=short)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "streamproc",
-            "run",
-            "--config",
-            str(impatient),
-            "--exit-when-idle-s",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = _run_until_idle(impatient, timeout_s=120)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "no partition assigned within 3 s" in run.stderr
     assert "0 consumed" in run.stdout
@@ -141,21 +138,7 @@ def test_exit_when_idle_waits_for_the_first_assignment_after_a_member_died(
         topics,
         kafka={**kafka, "session_timeout_ms": 6_000},
     )
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "streamproc",
-            "run",
-            "--config",
-            str(patient),
-            "--exit-when-idle-s",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    run = _run_until_idle(patient, timeout_s=180)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{total} consumed" in run.stdout
     verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
