@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from streamproc.buffers import RingView
-
-PRIORITIES = ("high", "normal", "low")
+from streamproc.records import Priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +236,9 @@ class Batcher:
     Args:
         max_batch_size: most messages per batch (>= 1).
         max_batch_bytes: most key+value bytes per batch (the first message is always taken).
-        max_wait_ms: per priority class, the longest a message may wait after it was consumed,
-            e.g. ``{"high": 2, "normal": 20, "low": 50}``; a float applies to every class.
+        max_wait_s: per priority class, the longest a message may wait after it was consumed,
+            in seconds, e.g. ``{Priority.HIGH: 0.002, Priority.NORMAL: 0.02}`` (a class left
+            out waits as long as ``NORMAL``); a float applies to every class.
         adaptive: measure and aim for the throughput-optimal batch size (see
             :class:`AdaptiveBatchSize`); else always aim for ``max_batch_size``.
     """
@@ -247,7 +247,7 @@ class Batcher:
         self,
         max_batch_size: int,
         max_batch_bytes: int,
-        max_wait_ms: float | dict[str, float],
+        max_wait_s: float | Mapping[Priority, float],
         adaptive: bool = False,
     ) -> None:
         if max_batch_size < 1:
@@ -255,13 +255,11 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.max_batch_bytes = max_batch_bytes
         waits = (
-            max_wait_ms if isinstance(max_wait_ms, dict) else dict.fromkeys(PRIORITIES, max_wait_ms)
+            max_wait_s if isinstance(max_wait_s, Mapping) else dict.fromkeys(Priority, max_wait_s)
         )
-        unknown = set(waits) - set(PRIORITIES)
-        if unknown:
-            raise ValueError(f"unknown priority classes {sorted(unknown)}; allowed {PRIORITIES}")
-        normal = waits.get("normal", 20.0)
-        self.max_wait_s = tuple(waits.get(p, normal) / 1000.0 for p in PRIORITIES)
+        normal = waits.get(Priority.NORMAL, 0.02)
+        # indexed by Priority value (the rings' per-class tables use the same index)
+        self.max_wait_s: tuple[float, ...] = tuple(waits.get(p, normal) for p in Priority)
         self.sizer = AdaptiveBatchSize(max_batch_size) if adaptive else None
         self.arrivals = ArrivalGaps()
 

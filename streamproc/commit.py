@@ -10,6 +10,10 @@ a completion carrying an older generation (a late result for a partition we no l
 owned again since) is counted in :attr:`OffsetTracker.late_results`, reported to the
 ``on_late`` hook as it happens (the pipeline moves ``streamproc_late_results_total`` and logs
 one line per revoked partition), and ignored. Thread-safe.
+
+The committers turn watermarks into commits, on the source thread (the consumer's owner):
+:class:`AtLeastOnceCommitter` with ``Consumer.commit``, :class:`TransactionalCommitter` inside
+the producer's transaction. The guarantee (``streamproc.guarantees``) picks one at start-up.
 """
 
 from __future__ import annotations
@@ -18,7 +22,16 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.edges import ConsumerClient
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
+from streamproc.transactions import Transactions
+
+log = get_logger(__name__)
 
 
 class PartitionTrack:
@@ -231,3 +244,121 @@ class OffsetTracker:
             for tp in tps:
                 self._tracks.pop(tp, None)
             self._cond.notify_all()
+
+
+def _ktp(tp: TopicPartition, offset: int) -> KafkaTopicPartition:
+    return KafkaTopicPartition(tp.topic, tp.partition, offset)
+
+
+class AtLeastOnceCommitter:
+    """Commits every moved watermark with ``Consumer.commit`` (asynchronously on the periodic
+    cycle, synchronously on revoke and at close).
+
+    A failed commit (e.g. ``REBALANCE_IN_PROGRESS``) is counted, logged once per distinct
+    error, and retried on the next cycle: never fatal, since a later commit of a higher
+    watermark covers it.
+
+    Args:
+        tracker: where the watermarks come from.
+        metrics: ``streamproc_commits_total`` and ``streamproc_commit_failures_total``.
+    """
+
+    def __init__(self, tracker: OffsetTracker, metrics: Metrics) -> None:
+        self._tracker = tracker
+        self._metrics = metrics
+        self._last_error: str | None = None
+
+    def commit(
+        self,
+        consumer: ConsumerClient,
+        synchronous: bool,
+        only: set[TopicPartition] | None = None,
+    ) -> bool:
+        """Commit the moved watermarks (of ``only``, when given). Always True: a failure is
+        retried next cycle (see the class docstring)."""
+        candidates = self._tracker.commit_candidates()
+        if only is not None:
+            candidates = {tp: o for tp, o in candidates.items() if tp in only}
+        if not candidates:
+            return True
+        offsets = [_ktp(tp, offset) for tp, offset in candidates.items()]
+        self._tracker.mark_committed(candidates)
+        try:
+            result = consumer.commit(offsets=offsets, asynchronous=not synchronous)
+        except KafkaException as exc:
+            self._failed(candidates, exc)
+            return True
+        if synchronous and result is not None:
+            self.on_commit(None, result)
+        return True
+
+    def on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
+        """librdkafka's ``on_commit`` callback (asynchronous commits), and the result of a
+        synchronous one."""
+        failed = {
+            TopicPartition(p.topic, p.partition): p.offset
+            for p in partitions
+            if err is not None or p.error is not None
+        }
+        if failed:
+            self._failed(failed, err or partitions[0].error)
+        if len(failed) < len(partitions):
+            self._metrics.commits.inc()
+            self._last_error = None
+
+    def _failed(self, candidates: dict[TopicPartition, int], exc: object) -> None:
+        self._metrics.commit_failures.inc()
+        self._tracker.forget_committed(candidates)
+        reason = str(exc)
+        if reason != self._last_error:  # one line per distinct error, not per retry
+            log.warning(
+                "commit failed; retrying next cycle", error=reason, partitions=len(candidates)
+            )
+        self._last_error = reason
+
+
+class TransactionalCommitter:
+    """Exactly-once: closes the open transaction with every moved watermark
+    (``send_offsets_to_transaction`` + ``commit_transaction``).
+
+    Args:
+        tracker: where the watermarks come from.
+        metrics: commit counters.
+        transactions: the sink producer's transaction state.
+    """
+
+    def __init__(
+        self, tracker: OffsetTracker, metrics: Metrics, transactions: Transactions
+    ) -> None:
+        self._tracker = tracker
+        self._metrics = metrics
+        self._transactions = transactions
+
+    def commit(
+        self,
+        consumer: ConsumerClient,
+        synchronous: bool,
+        only: set[TopicPartition] | None = None,
+    ) -> bool:
+        """Commit the transaction with all moved watermarks (``only`` and ``synchronous`` do
+        not apply: a transaction commits all of its records at once, synchronously).
+
+        Returns:
+            False when the transaction was aborted: the caller must rewind every assigned
+            partition to its committed offset.
+
+        Raises:
+            FatalPipelineError: fatal producer error (fenced zombie).
+        """
+        with self._transactions.lock:  # no record may join between reading offsets and commit
+            candidates = self._tracker.commit_candidates()
+            if self._transactions.commit(candidates, consumer.consumer_group_metadata()):
+                if candidates:
+                    self._tracker.mark_committed(candidates)
+                    self._metrics.commits.inc()
+                return True
+        self._metrics.commit_failures.inc()
+        return False
+
+    def on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
+        """Never called: the consumer commits nothing itself in this mode."""

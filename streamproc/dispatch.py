@@ -1,8 +1,8 @@
 """The dispatcher: cut a batch when a device slot is free, decode it into a staging slab, submit.
 
-One dispatcher thread per pipeline (input topic)::
+One dispatcher thread per lane (input topic)::
 
-    wait for an in-flight slot -> ask the Batcher (under the rings' lock) -> take records
+    wait for an in-flight slot -> Lane.next_cut (the batcher decides, under the lane's lock)
       -> lease a staging slab -> the Decoder fills it (threads or processes, straight into the
          slab) -> DeviceWorker.submit
 
@@ -15,41 +15,33 @@ dead-lettered by the result handler, in order with the other results.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
-import numpy as np
-
-from streamproc.batcher import Batcher, Cut
 from streamproc.buffers import FlowControl
 from streamproc.decoders import Decoder
+from streamproc.lane import Lane
 from streamproc.metrics import Metrics
 from streamproc.records import Batch
-from streamproc.source import TopicLane
 from streamproc.worker import DeviceJob, DeviceWorker, StagingPool
 
 
 class Dispatcher:
-    """Feeds one pipeline's device worker.
+    """Feeds one lane's device worker.
 
     Args:
-        topic: the input topic.
-        lane: the topic's rings and their condition.
-        batcher: cut policy.
+        lane: the lane whose cuts it takes.
         decoder: fills a leased slab from the batch's records.
         pool: staging slabs.
         worker: the device worker.
         slots: in-flight bound, released by the result handler.
         apply_flow: hands resume decisions to the source thread.
         metrics: process metrics.
-        clock: monotonic clock in seconds (injected for tests).
+        on_fatal: called with an exception that stops the dispatcher.
     """
 
     def __init__(
         self,
-        topic: str,
-        lane: TopicLane,
-        batcher: Batcher,
+        lane: Lane,
         decoder: Decoder,
         pool: StagingPool,
         worker: DeviceWorker,
@@ -57,11 +49,9 @@ class Dispatcher:
         apply_flow: Callable[[FlowControl], None],
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.topic = topic
+        topic = self.topic = lane.topic
         self._lane = lane
-        self._batcher = batcher
         self._decoder = decoder
         self._pool = pool
         self._worker = worker
@@ -69,7 +59,6 @@ class Dispatcher:
         self._apply_flow = apply_flow
         self._metrics = metrics
         self._on_fatal = on_fatal
-        self._clock = clock
         self._batch_size = metrics.batch_size.labels(topic)
         self._queue_wait = metrics.queue_wait.labels(topic)
         self._pool_in_use = metrics.pool_in_use.labels(topic)
@@ -84,8 +73,7 @@ class Dispatcher:
     def stop(self, timeout_s: float) -> None:
         """Stop cutting batches (rings keep their records, uncommitted) and join."""
         self._stop.set()
-        with self._lane.cond:
-            self._lane.cond.notify_all()
+        self._lane.wake()
         self._slots.release()  # wake a dispatcher blocked on a slot
         self._thread.join(timeout_s)
 
@@ -104,28 +92,16 @@ class Dispatcher:
             self._on_fatal(exc)
 
     def _next_batch(self) -> Batch | None:
-        cond = self._lane.cond
-        with cond:
-            while not self._stop.is_set():
-                now_s = self._clock()
-                decision = self._batcher.decide(self._lane.buffers.views(), now_s)
-                if isinstance(decision, Cut):
-                    records, flow = self._lane.buffers.take(
-                        decision.count, self._batcher.max_batch_bytes, self._batcher.max_wait_s
-                    )
-                    break
-                cond.wait(None if decision.until_s is None else decision.until_s - now_s)
-            else:
-                return None
-        self._apply_flow(flow)
+        cut = self._lane.next_cut(self._stop)
+        if cut is None:
+            return None
+        self._apply_flow(cut.flow)
         self._next_batch_id += 1
-        n = len(records)
+        n = len(cut.records)
         self.batch_sizes[n] = self.batch_sizes.get(n, 0) + 1
         self._batch_size.observe(n)
-        consumed_s = np.fromiter((r.consumed_at_s for r in records), np.float64, n)
-        self._queue_wait.observe_many(now_s - consumed_s)
-        self._batcher.cut(consumed_s)
-        return Batch(self._next_batch_id, tuple(records), now_s, decision.reason)
+        self._queue_wait.observe_many(cut.cut_at_s - cut.consumed_s)
+        return Batch(self._next_batch_id, tuple(cut.records), cut.cut_at_s, cut.reason)
 
     def _decode(self, batch: Batch) -> DeviceJob:
         slab = self._pool.lease()

@@ -1,10 +1,13 @@
 """Wiring and lifecycle: builds the stages from the config and runs them. No stage logic here.
 
-Threads of one process::
+Threads of one process (docs/architecture.md lists what each owns and the lock order)::
 
-    source (consumer) -> rings -> dispatch-<topic> (batcher + decoder) -> device
-      -> completion (events, result handler) -> sink (producer poll, delivery reports)
-      -> offset tracker -> source (commits)
+    source (consumer, rebalances, commits) -> lane rings -> dispatch-<topic> (cut + decode)
+      -> device -> completion (events) -> results (encode, produce)
+      -> sink (producer poll, delivery reports) -> offset tracker -> source (commits)
+
+"Pipeline" is the process (every ``pipelines[]`` entry of the config); the runtime of one entry
+is a :class:`~streamproc.lane.Lane` with its dispatcher, device worker and result handler.
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ import enum
 import gc
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
+from confluent_kafka import Consumer, Producer
 
 from streamproc.admin import cluster_metadata, ensure_topics, max_message_bytes, partition_count
-from streamproc.batcher import PRIORITIES, Batcher
+from streamproc.batcher import Batcher
 from streamproc.buffers import PartitionBuffers
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config, PipelineConfig, Scalar
@@ -32,22 +35,23 @@ from streamproc.decoders import (
     ThreadDecoder,
 )
 from streamproc.dispatch import Dispatcher
+from streamproc.edges import ConsumerFactory, ProducerFactory
 from streamproc.errors import FatalPipelineError
+from streamproc.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.health import HealthServer
 from streamproc.lag import LagMonitor
+from streamproc.lane import Lane
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
-from streamproc.records import TopicPartition
+from streamproc.records import Priority, TopicPartition
 from streamproc.results import ResultHandler
-from streamproc.sink import Sink
-from streamproc.source import Source, TopicLane
+from streamproc.sink import Sink, build_producer, producer_settings
+from streamproc.source import Source
+from streamproc.transactions import Transactions
 from streamproc.worker import DeviceWorker, StagingPool
 from streamproc.workloads import load_workload
 
 log = get_logger(__name__)
-
-# A lane's device worker, topic, batcher and the batcher's locked observe callback.
-_Calibration = tuple[DeviceWorker, str, Batcher, Callable[[int, float], None]]
 
 
 class State(enum.Enum):
@@ -67,6 +71,17 @@ class RunSummary:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class _LaneStages:
+    """The stages built for one lane (one ``pipelines[]`` entry)."""
+
+    lane: Lane
+    decoder: Decoder
+    pool: StagingPool
+    worker: DeviceWorker
+    slots: threading.Semaphore
+
+
 def select_device(choice: str) -> torch.device:
     """``auto`` -> cuda when available, else cpu."""
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
@@ -75,15 +90,29 @@ def select_device(choice: str) -> torch.device:
 
 
 class Pipeline:
-    """The consumer process: all configured pipelines sharing one consumer, device and sink.
+    """The consumer process: one lane per ``pipelines[]`` entry, sharing one consumer, device
+    and sink.
 
     Usage::
 
         pipeline = Pipeline(load_config("config.yaml"))
         summary = pipeline.run(exit_when_idle_s=5)   # or until request_stop()
+
+    Args:
+        config: the validated config.
+        consumer_factory: builds the consumer (default: ``confluent_kafka.Consumer``).
+        producer_factory: builds the producers (default: ``confluent_kafka.Producer``).
+
+    Raises:
+        ConfigError: librdkafka refused a setting under ``kafka.consumer``/``kafka.producer``.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(
+        self,
+        config: Config,
+        consumer_factory: ConsumerFactory = Consumer,
+        producer_factory: ProducerFactory = Producer,
+    ) -> None:
         self.config = config
         self.state = State.CREATED
         self.metrics = Metrics()
@@ -106,25 +135,50 @@ class Pipeline:
             else None
         )
         self.pools: list[StagingPool] = []
-        self._calibrations: list[_Calibration] = []
-        self.sink = Sink(
+        settings = producer_settings(
             {"bootstrap.servers": config.bootstrap_servers, **config.kafka.producer},
-            self.tracker,
+            config.transactional_id if config.exactly_once else None,
+        )
+        producer = build_producer(settings, producer_factory)
+        # The processing guarantee, chosen once: the source and the sink never branch on it.
+        self.guarantee: Guarantee = (
+            ExactlyOnce(self.tracker, self.metrics, Transactions(producer))
+            if config.exactly_once
+            else AtLeastOnce(self.tracker, self.metrics)
+        )
+        self.sink = Sink(
+            producer,
+            settings,
+            self.guarantee,
             self.metrics,
             self._on_fatal,
-            transactional_id=config.transactional_id if config.exactly_once else None,
+            producer_factory=producer_factory,
         )
-        buf = config.buffers
-        self.lanes = {
-            p.input_topic: TopicLane(
-                PartitionBuffers(buf.ring_capacity, buf.high_watermark, buf.low_watermark),
-                threading.Condition(),
-            )
-            for p in config.pipelines
-        }
+        self.lanes: dict[str, Lane] = {}
+        self.workers: list[DeviceWorker] = []
+        self._stages = [self._build_lane(spec) for spec in config.pipelines]
         self.source = Source(
-            config, self.lanes, self.tracker, self.metrics, self._on_fatal, self.sink.transactions
+            config,
+            self.lanes,
+            self.tracker,
+            self.guarantee,
+            self.metrics,
+            self._on_fatal,
+            consumer_factory,
         )
+        self.dispatchers = [
+            Dispatcher(
+                stage.lane,
+                stage.decoder,
+                stage.pool,
+                stage.worker,
+                stage.slots,
+                self.source.apply,
+                self.metrics,
+                self._on_fatal,
+            )
+            for stage in self._stages
+        ]
         self.lag = LagMonitor(
             {"bootstrap.servers": config.bootstrap_servers, **self._security_settings()},
             config.kafka.group_id,
@@ -145,12 +199,11 @@ class Pipeline:
             if config.metrics.port
             else None
         )
-        self.workers: list[DeviceWorker] = []
-        self.dispatchers: list[Dispatcher] = []
-        for spec in config.pipelines:
-            self._build_lane(spec)
 
-    def _build_lane(self, spec: PipelineConfig) -> None:
+    def _build_lane(self, spec: PipelineConfig) -> _LaneStages:
+        """The lane of one ``pipelines[]`` entry, its decoder, staging pool, device worker and
+        result handler (its dispatcher is built once the source exists: it hands resume
+        decisions to the source)."""
         cfg = self.config
         workload = load_workload(spec.workload, spec.options)
         pool = StagingPool(
@@ -185,23 +238,23 @@ class Pipeline:
             )
         self.metrics.pool_capacity.labels(topic).set(pool.capacity)
         self.metrics.pool_allocations.labels(topic).set(pool.allocations)
-        lane = self.lanes[topic]
-        lane.default_priority = PRIORITIES.index(spec.priority or workload.default_priority)
-        batching = cfg.batching
-        high, normal, low = batching.max_wait_s
-        batcher = Batcher(
-            batching.max_batch_size,
-            batching.max_batch_bytes,
-            {"high": high * 1000, "normal": normal * 1000, "low": low * 1000},
-            adaptive=batching.adaptive_batch_size,
+        batching, buf = cfg.batching, cfg.buffers
+        lane = self.lanes[topic] = Lane(
+            topic,
+            PartitionBuffers(buf.ring_capacity, buf.high_watermark, buf.low_watermark),
+            Batcher(
+                batching.max_batch_size,
+                batching.max_batch_bytes,
+                dict(zip(Priority, batching.max_wait_s, strict=True)),
+                adaptive=batching.adaptive_batch_size,
+            ),
+            self.tracker,
+            Priority.from_name(spec.priority or workload.default_priority),
         )
-
-        def observe(size: int, service_s: float) -> None:
-            with lane.cond:  # the dispatcher reads the size model under the same lock
-                batcher.observe(size, service_s)
-
         slots = threading.Semaphore(cfg.worker.max_in_flight_batches)
-        handler = ResultHandler(spec, workload, self.sink, slots, self.metrics, observe=observe)
+        handler = ResultHandler(
+            spec, workload, self.sink, slots, self.metrics, observe=lane.observe
+        )
         worker = DeviceWorker(
             workload.build_model(self.device),
             self.device,
@@ -212,21 +265,7 @@ class Pipeline:
             self._on_fatal,
         )
         self.workers.append(worker)
-        self._calibrations.append((worker, topic, batcher, observe))
-        self.dispatchers.append(
-            Dispatcher(
-                topic,
-                self.lanes[topic],
-                batcher,
-                decoder,
-                pool,
-                worker,
-                slots,
-                self.source.apply,
-                self.metrics,
-                self._on_fatal,
-            )
-        )
+        return _LaneStages(lane, decoder, pool, worker, slots)
 
     def _close_decoders(self) -> None:
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
@@ -272,9 +311,10 @@ class Pipeline:
         self.sink.start()
         for worker in self.workers:
             worker.start()
-        for worker, topic, batcher, observe in self._calibrations:
-            if worker.calibrate(batcher.unmeasured, observe):
-                log.info("batch size calibrated", topic=topic, target=batcher.target)
+        for stage in self._stages:
+            lane = stage.lane
+            if lane.calibrate(stage.worker.time_batch):
+                log.info("batch size calibrated", topic=lane.topic, target=lane.target)
         for dispatcher in self.dispatchers:
             dispatcher.start()
         self.source.start()
@@ -309,7 +349,7 @@ class Pipeline:
             if created:
                 log.info("created topics", topics=created)
         dead_letter_topics = [spec.dead_letter_topic for spec in self.config.pipelines]
-        self.sink.dead_letter_limits.update(
+        self.sink.set_dead_letter_limits(
             max_message_bytes(admin_config, dead_letter_topics, timeout_s)
         )
 
@@ -334,9 +374,10 @@ class Pipeline:
         """``/readyz``: running and owning at least one partition."""
         if self.state is not State.RUNNING:
             return False, self.state.value
-        if not self.source.assigned:
+        assigned = self.source.assignment.assigned
+        if not assigned:
             return False, "no partitions assigned"
-        return True, f"{len(self.source.assigned)} partitions assigned"
+        return True, f"{len(assigned)} partitions assigned"
 
     def idle(self) -> bool:
         """Nothing waiting in rings, nothing in flight, nothing awaiting acknowledgement."""
@@ -364,7 +405,7 @@ class Pipeline:
             if exit_when_idle_s is None:
                 continue
             now_s = time.monotonic()
-            if not self.source.ever_assigned:
+            if not self.source.assignment.ever_assigned:
                 if now_s - started_s >= assignment_timeout_s:
                     self._on_fatal(
                         FatalPipelineError(
@@ -377,7 +418,7 @@ class Pipeline:
                         )
                     )
                 continue
-            quiet_s = now_s - max(self.source.last_input_s, self.source.last_rebalance_s)
+            quiet_s = now_s - max(self.source.last_input_s, self.source.assignment.last_rebalance_s)
             if quiet_s >= exit_when_idle_s and self.idle():
                 log.info("idle; exiting", idle_s=round(quiet_s, 1))
                 break

@@ -8,10 +8,51 @@ under, so a late result for a partition we no longer own is recognised and not c
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 Headers = tuple[tuple[str, bytes], ...]
+
+PRIORITY_HEADER = "priority"
+"""The message header that sets a record's priority class (``high``, ``normal`` or ``low``)."""
+
+
+class Priority(enum.IntEnum):
+    """A record's priority class; the value indexes per-class tables (max waits, ring queues).
+
+    Config values and the ``priority`` header spell it by name in lower case
+    (:meth:`from_name`); a lower value is more urgent.
+    """
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
+
+    @classmethod
+    def from_name(cls, name: str) -> Priority:
+        """``"high"`` -> :attr:`HIGH`, ...
+
+        Raises:
+            ValueError: ``name`` is not one of ``high``, ``normal``, ``low``.
+        """
+        member = _PRIORITY_NAMES.get(name)
+        if member is None:
+            raise ValueError(f"unknown priority {name!r}; allowed: {list(_PRIORITY_NAMES)}")
+        return member
+
+    @classmethod
+    def of(cls, headers: Headers, default: Priority) -> Priority:
+        """The class a message's ``priority`` header names, else ``default`` (also for an
+        unknown header value: a bad header never costs the message)."""
+        for key, value in headers:
+            if key == PRIORITY_HEADER:
+                return _PRIORITY_HEADER_VALUES.get(value, default)
+        return default
+
+
+_PRIORITY_NAMES = {p.name.lower(): p for p in Priority}
+_PRIORITY_HEADER_VALUES = {name.encode(): p for name, p in _PRIORITY_NAMES.items()}
 
 
 class TopicPartition(NamedTuple):
@@ -39,8 +80,7 @@ class Record:
         consumed_at_s: ``time.monotonic()`` when the source polled it; batch deadlines count
             from here.
         generation: the assignment generation of ``tp`` when consumed.
-        priority: 0 high, 1 normal, 2 low (from the ``priority`` header, else the topic's
-            default).
+        priority: its class (from the ``priority`` header, else the lane's default).
     """
 
     tp: TopicPartition
@@ -51,7 +91,7 @@ class Record:
     timestamp_ms: int
     consumed_at_s: float
     generation: int = 0
-    priority: int = 1
+    priority: Priority = Priority.NORMAL
 
     @property
     def size_bytes(self) -> int:

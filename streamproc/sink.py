@@ -31,12 +31,12 @@ import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from streamproc.clients import build_client
-from streamproc.commit import OffsetTracker
+from streamproc.edges import ProducerClient, ProducerFactory
 from streamproc.errors import FatalPipelineError
+from streamproc.guarantees import Guarantee
 from streamproc.logs import get_logger, kafka_logger, redact
 from streamproc.metrics import Metrics
 from streamproc.records import Headers, Record
-from streamproc.transactions import Transactions
 
 log = get_logger(__name__)
 
@@ -64,8 +64,35 @@ def source_headers(record: Record) -> Headers:
     )
 
 
+def producer_settings(user: dict[str, Any], transactional_id: str | None = None) -> dict[str, Any]:
+    """The results producer's librdkafka settings: our defaults (``linger.ms`` 5, lz4), then
+    ``user`` (bootstrap and the ``kafka.producer`` pass-through), then what the guarantees
+    need and the user may not change (idempotence, ``acks=all``, the transactional id)."""
+    settings: dict[str, Any] = {
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "logger": kafka_logger(),
+        **user,
+        "enable.idempotence": True,
+        "acks": "all",
+    }
+    if transactional_id:
+        settings["transactional.id"] = transactional_id
+    return settings
+
+
+def build_producer(settings: dict[str, Any], factory: ProducerFactory = Producer) -> ProducerClient:
+    """The results producer from :func:`producer_settings`.
+
+    Raises:
+        ConfigError: librdkafka refused a key or value under ``kafka.producer``.
+    """
+    log.debug("producer config", settings=redact(settings))
+    return build_client(factory, settings, "kafka.producer")
+
+
 def _produce_waiting(
-    producer: Producer,
+    producer: ProducerClient,
     topic: str,
     key: bytes | None,
     value: bytes | None,
@@ -118,15 +145,13 @@ class _BatchAck:
     def delivered(self, index: int, err: KafkaError | None, msg: Message | None) -> None:
         """The delivery report of result ``index`` (``err`` None on success)."""
         if err is not None:
-            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and self._sink.transactions is None:
-                # The broker refused the record *batch*: judge this record on its own.
-                record, value, headers = self._results[index]
-                self._sink._send_alone(
-                    self._topic, record.key, value, headers, partial(self.delivered_alone, index)
-                )
-                return
+            record, value, headers = self._results[index]
+            on_alone = partial(self.delivered_alone, index)
+            if self._sink._refused(
+                record, self._topic, value, headers, err, self._dlq_topic, on_alone
+            ):
+                return  # the broker refused the record *batch*: judged on its own now
             self._failed.add(index)
-            self._sink._rejected(self._records[index], err, self._dlq_topic)
         self._count_down()
 
     def delivered_alone(self, index: int, err: KafkaError | None, msg: Message | None) -> None:
@@ -155,53 +180,49 @@ class Sink:
     """Produces results and dead-letter records; reports acknowledgements to the tracker.
 
     Args:
-        producer_config: librdkafka settings (bootstrap, user pass-through); idempotence and
-            ``acks=all`` are enforced.
-        tracker: offset tracker to mark inputs done on acknowledgement.
+        producer: the results producer (:func:`build_producer`); the sink owns it from now on.
+        settings: its settings (the producer for records sent again alone copies them).
+        guarantee: when an input is done and who recovers a refused record
+            (``streamproc.guarantees``).
         metrics: metrics to count produced / dead-lettered records.
         on_fatal: called (from the sink thread) when the pipeline must stop.
-        transactional_id: exactly-once mode: every record is produced inside the open
-            transaction, and an input is done once its record is in it (the transaction commits
-            results and offsets atomically; a failed record makes the commit abort and the
-            source rewind). Records of a generation that is no longer current are dropped.
+        producer_factory: builds the producer for records sent again alone (tests pass a fake).
     """
 
     def __init__(
         self,
-        producer_config: dict[str, Any],
-        tracker: OffsetTracker,
+        producer: ProducerClient,
+        settings: dict[str, Any],
+        guarantee: Guarantee,
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
-        transactional_id: str | None = None,
+        producer_factory: ProducerFactory = Producer,
     ) -> None:
-        config = {
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            "logger": kafka_logger(),
-            **producer_config,
-            "enable.idempotence": True,
-            "acks": "all",
-        }
-        if transactional_id:
-            config["transactional.id"] = transactional_id
-        log.debug("producer config", settings=redact(config))
-        self._producer = build_client(Producer, config, "kafka.producer")
+        self._producer = producer
+        self._closed = False
         # The producer for records sent again alone (see the module docstring); made on need.
-        self._alone_config = {**config, "linger.ms": 0, "batch.num.messages": 1}
-        self._alone: Producer | None = None
+        self._alone_settings = {**settings, "linger.ms": 0, "batch.num.messages": 1}
+        self._producer_factory = producer_factory
+        self._alone: ProducerClient | None = None
         self._alone_lock = threading.Lock()
         # A larger value cannot be produced at all (a near one fails and is retried without).
-        self._max_dlq_value_bytes = int(config.get("message.max.bytes", 1_000_000))
-        # Dead-letter topic -> its max.message.bytes, when known (read at start-up): a value
-        # that cannot fit is left out up front, so it never shares a rejected request with
-        # records that would fit.
-        self.dead_letter_limits: dict[str, int] = {}
-        self.transactions = Transactions(self._producer) if transactional_id else None
-        self._tracker = tracker
+        self._max_dlq_value_bytes = int(settings.get("message.max.bytes", 1_000_000))
+        # per dead-letter topic, its max.message.bytes when known (set_dead_letter_limits): a
+        # value that cannot fit is left out up front, so it never shares a rejected request
+        # with records that would fit
+        self._dead_letter_limits: dict[str, int] = {}
+        self._guarantee = guarantee
         self._metrics = metrics
         self._on_fatal = on_fatal
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sink", daemon=True)
+
+    def set_dead_letter_limits(self, limits: dict[str, int]) -> None:
+        """Per dead-letter topic, its ``max.message.bytes`` (learned at start-up); call before
+        :meth:`start`: the sink's threads read it without a lock."""
+        if self._thread.ident is not None:
+            raise RuntimeError("dead-letter limits are set before the sink starts")
+        self._dead_letter_limits = dict(limits)
 
     def start(self) -> None:
         self._thread.start()
@@ -213,18 +234,43 @@ class Sink:
             if alone is not None:
                 alone.poll(0)
 
+    def _refused(
+        self,
+        record: Record,
+        topic: str,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        err: KafkaError,
+        dlq_topic: str,
+        on_alone: Callable[[KafkaError | None, Message | None], None],
+    ) -> bool:
+        """The broker refused the result of input ``record``.
+
+        Returns:
+            True when it was sent again alone (``MSG_SIZE_TOO_LARGE`` judges a whole record
+            batch; its report goes to ``on_alone``); False when it is failed for good: it was
+            dead-lettered, or the guarantee handles it (the transaction aborts).
+        """
+        if not self._guarantee.sink_recovers(record, err):
+            return False
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            self._send_alone(topic, record.key, value, headers, on_alone)
+            return True
+        self._rejected(record, err, dlq_topic)
+        return False
+
     def _send_alone(
         self,
         topic: str,
         key: bytes | None,
         value: bytes | None,
         headers: list[tuple[str, bytes]],
-        on_delivery: Callable[[KafkaError | None, Message], None],
+        on_delivery: Callable[[KafkaError | None, Message | None], None],
     ) -> None:
-        """Produce one record in a record batch of its own (at-least-once mode only)."""
+        """Produce one record in a record batch of its own."""
         with self._alone_lock:
             if self._alone is None:
-                self._alone = Producer(self._alone_config)
+                self._alone = self._producer_factory(self._alone_settings)
             alone = self._alone
         try:
             _produce_waiting(alone, topic, key, value, headers, on_delivery)
@@ -272,22 +318,17 @@ class Sink:
         self._metrics.end_to_end.labels(records[0].tp.topic).observe_many(
             np.maximum(0.0, (time.time() * 1000.0 - created_ms) / 1000.0)
         )
-        if self.transactions is None:
-            self._tracker.done_many(records)
+        self._guarantee.acknowledged(records)
 
     def _rejected(self, record: Record, err: KafkaError, dlq_topic: str) -> None:
-        """The broker rejected a result for good: dead-letter it (or, inside a transaction,
-        let the transaction abort)."""
-        fields = {
-            "topic": record.tp.topic,
-            "partition": record.tp.partition,
-            "offset": record.offset,
-            "error": str(err),
-        }
-        if self.transactions is not None:
-            log.warning("record failed inside the transaction; it will abort", **fields)
-            return
-        log.warning("result rejected", **fields)
+        """The broker rejected a result for good (on its own): dead-letter it."""
+        log.warning(
+            "result rejected",
+            topic=record.tp.topic,
+            partition=record.tp.partition,
+            offset=record.offset,
+            error=str(err),
+        )
         self.dead_letter(record, dlq_topic, "produce", f"KafkaError.{err.name()}", err.str())
 
     # -- dead-letter -----------------------------------------------------------------------
@@ -313,7 +354,7 @@ class Sink:
         without losing the record.
         """
         value = record.value
-        limit = min(self._max_dlq_value_bytes, self.dead_letter_limits.get(dlq_topic, 1 << 62))
+        limit = min(self._max_dlq_value_bytes, self._dead_letter_limits.get(dlq_topic, 1 << 62))
         if value is not None and (omit_value or len(value) > limit - _DLQ_RECORD_OVERHEAD):
             value, omit_value = None, True
         headers = [
@@ -357,10 +398,9 @@ class Sink:
         def delivered(err: KafkaError | None, msg: Message | None) -> None:
             if err is None:
                 self._metrics.dead_lettered.labels(record.tp.topic, stage).inc()
-                if self.transactions is None:
-                    self._tracker.done(record.tp, record.offset, record.generation)
+                self._guarantee.acknowledged((record,))
                 return
-            if self.transactions is not None:
+            if not self._guarantee.sink_recovers(record, err):
                 return  # the transaction aborts and the record is retried after the rewind
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                 too_large(err, alone)
@@ -386,36 +426,18 @@ class Sink:
         key: bytes | None,
         value: bytes | None,
         headers: list[tuple[str, bytes]],
-        on_delivery: Callable[[KafkaError | None, Message], None],
+        on_delivery: Callable[[KafkaError | None, Message | None], None],
     ) -> bool:
-        """Produce one record for ``record``; in exactly-once mode inside the transaction.
+        """Produce one record for input ``record``, as the guarantee says (see
+        :meth:`Guarantee.send`).
 
         Returns:
-            False when nothing was produced: exactly-once mode and ``record``'s assignment is
-            no longer current (revoked or rewound since; its input will be processed again).
+            False when nothing was produced (the input's assignment is gone: exactly-once).
         """
-        if self.transactions is None:
-            self._produce(topic, key, value, headers, on_delivery)
-            return True
-        with self.transactions.lock:
-            if not self._tracker.is_current(record.tp, record.generation):
-                self._tracker.late(record.tp, record.generation)
-                return False
-            self.transactions.produce(
-                lambda: self._produce(topic, key, value, headers, on_delivery)
-            )
-            self._tracker.done(record.tp, record.offset, record.generation)
-            return True
-
-    def _produce(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]],
-        on_delivery: Callable[[KafkaError | None, Message], None],
-    ) -> None:
-        _produce_waiting(self._producer, topic, key, value, headers, on_delivery)
+        producer = self._producer
+        return self._guarantee.send(
+            record, lambda: _produce_waiting(producer, topic, key, value, headers, on_delivery)
+        )
 
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries (records sent again alone included, and those a
@@ -432,12 +454,13 @@ class Sink:
                 return left + len(self._producer)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush, then stop the poll thread (idempotent)."""
-        if self._producer is None:
+        """Flush, then stop the poll thread and drop the producers (idempotent)."""
+        if self._closed:
             return
+        self._closed = True
         self.flush(timeout_s)
         self._stop.set()
         if self._thread.ident is not None:
             self._thread.join(timeout_s)
-        self._producer = None  # type: ignore[assignment]  # destroys the librdkafka handle
+        del self._producer  # the last reference: destroys the librdkafka handle
         self._alone = None

@@ -1,17 +1,10 @@
 """The source: the one thread that owns the Kafka consumer.
 
-It polls, wraps each message in a :class:`~streamproc.records.Record`, pushes it into its
-partition's ring, applies pause/resume decisions, commits watermarks, and handles rebalances.
-It never decodes or runs a model, and keeps polling while partitions are paused, so group
-membership survives long device work.
-
-Rebalances (cooperative-sticky, incremental):
-
-* assign: fresh tracker generation + fresh ring per partition, then resume them (librdkafka keeps
-  a partition's pause state across revoke/re-assign; we never rely on it).
-* revoke: drop the revoked rings, wait (bounded by ``revoke_timeout_s``) for their in-flight
-  batches, commit their watermarks synchronously, forget them.
-* lost: drop and forget without committing.
+It polls, wraps each message in a :class:`~streamproc.records.Record`, routes it to its lane's
+rings, applies pause/resume decisions and schedules commits. It never decodes or runs a model,
+and keeps polling while partitions are paused, so group membership survives long device work.
+Commits are made by the guarantee's committer (``streamproc.commit``) and rebalances handled by
+``streamproc.rebalance``, both on this thread.
 
 Flow control: a partition paused at its ring's high watermark is resumed at the low one. Pausing
 makes librdkafka drop the partition's prefetched messages, and a plain resume is fetched again
@@ -29,28 +22,22 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-)
-from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
-from streamproc.buffers import FlowControl, PartitionBuffers
+from streamproc.buffers import FlowControl
 from streamproc.clients import build_client
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config
+from streamproc.edges import ConsumerClient, ConsumerFactory, MessageLike
+from streamproc.guarantees import Guarantee
+from streamproc.lane import Lane
 from streamproc.logs import get_logger, kafka_logger, redact
 from streamproc.metrics import Metrics
-from streamproc.records import Record, TopicPartition
-from streamproc.transactions import Transactions
+from streamproc.rebalance import Assignment, RebalanceHandler, ktp
+from streamproc.records import Priority, Record, TopicPartition
 
 log = get_logger(__name__)
 
@@ -60,111 +47,118 @@ queued meanwhile waits at most this long)."""
 GAUGE_INTERVAL_S = 1.0
 """Ring fill gauges are refreshed at least this often (and at every pause and resume)."""
 
-
-@dataclass
-class TopicLane:
-    """What the source needs of one pipeline: its rings and the condition guarding them."""
-
-    buffers: PartitionBuffers
-    cond: threading.Condition
-    default_priority: int = 1  # 0 high, 1 normal, 2 low
+_STOP_FETCHING = "stop_fetching"
 
 
-_PRIORITY = {b"high": 0, b"normal": 1, b"low": 2}
-
-
-def _priority(headers: tuple[tuple[str, bytes], ...], default: int) -> int:
-    """Priority class from the ``priority`` header (high|normal|low), else ``default``."""
-    for key, value in headers:
-        if key == "priority":
-            return _PRIORITY.get(value, default)
-    return default
-
-
-def _ktp(tp: TopicPartition, offset: int | None = None) -> KafkaTopicPartition:
-    if offset is None:
-        return KafkaTopicPartition(tp.topic, tp.partition)
-    return KafkaTopicPartition(tp.topic, tp.partition, offset)
+def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
+    """The consumer's librdkafka settings: ours, then the user's ``kafka.consumer``, then what
+    the guarantee needs (``isolation.level`` for exactly-once)."""
+    kafka = config.kafka
+    return {
+        "bootstrap.servers": config.bootstrap_servers,
+        "group.id": kafka.group_id,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": kafka.auto_offset_reset,
+        "session.timeout.ms": kafka.session_timeout_ms,
+        "max.poll.interval.ms": kafka.max_poll_interval_ms,
+        # A resumed partition is fetched in the broker's next fetch session; with the
+        # default 500 ms long-poll on idle partitions every pause/resume cycle would stall
+        # that long (measured: 605 msg/s -> see docs/benchmarks.md). Override freely.
+        "fetch.wait.max.ms": 20,
+        "logger": kafka_logger(),
+        **kafka.consumer,
+        **guarantee.consumer_settings,
+    }
 
 
 class Source:
-    """Consumer thread for all pipelines of one process.
+    """Consumer thread for all lanes of one process.
 
     Args:
         config: the validated config.
-        lanes: per input topic, its rings.
-        tracker: offset tracker shared with the sink.
+        lanes: per input topic, its lane.
+        tracker: the offset tracker.
+        guarantee: its committer commits; its consumer settings apply.
         metrics: process metrics.
         on_fatal: called when the consumer hits a fatal error.
-        transactions: exactly-once mode: commits go through the producer's transaction
-            (``send_offsets_to_transaction``) instead of ``Consumer.commit``; an aborted
-            transaction rewinds every assigned partition to its committed offset.
+        consumer_factory: builds the consumer from its settings (tests pass a fake).
+        clock: monotonic clock in seconds.
+
+    Raises:
+        ConfigError: librdkafka refused a key or value under ``kafka.consumer``.
     """
 
     def __init__(
         self,
         config: Config,
-        lanes: dict[str, TopicLane],
+        lanes: Mapping[str, Lane],
         tracker: OffsetTracker,
+        guarantee: Guarantee,
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
-        transactions: Transactions | None = None,
+        consumer_factory: ConsumerFactory = Consumer,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
-        self._transactions = transactions
         self._lanes = lanes
-        self._tracker = tracker
         self._metrics = metrics
         self._on_fatal = on_fatal
+        self._clock = clock
+        self._committer = guarantee.committer
         self._control: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
-        self._generations: dict[TopicPartition, int] = {}
-        self._seek_floor: dict[TopicPartition, int] = {}
-        self._positions: dict[TopicPartition, int | None] = {}
-        self._flow_paused: set[TopicPartition] = set()  # paused by us at the high watermark
-        self._last_commit_error: str | None = None
         self._stop = threading.Event()
-        self._fetching = True
-        self.last_poll_s = time.monotonic()
-        self.last_input_s = time.monotonic()
-        self.last_rebalance_s = time.monotonic()
-        self.ever_assigned = False
-        self.rebalance_counts = {"assigned": 0, "revoked": 0, "lost": 0}
-        self.assigned: frozenset[TopicPartition] = frozenset()
-        kafka = config.kafka
-        settings: dict[str, Any] = {
-            "bootstrap.servers": config.bootstrap_servers,
-            "group.id": kafka.group_id,
-            "partition.assignment.strategy": "cooperative-sticky",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": kafka.auto_offset_reset,
-            "session.timeout.ms": kafka.session_timeout_ms,
-            "max.poll.interval.ms": kafka.max_poll_interval_ms,
-            "on_commit": self._on_commit,
-            # A resumed partition is fetched in the broker's next fetch session; with the
-            # default 500 ms long-poll on idle partitions every pause/resume cycle would stall
-            # that long (measured: 605 msg/s -> see docs/benchmarks.md). Override freely.
-            "fetch.wait.max.ms": 20,
-            "logger": kafka_logger(),
-            **kafka.consumer,
-        }
-        if transactions is not None:
-            settings["isolation.level"] = "read_committed"
+        self.assignment = Assignment()
+        self._last_poll_s = clock()
+        self._last_input_s = clock()
+        settings = consumer_settings(config, guarantee)
+        settings["on_commit"] = self._committer.on_commit
         log.debug(
             "consumer config",
             settings=redact({k: v for k, v in settings.items() if not callable(v)}),
         )
-        self._consumer = build_client(Consumer, settings, "kafka.consumer")
+        self._consumer: ConsumerClient = build_client(consumer_factory, settings, "kafka.consumer")
+        self.rebalance = RebalanceHandler(
+            lanes,
+            tracker,
+            self._committer,
+            self.assignment,
+            metrics,
+            config.revoke_timeout_s,
+            config.kafka.auto_offset_reset,
+            on_rewound=self._export_buffer_gauges,
+        )
         self._thread = threading.Thread(target=self._run, name="source", daemon=True)
 
+    # -- read from any thread (written by the source thread only) ------------------------
+    @property
+    def last_poll_s(self) -> float:
+        """Monotonic seconds of the last return from ``consume`` (liveness)."""
+        return self._last_poll_s
+
+    @property
+    def last_input_s(self) -> float:
+        """Monotonic seconds when the last record was accepted into a ring."""
+        return self._last_input_s
+
+    def positions(self) -> dict[TopicPartition, int | None]:
+        """Next offset to deliver per assigned partition (None before its first message)."""
+        return self.assignment.positions()
+
     # -- control from other threads --------------------------------------------------------
-    def start(self) -> None:
+    def subscribe(self) -> None:
+        """Subscribe to the lanes' input topics (rebalances arrive inside :meth:`poll_until`)."""
         self._consumer.subscribe(
             list(self._lanes),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
+            on_assign=self.rebalance.on_assign,
+            on_revoke=self.rebalance.on_revoke,
+            on_lost=self.rebalance.on_lost,
         )
+
+    def start(self) -> None:
+        """Subscribe and start the source thread."""
+        self.subscribe()
         self._thread.start()
 
     def apply(self, flow: FlowControl) -> None:
@@ -172,13 +166,9 @@ class Source:
         if flow:
             self._control.put(flow)
 
-    def positions(self) -> dict[TopicPartition, int | None]:
-        """Next offset to deliver per assigned partition (None before its first message)."""
-        return dict(self._positions)
-
     def stop_fetching(self) -> None:
         """Pause every assigned partition; polling (and group membership) continues."""
-        self._control.put("stop_fetching")
+        self._control.put(_STOP_FETCHING)
 
     def close(self, timeout_s: float) -> None:
         """Commit final watermarks, close the consumer (leaving the group), join the thread."""
@@ -192,7 +182,7 @@ class Source:
     # -- the source thread -----------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self._loop()
+            self.poll_until(self._stop.is_set)
         except BaseException as exc:
             self._on_fatal(exc)
         finally:
@@ -201,13 +191,16 @@ class Source:
             with contextlib.suppress(Exception):
                 self._consumer.close()
 
-    def _loop(self) -> None:
+    def poll_until(self, done: Callable[[], bool]) -> None:
+        """The poll loop, until ``done()`` (the thread runs it until :meth:`close`; unit tests
+        run it on their own thread with a fake consumer)."""
         kafka = self._config.kafka
         timeout_s = kafka.poll_timeout_ms / 1000.0
         commit_every_s = kafka.commit_interval_ms / 1000.0
-        next_commit_s = time.monotonic() + commit_every_s
-        next_gauges_s = time.monotonic()
-        while not self._stop.is_set():
+        clock = self._clock
+        next_commit_s = clock() + commit_every_s
+        next_gauges_s = clock()
+        while not done():
             self._drain_control()
             # Take what is already fetched without waiting; only block (for one message) when
             # nothing is. consume(n, timeout) waits until n messages or the timeout, which at
@@ -215,19 +208,21 @@ class Source:
             messages = self._consumer.consume(kafka.consume_batch_messages, 0)
             if not messages:
                 messages = self._wait_for_input(timeout_s)
-            self.last_poll_s = time.monotonic()
+            now_s = self._last_poll_s = clock()
             if messages:
-                self._handle(messages)
-            if self.last_poll_s >= next_commit_s:
+                self._route(messages, now_s)
+            if now_s >= next_commit_s:
                 self._commit(synchronous=False)
-                next_commit_s = self.last_poll_s + commit_every_s
-            if self.last_poll_s >= next_gauges_s:
+                next_commit_s = now_s + commit_every_s
+            if now_s >= next_gauges_s:
                 self._export_buffer_gauges()
-                next_gauges_s = self.last_poll_s + GAUGE_INTERVAL_S
+                next_gauges_s = now_s + GAUGE_INTERVAL_S
 
-    def _wait_for_input(self, timeout_s: float) -> list[Message]:
+    def _wait_for_input(self, timeout_s: float) -> Sequence[MessageLike]:
         """Block for input, but let a queued resume (or stop) in without delay."""
-        if self.assigned and (not self._fetching or self.assigned <= self._flow_paused):
+        state = self.assignment
+        assigned = state.assigned
+        if assigned and (not state.fetching or assigned <= state.flow_paused):
             # Nothing can arrive before a resume: wait for one on the control queue.
             try:
                 item = self._control.get(timeout=timeout_s)
@@ -235,22 +230,24 @@ class Source:
                 return []
             self._control_item(item)
             return []
-        if self._flow_paused:
+        if state.flow_paused:
             timeout_s = min(timeout_s, PAUSED_POLL_S)
         return self._consumer.consume(1, timeout_s)
 
-    def _handle(self, messages: list[Message]) -> None:
-        """Wrap one poll's messages in records and push them into their rings: one lock
+    def _route(self, messages: Sequence[MessageLike], now_s: float) -> None:
+        """Wrap one poll's messages in records and offer them to their lanes: one lock
         acquisition per lane and poll, not per message (the per-message work here runs under
         the GIL with every other stage)."""
-        now_s = time.monotonic()
-        generations, floors, lanes = self._generations, self._seek_floor, self._lanes
+        generations = self.assignment.generations
+        floors = self.assignment.seek_floors
+        lanes = self._lanes
         by_lane: dict[str, list[Record]] = {}
         for message in messages:
             if message.error() is not None:
                 self._on_message_error(message)
                 continue
             topic, partition, offset = message.topic(), message.partition(), message.offset()
+            assert topic is not None and partition is not None and offset is not None
             tp = TopicPartition(topic, partition)
             generation = generations.get(tp)
             if generation is None:
@@ -261,11 +258,9 @@ class Source:
                     if offset != floor:
                         continue  # fetched before our seek took effect; it will come again
                     del floors[tp]
-            lane = lanes[topic]
             raw_headers = message.headers()
             headers = tuple(raw_headers) if raw_headers else ()
-            default = lane.default_priority
-            priority = _priority(headers, default) if headers else default
+            default = lanes[topic].default_priority
             record = Record(
                 tp,
                 offset,
@@ -275,7 +270,7 @@ class Source:
                 message.timestamp()[1],
                 now_s,
                 generation,
-                priority,
+                Priority.of(headers, default) if headers else default,
             )
             batch = by_lane.get(topic)
             if batch is None:
@@ -283,63 +278,47 @@ class Source:
             else:
                 batch.append(record)
         for topic, records in by_lane.items():
-            self._push(topic, lanes[topic], records)
+            self._offer(topic, lanes[topic], records)
 
-    def _on_message_error(self, message: Message) -> None:
+    def _on_message_error(self, message: MessageLike) -> None:
         err = message.error()
+        assert err is not None
         if err.code() == KafkaError._PARTITION_EOF:
             return
         if err.fatal():
             raise KafkaException(err)
         log.warning("consumer error", error=str(err))
 
-    def _push(self, topic: str, lane: TopicLane, records: list[Record]) -> None:
-        """Push one lane's records; a partition whose ring is full refuses the rest of its
+    def _offer(self, topic: str, lane: Lane, records: list[Record]) -> None:
+        """Offer one lane's records; a partition whose ring is full refuses the rest of its
         records, is paused, and is sought back to the first refused offset."""
-        refused: dict[TopicPartition, int] = {}
-        pause: list[TopicPartition] = []
-        accepted: list[Record] = []
-        buffers = lane.buffers
-        with lane.cond:
-            for record in records:
-                if record.tp in refused:
-                    continue
-                flow = buffers.push(record)
-                if flow is None:
-                    refused[record.tp] = record.offset
-                    continue
-                accepted.append(record)
-                if flow.pause:
-                    pause.extend(flow.pause)
-            if accepted:
-                self._tracker.consumed_many(accepted)
-                lane.cond.notify()
-        for tp, offset in refused.items():
+        offered = lane.offer(records)
+        state = self.assignment
+        consumer = self._consumer
+        for tp, offset in offered.refused.items():
             # Ring full: refuse, pause, and fetch this offset again after resuming.
-            self._seek_floor[tp] = offset
-            self._consumer.pause([_ktp(tp)])
-            self._consumer.seek(_ktp(tp, offset))
+            state.seek_floors[tp] = offset
+            consumer.pause([ktp(tp)])
+            consumer.seek(ktp(tp, offset))
+        accepted = offered.accepted
         if accepted:
-            self.last_input_s = accepted[-1].consumed_at_s
-            positions = self._positions
+            self._last_input_s = accepted[-1].consumed_at_s
             for record in accepted:
-                positions[record.tp] = record.offset + 1
+                state.advance(record.tp, record.offset + 1)
             self._metrics.child(self._metrics.consumed, topic).inc(len(accepted))
-        if pause:
-            self._consumer.pause([_ktp(tp) for tp in pause])
-        if pause or refused:
-            self._flow_paused.update(pause)
-            self._flow_paused.update(refused)
+        if offered.pause:
+            consumer.pause([ktp(tp) for tp in offered.pause])
+        if offered.pause or offered.refused:
+            state.flow_paused.update(offered.pause)
+            state.flow_paused.update(offered.refused)
             self._export_buffer_gauges()
 
     def _export_buffer_gauges(self) -> None:
         """Ring fill per partition and the count of partitions paused by flow control."""
         for lane in self._lanes.values():
-            with lane.cond:
-                fills = lane.buffers.fill_ratios()
-            for tp, fill in fills.items():
+            for tp, fill in lane.fill_ratios().items():
                 self._metrics.ring_fill.labels(tp.topic, str(tp.partition)).set(fill)
-        self._metrics.paused.set(len(self._flow_paused))
+        self._metrics.paused.set(len(self.assignment.flow_paused))
 
     def _drain_control(self) -> None:
         while True:
@@ -350,193 +329,36 @@ class Source:
             self._control_item(item)
 
     def _control_item(self, item: FlowControl | str) -> None:
-        if item == "stop_fetching":
-            self._fetching = False
-            if self.assigned:
-                self._consumer.pause([_ktp(tp) for tp in self.assigned])
+        state = self.assignment
+        if item == _STOP_FETCHING:
+            state.fetching = False
+            if state.assigned:
+                self._consumer.pause([ktp(tp) for tp in state.assigned])
             return
         assert isinstance(item, FlowControl)
-        self._resume([tp for tp in item.resume if tp in self._generations])
+        self._resume([tp for tp in item.resume if tp in state.generations])
 
     def _resume(self, tps: list[TopicPartition]) -> None:
         """Resume partitions paused by flow control, and seek each to its next offset: the
         seek starts the fetch at once (see the module docstring)."""
         if not tps:
             return
-        self._flow_paused.difference_update(tps)
-        if self._fetching:
-            self._consumer.resume([_ktp(tp) for tp in tps])
+        state = self.assignment
+        state.flow_paused.difference_update(tps)
+        if state.fetching:
+            self._consumer.resume([ktp(tp) for tp in tps])
             for tp in tps:
                 # A refused record's offset (its floor), else the next offset after the last
                 # record taken. No floor is set here: that next offset may not exist (a
                 # transaction marker, a compacted record); the seek's own barrier drops
                 # anything fetched before it, and the pause already dropped the prefetch.
-                offset = self._seek_floor.get(tp)
+                offset = state.seek_floors.get(tp)
                 if offset is None:
-                    offset = self._positions.get(tp)
+                    offset = state.position(tp)
                 if offset is not None:
-                    self._consumer.seek(_ktp(tp, offset))
+                    self._consumer.seek(ktp(tp, offset))
         self._export_buffer_gauges()
 
-    # -- commits ---------------------------------------------------------------------------
-    def _commit(self, synchronous: bool, only: set[TopicPartition] | None = None) -> None:
-        if self._transactions is not None:
-            self._commit_transaction()
-            return
-        candidates = self._tracker.commit_candidates()
-        if only is not None:
-            candidates = {tp: o for tp, o in candidates.items() if tp in only}
-        if not candidates:
-            return
-        offsets = [_ktp(tp, offset) for tp, offset in candidates.items()]
-        self._tracker.mark_committed(candidates)
-        try:
-            result = self._consumer.commit(offsets=offsets, asynchronous=not synchronous)
-        except KafkaException as exc:
-            self._commit_failed(candidates, exc)
-            return
-        if synchronous and result is not None:
-            self._on_commit(None, result)
-
-    def _commit_transaction(self) -> None:
-        """Exactly-once: close the open transaction with every moved watermark."""
-        assert self._transactions is not None
-        with self._transactions.lock:  # no record may join between reading offsets and commit
-            candidates = self._tracker.commit_candidates()
-            committed = self._transactions.commit(
-                candidates, self._consumer.consumer_group_metadata()
-            )
-            if committed:
-                if candidates:
-                    self._tracker.mark_committed(candidates)
-                    self._metrics.commits.inc()
-                return
-            self._metrics.commit_failures.inc()
-            self._rewind()
-
-    def _rewind(self) -> None:
-        """After an abort: every assigned partition restarts from its committed offset, with a
-        fresh ring and generation (results of the old generation are dropped by the sink)."""
-        tps = sorted(self.assigned)
-        committed = self._consumer.committed([_ktp(tp) for tp in tps], timeout=30)
-        self._flow_paused.difference_update(tps)
-        self._tracker.revoke(tps)
-        self._generations.update(self._tracker.assign(tps))
-        for tp in tps:
-            lane = self._lanes[tp.topic]
-            with lane.cond:
-                lane.buffers.revoke([tp])
-                lane.buffers.assign([tp])
-                lane.cond.notify_all()
-            self._seek_floor.pop(tp, None)
-            self._positions[tp] = None
-        for ktp in committed:
-            offset = (
-                ktp.offset
-                if ktp.offset >= 0
-                else (
-                    OFFSET_BEGINNING
-                    if self._config.kafka.auto_offset_reset == "earliest"
-                    else OFFSET_END
-                )
-            )
-            self._consumer.seek(KafkaTopicPartition(ktp.topic, ktp.partition, offset))
-        if self._fetching:
-            self._consumer.resume([_ktp(tp) for tp in tps])
-        log.warning(
-            "transaction aborted; rewound to committed offsets",
-            partitions=[f"{t.topic}[{t.partition}]" for t in tps],
-        )
-
-    def _commit_failed(self, candidates: dict[TopicPartition, int], exc: object) -> None:
-        # Counted and retried on the next cycle, never fatal (e.g. REBALANCE_IN_PROGRESS).
-        self._metrics.commit_failures.inc()
-        self._tracker.forget_committed(candidates)
-        reason = str(exc)
-        if reason != self._last_commit_error:  # one line per distinct error, not per retry
-            log.warning(
-                "commit failed; retrying next cycle", error=reason, partitions=len(candidates)
-            )
-        self._last_commit_error = reason
-
-    def _on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
-        failed = {
-            TopicPartition(p.topic, p.partition): p.offset
-            for p in partitions
-            if err is not None or p.error is not None
-        }
-        if failed:
-            self._commit_failed(failed, err or partitions[0].error)
-        if len(failed) < len(partitions):
-            self._metrics.commits.inc()
-            self._last_commit_error = None
-
-    # -- rebalance callbacks (run on the source thread, inside consume) ----------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
-        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        self.rebalance_counts["assigned"] += 1
-        generations = self._tracker.assign(tps)
-        self._generations.update(generations)
-        for tp in tps:
-            self._seek_floor.pop(tp, None)
-            self._flow_paused.discard(tp)
-            self._positions[tp] = None
-            lane = self._lanes[tp.topic]
-            with lane.cond:
-                lane.buffers.assign([tp])
-        self.assigned = self.assigned | set(tps)
-        self.ever_assigned = True
-        self.last_rebalance_s = time.monotonic()
-        consumer.incremental_assign(partitions)
-        if self._fetching:
-            consumer.resume(partitions)
-        else:
-            consumer.pause(partitions)
-        log.info("partitions assigned", partitions=[f"{t.topic}[{t.partition}]" for t in tps])
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
-        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        self.rebalance_counts["revoked"] += 1
-        limits = {}
-        for tp in tps:
-            lane = self._lanes.get(tp.topic)
-            if lane is None:
-                continue
-            with lane.cond:
-                dropped = lane.buffers.revoke([tp]).get(tp, [])
-                lane.cond.notify_all()
-            limits[tp] = len(dropped)
-        drained = self._tracker.wait_until(limits, self._config.revoke_timeout_s)
-        if not drained:
-            log.warning(
-                "revoke budget exceeded; committing what is done",
-                timeout_s=self._config.revoke_timeout_s,
-            )
-        self._commit(synchronous=True, only=set(tps))
-        self._forget(tps)
-        consumer.incremental_unassign(partitions)
-        log.info("partitions revoked", partitions=[f"{t.topic}[{t.partition}]" for t in tps])
-
-    def _on_lost(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
-        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        self.rebalance_counts["lost"] += 1
-        for tp in tps:
-            lane = self._lanes.get(tp.topic)
-            if lane is not None:
-                with lane.cond:
-                    lane.buffers.revoke([tp])
-        self._forget(tps)
-        consumer.incremental_unassign(partitions)
-        log.warning("partitions lost", partitions=[f"{t.topic}[{t.partition}]" for t in tps])
-
-    def _forget(self, tps: list[TopicPartition]) -> None:
-        self._tracker.revoke(tps)
-        for tp in tps:
-            self._generations.pop(tp, None)
-            self._seek_floor.pop(tp, None)
-            self._flow_paused.discard(tp)
-            self._positions.pop(tp, None)
-            with contextlib.suppress(Exception):
-                self._metrics.ring_fill.remove(tp.topic, str(tp.partition))
-        self.assigned = self.assigned - set(tps)
-        self.last_rebalance_s = time.monotonic()
+    def _commit(self, synchronous: bool) -> None:
+        if not self._committer.commit(self._consumer, synchronous):
+            self.rebalance.rewind(self._consumer)

@@ -8,7 +8,9 @@ open transaction (beginning one on the first record); the source thread closes i
 
 Error handling follows the transactional producer's contract:
 
-* retriable error on commit -> retry ``commit_transaction`` (bounded by ``max_attempts``);
+* retriable error (e.g. ``CONCURRENT_TRANSACTIONS``, ``COORDINATOR_LOAD_IN_PROGRESS``) from
+  ``send_offsets_to_transaction`` or ``commit_transaction`` -> retry that call (bounded by
+  ``max_attempts``);
 * abortable error -> ``abort_transaction`` and return False: the caller rewinds every assigned
   partition to its committed offset and drops work of the aborted generation;
 * fatal error (e.g. fenced by a newer instance with the same ``transactional.id``: we are the
@@ -24,9 +26,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from streamproc.edges import ProducerClient
 from streamproc.errors import FatalPipelineError
 from streamproc.logs import get_logger
 from streamproc.records import TopicPartition
@@ -40,10 +43,12 @@ class Transactions:
     Args:
         producer: a producer configured with ``transactional.id``.
         timeout_s: timeout of each transactional call, in seconds.
-        max_attempts: tries of ``commit_transaction`` on retriable errors.
+        max_attempts: tries of each transactional call on retriable errors.
     """
 
-    def __init__(self, producer: Producer, timeout_s: float = 30.0, max_attempts: int = 5) -> None:
+    def __init__(
+        self, producer: ProducerClient, timeout_s: float = 30.0, max_attempts: int = 5
+    ) -> None:
         self._producer = producer
         self._timeout_s = timeout_s
         self._max_attempts = max_attempts
@@ -75,33 +80,35 @@ class Transactions:
                     self._producer.begin_transaction()
                     self._open = True
                 if offsets:
-                    self._producer.send_offsets_to_transaction(
-                        [
-                            KafkaTopicPartition(tp.topic, tp.partition, o)
-                            for tp, o in offsets.items()
-                        ],
-                        group_metadata,
-                        self._timeout_s,
+                    positions = [
+                        KafkaTopicPartition(tp.topic, tp.partition, o) for tp, o in offsets.items()
+                    ]
+                    self._retrying(
+                        "send_offsets_to_transaction",
+                        lambda: self._producer.send_offsets_to_transaction(
+                            positions, group_metadata, self._timeout_s
+                        ),
                     )
-                self._commit_with_retries()
+                self._retrying(
+                    "commit_transaction", lambda: self._producer.commit_transaction(self._timeout_s)
+                )
             except KafkaException as exc:
                 return self._handle(exc)
             self._open = False
             self.commits += 1
             return True
 
-    def _commit_with_retries(self) -> None:
+    def _retrying(self, name: str, call: Callable[[], None]) -> None:
+        """``call()``, again on a retriable error, at most ``max_attempts`` times."""
         for attempt in range(1, self._max_attempts + 1):
             try:
-                self._producer.commit_transaction(self._timeout_s)
+                call()
                 return
             except KafkaException as exc:
                 err = exc.args[0]
                 if not err.retriable() or attempt == self._max_attempts:
                     raise
-                log.warning(
-                    "commit_transaction retriable error; retrying", attempt=attempt, error=err.str()
-                )
+                log.warning(f"{name}: retriable error; retrying", attempt=attempt, error=err.str())
 
     def _handle(self, exc: KafkaException) -> bool:
         err = exc.args[0]

@@ -7,8 +7,11 @@ overlap)::
                      copy_event.record()                               done_event.record()
 
 The completion thread polls ``copy_event.query()`` to return the slab to the pool, and
-``done_event.query()`` to hand the host outputs to ``on_result`` in submission order; no thread
-ever synchronises a stream. On CPU the same code runs with ``device="cpu"``: the "copy" is a view,
+``done_event.query()`` to pass the host outputs, in submission order, to the result thread, which
+calls ``on_result`` (encode, produce) and then gives the pinned output buffers back. No thread
+ever synchronises a stream, and event polling and slab release never wait on a slow encode or a
+full producer queue: only the output buffers (``max_in_flight`` sets) wait for the result
+thread. On CPU the same code runs with ``device="cpu"``: the "copy" is a view,
 the model runs synchronously on the device thread and the events are already complete.
 
 In-flight batches are bounded by the caller (the dispatcher holds a slot per batch until
@@ -106,7 +109,7 @@ class DeviceWorker:
         pool: the staging pool the job slabs come from.
         max_in_flight: batches between launch and result delivery (>= 1).
         streams: CUDA streams to rotate over (ignored on CPU).
-        on_result: called on the completion thread with each :class:`DeviceResult`, in order.
+        on_result: called on the result thread with each :class:`DeviceResult`, in order.
         on_fatal: called with an exception that stops the worker.
         event_factory: on CPU, where copies are synchronous, tests pass a factory of
             controllable copy events to prove a slab is only reused after its event fired.
@@ -137,6 +140,9 @@ class DeviceWorker:
         self._cond = threading.Condition()
         self._out_bufs: list[tuple[torch.Tensor, ...] | None] = [None] * max_in_flight
         self._out_free = list(range(max_in_flight))
+        # completed batches for the result thread (at most max_in_flight: one per output slot)
+        self._completed: queue.SimpleQueue[tuple[DeviceResult, int] | None] = queue.SimpleQueue()
+        self._unfinished = 0  # batches submitted whose on_result has not returned (under _cond)
         self.output_allocations = 0
         self.batches = 0
         self._stopping = False
@@ -145,6 +151,7 @@ class DeviceWorker:
             threading.Thread(
                 target=self._guard(self._completion_loop), name="completion", daemon=True
             ),
+            threading.Thread(target=self._guard(self._result_loop), name="results", daemon=True),
         ]
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
@@ -187,39 +194,37 @@ class DeviceWorker:
         finally:
             self.pool.release(slab)
 
-    def calibrate(
-        self,
-        next_size: Callable[[], int | None],
-        observe: Callable[[int, float], None],
-        max_batches: int = 64,
-    ) -> int:
-        """Time the model on zero batches of the sizes ``next_size`` asks for (until it says
-        None, or ``max_batches``), feeding ``observe(size, device seconds)``; call after
-        :meth:`start` (which warms the model up) and before the first :meth:`submit`. Returns
-        the batches run.
+    def time_batch(self, size: int) -> float:
+        """Device seconds of the model on one batch of ``size`` zero rows (copy in, model,
+        synchronised), run synchronously on the calling thread; call after :meth:`start`
+        (which warms the model up) and before the first :meth:`submit`.
 
-        This is how the adaptive batch size gets its first measurements at start-up instead of
-        exploring on live traffic (where messages queue behind the exploration).
+        The start-up calibration of the adaptive batch size is built on this: the lane asks
+        for the sizes it needs measured, instead of exploring on live traffic (where messages
+        queue behind the exploration).
+
+        Raises:
+            ValueError: ``size`` is not within 1..the staging slab's rows.
         """
+        if not 1 <= size <= self.pool.rows:
+            raise ValueError(f"batch size {size} outside 1..{self.pool.rows}")
         slab = self.pool.lease()
         assert slab is not None
-        runs = 0
         try:
-            slab.array[...] = 0
+            slab.array[:size] = 0
             with torch.inference_mode():
-                while runs < max_batches and (size := next_size()) is not None:
-                    started_s = time.perf_counter()
-                    self.model(slab.tensor[:size].to(self.device))
-                    if self.cuda:
-                        torch.cuda.synchronize(self.device)
-                    observe(size, time.perf_counter() - started_s)
-                    runs += 1
+                started_s = time.perf_counter()
+                self.model(slab.tensor[:size].to(self.device))
+                if self.cuda:
+                    torch.cuda.synchronize(self.device)
+                return time.perf_counter() - started_s
         finally:
             self.pool.release(slab)
-        return runs
 
     def submit(self, job: DeviceJob) -> None:
         """Queue a decoded batch for the device (blocks while ``max_in_flight`` are queued)."""
+        with self._cond:
+            self._unfinished += 1
         self._jobs.put(job)
 
     # -- device thread ---------------------------------------------------------------------
@@ -305,6 +310,12 @@ class DeviceWorker:
 
     # -- completion thread -----------------------------------------------------------------
     def _completion_loop(self) -> None:
+        try:
+            self._poll_events()
+        finally:
+            self._completed.put(None)  # the result thread ends after the last result
+
+    def _poll_events(self) -> None:
         while True:
             with self._cond:
                 while not self._inflight:
@@ -328,29 +339,41 @@ class DeviceWorker:
                 error=head.error,
                 inference_s=_service_s(head),
             )
+            with self._cond:
+                self._inflight.popleft()
+            self._completed.put((result, head.out_slot))
+
+    # -- result thread ---------------------------------------------------------------------
+    def _result_loop(self) -> None:
+        while (item := self._completed.get()) is not None:
+            result, out_slot = item
             try:
                 self.on_result(result)
             finally:
-                with self._cond:
-                    self._inflight.popleft()
-                    self._out_free.append(head.out_slot)
+                with self._cond:  # the outputs were views of this slot: hand it back now
+                    self._out_free.append(out_slot)
+                    self._unfinished -= 1
                     self._cond.notify_all()
 
     def idle(self) -> bool:
-        """True when no batch is queued or in flight."""
+        """True when no batch is queued, in flight or awaiting its result handling."""
         with self._cond:
-            return self._jobs.empty() and not self._inflight
+            return self._unfinished == 0
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Finish queued batches, then stop both threads (idempotent)."""
+        """Finish queued batches and their results, then stop the threads (idempotent)."""
         if self._stopping:
             return
+        deadline_s = time.monotonic() + timeout_s
         self._jobs.put(None)
-        self._threads[0].join(timeout_s)
+        if self._threads[0].ident is not None:
+            self._threads[0].join(timeout_s)
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._threads[1].join(timeout_s)
+        for thread in self._threads[1:]:
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline_s - time.monotonic()))
 
 
 def _service_s(item: _InFlight) -> float:

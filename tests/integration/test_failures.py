@@ -183,7 +183,7 @@ def test_batch_slower_than_max_poll_interval_keeps_group_membership(
     pipeline = Pipeline(config)
     summary = pipeline.run(exit_when_idle_s=1)
     assert summary.exit_code == 0, summary.error
-    counts = pipeline.source.rebalance_counts
+    counts = pipeline.source.assignment.rebalances
     print(f"\n[slow batch 7.5 s > max.poll.interval 6 s] rebalances={counts}")
     assert counts["lost"] == 0
     assert counts["assigned"] == 1  # never kicked out and re-joined

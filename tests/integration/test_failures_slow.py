@@ -227,7 +227,7 @@ def test_pause_rebalance_resume_leaves_no_partition_paused(
         other_log,
         idle_s=None,
     )
-    wait_for(lambda: pipeline.source.rebalance_counts["revoked"] >= 1, 120, "a rebalance")
+    wait_for(lambda: pipeline.source.assignment.rebalances["revoked"] >= 1, 120, "a rebalance")
     # Leave only once the new member owns a partition. (librdkafka 2.x does not send
     # LeaveGroup when a cooperative member with no partition closes mid-rebalance; the group
     # then waits max.poll.interval.ms for it: see docs/guarantees.md.)
@@ -241,7 +241,7 @@ def test_pause_rebalance_resume_leaves_no_partition_paused(
     runner.join(300)
     assert summary and summary[0].exit_code == 0
     verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
-    report(f"pause+rebalance+resume {pipeline.source.rebalance_counts}", verdict)
+    report(f"pause+rebalance+resume {pipeline.source.assignment.rebalances}", verdict)
     assert verdict.missing == [] and verdict.committed_equals_end
 
 

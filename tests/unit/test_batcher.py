@@ -6,7 +6,7 @@ import pytest
 
 from streamproc.batcher import AdaptiveBatchSize, Batcher, Cut, Wait
 from streamproc.buffers import PartitionBuffers
-from streamproc.records import Record, TopicPartition
+from streamproc.records import Priority, Record, TopicPartition
 
 A = TopicPartition("t", 0)
 B = TopicPartition("t", 1)
@@ -34,24 +34,24 @@ def bufs() -> PartitionBuffers:
 
 
 def test_no_messages_means_wait_without_deadline(bufs: PartitionBuffers) -> None:
-    assert Batcher(4, 1 << 20, 10).decide(bufs.views(), 0.0) == Wait(None)
+    assert Batcher(4, 1 << 20, 0.010).decide(bufs.views(), 0.0) == Wait(None)
 
 
 def test_cuts_on_size(bufs: PartitionBuffers) -> None:
     clock = FakeClock()
     fill(bufs, A, [clock.now_s] * 3)
     fill(bufs, B, [clock.now_s] * 2)
-    assert Batcher(4, 1 << 20, 50).decide(bufs.views(), clock()) == Cut(4, "size")
+    assert Batcher(4, 1 << 20, 0.050).decide(bufs.views(), clock()) == Cut(4, "size")
 
 
 def test_cuts_on_bytes(bufs: PartitionBuffers) -> None:
     fill(bufs, A, [100.0, 100.0], size=600)
-    assert Batcher(8, 1000, 50).decide(bufs.views(), 100.0) == Cut(8, "bytes")
+    assert Batcher(8, 1000, 0.050).decide(bufs.views(), 100.0) == Cut(8, "bytes")
 
 
 def test_deadline_counts_from_consume_time_not_from_now(bufs: PartitionBuffers) -> None:
     clock = FakeClock()
-    batcher = Batcher(8, 1 << 20, max_wait_ms=20)
+    batcher = Batcher(8, 1 << 20, max_wait_s=0.02)
     fill(bufs, A, [clock.now_s - 0.015])  # consumed 15 ms ago
     decision = batcher.decide(bufs.views(), clock())
     assert isinstance(decision, Wait)
@@ -61,14 +61,14 @@ def test_deadline_counts_from_consume_time_not_from_now(bufs: PartitionBuffers) 
 
 
 def test_oldest_message_across_partitions_sets_the_deadline(bufs: PartitionBuffers) -> None:
-    batcher = Batcher(8, 1 << 20, max_wait_ms=10)
+    batcher = Batcher(8, 1 << 20, max_wait_s=0.01)
     fill(bufs, A, [100.0])
     fill(bufs, B, [99.0])
     assert batcher.decide(bufs.views(), 99.011) == Cut(8, "deadline")
 
 
 def test_zero_wait_cuts_immediately_and_never_empty(bufs: PartitionBuffers) -> None:
-    batcher = Batcher(8, 1 << 20, max_wait_ms=0)
+    batcher = Batcher(8, 1 << 20, max_wait_s=0.0)
     assert batcher.decide(bufs.views(), 1.0) == Wait(None)
     fill(bufs, A, [1.0])
     assert batcher.decide(bufs.views(), 1.0) == Cut(8, "deadline")
@@ -86,7 +86,7 @@ def prio(bufs: PartitionBuffers, tp: TopicPartition, at_s: float, priority: int)
     bufs.push(Record(tp, offset, None, b"x", (), 0, at_s, 1, priority))
 
 
-WAITS = {"high": 2, "normal": 20, "low": 50}
+WAITS = {Priority.HIGH: 0.002, Priority.NORMAL: 0.020, Priority.LOW: 0.050}
 
 
 def test_high_priority_cuts_early_and_low_waits_longer(bufs: PartitionBuffers) -> None:
@@ -122,7 +122,7 @@ def test_adaptive_size_finds_the_throughput_optimum() -> None:
     # service times measured here for EfficientNet-Lite0 on 2 CPU cores (issue 4):
     # 46 img/s at batch 1, 63 at 4, 32 at 16 -> the optimum is 4, not the maximum.
     profile = {1: 1 / 46, 2: 2 / 55, 4: 4 / 63, 8: 8 / 45, 16: 16 / 32}
-    batcher = Batcher(16, 1 << 30, 20.0, adaptive=True)
+    batcher = Batcher(16, 1 << 30, 0.020, adaptive=True)
     sizer = batcher.sizer
     assert sizer is not None and sizer.candidates == [1, 2, 4, 8, 16]
     for _ in range(40):
@@ -134,7 +134,7 @@ def test_adaptive_size_finds_the_throughput_optimum() -> None:
 
 
 def test_adaptive_size_trusts_no_single_batch_and_rechecks_both_neighbours() -> None:
-    sizer = Batcher(64, 1 << 30, 20.0, adaptive=True).sizer
+    sizer = Batcher(64, 1 << 30, 0.020, adaptive=True).sizer
     assert sizer is not None
     sizer.observe(1, 1 / 100)
     sizer.observe(1, 1 / 100)
@@ -152,7 +152,7 @@ def test_adaptive_size_trusts_no_single_batch_and_rechecks_both_neighbours() -> 
 
 
 def test_adaptive_size_is_used_for_size_cuts(bufs: PartitionBuffers) -> None:
-    batcher = Batcher(16, 1 << 30, 1000.0, adaptive=True)
+    batcher = Batcher(16, 1 << 30, 1.0, adaptive=True)
     fill(bufs, A, [100.0])
     assert batcher.decide(bufs.views(), 100.0) == Cut(1, "size")  # first size to measure: 1
     for size, rate in ((1, 10.0), (2, 30.0), (4, 20.0), (8, 10.0), (16, 5.0)):
@@ -163,7 +163,7 @@ def test_adaptive_size_is_used_for_size_cuts(bufs: PartitionBuffers) -> None:
 
 
 def test_adaptive_size_prefers_the_smaller_of_near_equal_sizes() -> None:
-    sizer = Batcher(16, 1 << 30, 20.0, adaptive=True).sizer
+    sizer = Batcher(16, 1 << 30, 0.020, adaptive=True).sizer
     assert sizer is not None
     # 8 is the fastest, 4 within 5 % of it (same work, half the wait), 2 clearly slower
     profile = {1: 1 / 30, 2: 2 / 45, 4: 4 / 60, 8: 8 / 62, 16: 16 / 40}
@@ -172,7 +172,7 @@ def test_adaptive_size_prefers_the_smaller_of_near_equal_sizes() -> None:
         sizer.observe(size, profile[size])
     assert sizer.target() == 4
     slower = {**profile, 4: 4 / 55}  # 4 now 11 % below 8: throughput wins
-    sizer = Batcher(16, 1 << 30, 20.0, adaptive=True).sizer
+    sizer = Batcher(16, 1 << 30, 0.020, adaptive=True).sizer
     assert sizer is not None
     for _ in range(30):
         size = sizer.target()
@@ -184,7 +184,7 @@ def test_adaptive_size_ignores_one_interfered_batch_but_follows_a_lasting_slowdo
     # trades model on 2 busy cores (measured): about 0.2 ms per batch at any size up to 256
     # alone, but a batch that loses the CPU mid-call can take 30 ms.
     clean = {size: 0.0002 + size * 0.000002 for size in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
-    sizer = Batcher(256, 1 << 30, 2.0, adaptive=True).sizer
+    sizer = Batcher(256, 1 << 30, 0.002, adaptive=True).sizer
     assert sizer is not None
     outlier_at = {32: 1, 64: 2}  # the 2nd batch of 32 and the 3rd of 64 were interfered with
     seen: dict[int, int] = {}
@@ -219,7 +219,7 @@ def test_calibration_is_round_robin_so_a_drifting_machine_favours_no_size() -> N
     # percent within seconds); measured one size after the other, size 2 (83 % of 4's rate)
     # looked faster than 4 and won
     rate = {1: 30.0, 2: 50.0, 4: 60.0, 8: 50.0, 16: 30.0}
-    sizer = Batcher(16, 1 << 30, 20.0, adaptive=True).sizer
+    sizer = Batcher(16, 1 << 30, 0.020, adaptive=True).sizer
     assert sizer is not None
     order = []
     while (size := sizer.unmeasured()) is not None:
@@ -232,7 +232,7 @@ def test_calibration_is_round_robin_so_a_drifting_machine_favours_no_size() -> N
 
 def test_sparse_arrivals_cut_at_once_instead_of_waiting_for_nothing(bufs: PartitionBuffers) -> None:
     clock = FakeClock()
-    batcher = Batcher(4, 1 << 20, max_wait_ms=50)
+    batcher = Batcher(4, 1 << 20, max_wait_s=0.05)
     fill(bufs, A, [clock.now_s])
     assert isinstance(batcher.decide(bufs.views(), clock()), Wait)  # no gaps known yet
     # video at about 10 msg/s: one frame per 100 ms, each cut alone
@@ -245,7 +245,7 @@ def test_sparse_arrivals_cut_at_once_instead_of_waiting_for_nothing(bufs: Partit
 
 def test_arrivals_that_can_grow_the_batch_are_waited_for(bufs: PartitionBuffers) -> None:
     clock = FakeClock()
-    batcher = Batcher(4, 1 << 20, max_wait_ms=50)
+    batcher = Batcher(4, 1 << 20, max_wait_s=0.05)
     for k in range(4):
         batcher.cut([clock.now_s - 0.04 + 0.01 * k])  # 100 msg/s: 5 expected in 50 ms
     fill(bufs, A, [clock.now_s])
@@ -259,7 +259,7 @@ def test_arrivals_that_can_grow_the_batch_are_waited_for(bufs: PartitionBuffers)
 
 
 def test_a_backlog_fetched_in_one_poll_gives_no_sparse_cut(bufs: PartitionBuffers) -> None:
-    batcher = Batcher(4, 1 << 20, max_wait_ms=50)
+    batcher = Batcher(4, 1 << 20, max_wait_s=0.05)
     for _ in range(5):
         batcher.cut([100.0] * 256)  # one consume time for everything
     assert batcher.arrivals.typical_s == 0.0
@@ -278,7 +278,7 @@ def test_a_burst_after_idle_forms_one_batch() -> None:
     batch of 8 (the mean rate over the idle gaps, 4 msg/s, once cut each burst's first
     message alone 0.4 ms after it was consumed).
     """
-    batcher = Batcher(8, 1 << 20, max_wait_ms=5)
+    batcher = Batcher(8, 1 << 20, max_wait_s=0.005)
     bufs = PartitionBuffers(capacity=64, high_watermark=1.0, low_watermark=0.0)
     bufs.assign([A])
     cuts: list[list[int]] = []

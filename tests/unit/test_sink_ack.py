@@ -1,83 +1,104 @@
-"""Batch delivery accounting: a batch's inputs are done only when every report is in."""
+"""Batch delivery accounting: a batch's inputs are done only when every report is in.
+
+A real :class:`Sink` over the in-package fake producer (``streamproc.testing``): the results
+producer holds records until the test delivers them, in any order, with any error.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from confluent_kafka import KafkaError
 
+from streamproc.commit import OffsetTracker
+from streamproc.guarantees import AtLeastOnce
+from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
-from streamproc.sink import _BatchAck
+from streamproc.sink import H_STAGE, Sink
+from streamproc.testing import FakeProducer, factory
 
 TP = TopicPartition("in", 0)
 
 
-class RecordingSink:
-    transactions = None
+class Harness:
+    def __init__(self, n: int) -> None:
+        self.tracker = OffsetTracker()
+        self.generation = self.tracker.assign([TP])[TP]
+        self.records = [Record(TP, o, None, b"v", (), 0, 0.0, self.generation) for o in range(n)]
+        self.tracker.consumed_many(self.records)
+        self.producer = FakeProducer()
+        self.alone = FakeProducer()
+        self.fatal: list[BaseException] = []
+        self.sink = Sink(
+            self.producer,
+            {},
+            AtLeastOnce(self.tracker, Metrics()),
+            Metrics(),
+            self.fatal.append,
+            producer_factory=factory(self.alone),
+        )
 
-    def __init__(self) -> None:
-        self.delivered: list[tuple[str, list[int]]] = []
-        self.rejected: list[tuple[int, str]] = []
-        self.alone: list[tuple[str, bytes | None, Callable[..., None]]] = []
+    def send(self) -> None:
+        self.sink.send_results("out", [(r, b"r%d" % r.offset, []) for r in self.records], "in.dlq")
 
-    def _send_alone(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]],
-        on_delivery: Callable[..., None],
-    ) -> None:
-        self.alone.append((topic, value, on_delivery))
+    def report(self, index: int, error: KafkaError | None = None) -> None:
+        """Deliver the pending record of input ``index`` (results producer)."""
+        (pos,) = [i for i, p in enumerate(self.producer.pending) if p.value == b"r%d" % index]
+        record = self.producer.pending.pop(pos)
+        if error is None:
+            self.producer.delivered.append(record)
+        assert record.on_delivery is not None
+        record.on_delivery(error, None)
 
-    def _delivered(self, topic: str, records: list[Record]) -> None:
-        self.delivered.append((topic, [r.offset for r in records]))
-
-    def _rejected(self, record: Record, err: KafkaError, dlq_topic: str) -> None:
-        self.rejected.append((record.offset, dlq_topic))
-
-
-def _ack(sink: RecordingSink, n: int) -> _BatchAck:
-    results = [(Record(TP, o, None, b"v", (), 0, 0.0, 1), b"r%d" % o, []) for o in range(n)]
-    return _BatchAck(sink, "out", "in.dlq", results)  # type: ignore[arg-type]
+    @property
+    def watermark(self) -> int | None:
+        return self.tracker.watermarks([TP]).get(TP)
 
 
 def test_batch_is_done_only_after_its_last_report_in_any_order() -> None:
-    sink = RecordingSink()
-    ack = _ack(sink, 3)
-    ack.delivered(2, None, None)
-    ack.delivered(0, None, None)
-    assert sink.delivered == []  # offset 1 not acknowledged yet: nothing may be marked done
-    ack.delivered(1, None, None)
-    assert sink.delivered == [("out", [0, 1, 2])]
+    h = Harness(3)
+    h.send()
+    h.report(2)
+    h.report(0)
+    assert h.watermark == 0  # offset 1 not acknowledged yet: nothing may be marked done
+    assert h.tracker.pending(TP) == 3
+    h.report(1)
+    assert h.watermark == 3 and h.tracker.pending(TP) == 0
 
 
 def test_rejected_result_is_dead_lettered_and_left_out_of_the_done_set() -> None:
-    sink = RecordingSink()
-    ack = _ack(sink, 3)
-    ack.delivered(0, None, None)
-    ack.delivered(1, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), None)
-    assert sink.rejected == [(1, "in.dlq")]
-    ack.skipped(2)  # exactly-once: assignment gone, nothing produced
-    assert sink.delivered == [("out", [0])]
+    h = Harness(3)
+    h.send()
+    h.report(0)
+    h.report(1, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    h.report(2)
+    dead = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert len(dead) == 1 and (H_STAGE, b"produce") in dead[0].headers
+    assert h.watermark == 1  # offset 1 waits for its dead-letter record
+    h.producer.deliver()
+    assert h.watermark == 3
 
 
 def test_a_record_batch_refused_as_too_large_is_judged_record_by_record() -> None:
     # The broker's MSG_SIZE_TOO_LARGE refuses the whole record batch: every record of it gets
     # the error. Each is sent again alone; only one refused alone is dead-lettered.
-    sink = RecordingSink()
-    ack = _ack(sink, 3)
+    h = Harness(3)
+    h.send()
     too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
     for index in range(3):
-        ack.delivered(index, too_large, None)
-    assert sink.rejected == [] and sink.delivered == []
-    assert [(topic, value) for topic, value, _ in sink.alone] == [
+        h.report(index, too_large)
+    assert h.producer.pending == [] and h.watermark == 0
+    assert [(p.topic, p.value) for p in h.alone.pending] == [
         ("out", b"r0"),
         ("out", b"r1"),
         ("out", b"r2"),
     ]
-    sink.alone[0][2](None, None)
-    sink.alone[1][2](too_large, None)  # too large on its own
-    sink.alone[2][2](None, None)
-    assert sink.rejected == [(1, "in.dlq")]
-    assert sink.delivered == [("out", [0, 2])]
+    assert h.alone.settings["batch.num.messages"] == 1 and h.alone.settings["linger.ms"] == 0
+    first, second, third = h.alone.pending
+    h.alone.pending.clear()
+    for produced, error in ((first, None), (second, too_large), (third, None)):
+        assert produced.on_delivery is not None
+        produced.on_delivery(error, None)
+    dead = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert len(dead) == 1 and (("streamproc.source.offset", b"1") in dead[0].headers)
+    assert h.watermark == 1
+    h.producer.deliver()
+    assert h.watermark == 3 and not h.fatal

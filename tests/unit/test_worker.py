@@ -144,6 +144,9 @@ def test_staging_buffer_is_reused_only_after_its_copy_event_fired() -> None:
 
 def test_calibration_measures_every_size_the_adaptive_batcher_needs_before_traffic() -> None:
     from streamproc.batcher import Batcher
+    from streamproc.buffers import PartitionBuffers
+    from streamproc.commit import OffsetTracker
+    from streamproc.lane import Lane
 
     pool = StagingPool(3, rows=16, item_shape=(8,), dtype=np.dtype(np.float32), pin=False)
     seen: list[int] = []
@@ -153,9 +156,10 @@ def test_calibration_measures_every_size_the_adaptive_batcher_needs_before_traff
         return (x.sum(dim=1),)
 
     worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 1, lambda r: None, print)
-    batcher = Batcher(16, 1 << 30, 20.0, adaptive=True)
+    batcher = Batcher(16, 1 << 30, 0.02, adaptive=True)
+    lane = Lane("t", PartitionBuffers(64, 0.75, 0.25), batcher, OffsetTracker())
     assert batcher.unmeasured() == 1
-    runs = worker.calibrate(batcher.unmeasured, batcher.observe)
+    runs = lane.calibrate(worker.time_batch)
     assert batcher.unmeasured() is None  # nothing left to explore on live traffic
     assert runs == len(seen) and runs >= 3
     sizer = batcher.sizer
@@ -164,4 +168,4 @@ def test_calibration_measures_every_size_the_adaptive_batcher_needs_before_traff
     assert measured and all(seen.count(s) >= 3 for s in measured)
     assert batcher.target in measured
     assert pool.in_use == 0  # the slab went back
-    assert Batcher(16, 1 << 30, 20.0).unmeasured() is None  # fixed size: nothing to calibrate
+    assert Batcher(16, 1 << 30, 0.02).unmeasured() is None  # fixed size: nothing to calibrate

@@ -1,0 +1,114 @@
+"""One streamproc run over pre-produced input, for A/B comparisons of two checkouts.
+
+Usage (from a checkout's root, with its .venv)::
+
+    .venv/bin/python benchmarks/pipeline_ab.py --workload trades --messages 20000 \
+        --bootstrap 127.0.0.1:9092 --out /tmp/ab.jsonl
+
+The input topic ``ab-<workload>-<messages>`` is produced once (the workload's replay data, 4
+partitions) and reused by every later run, so two checkouts read the same bytes. Each run uses
+a fresh consumer group and output topic, runs the pipeline until idle and appends one JSON line:
+throughput from the output records' timestamps (``(n - 1) / (last - first)``, the same rule as
+``streamproc bench``) and the process CPU seconds per message of the run (``time.process_time``
+between the start of the run and its end, model loading excluded), which the shared cores
+disturb far less than wall time. Run the two checkouts alternately (A B A B ...) and compare
+medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+import streamproc
+from streamproc.config import load_config
+
+try:  # the tools moved under streamproc.tools (issue 14); older checkouts have them at the top
+    from streamproc.tools.replay import produce
+except ImportError:  # pragma: no cover - older checkouts
+    from streamproc.replay import produce  # type: ignore[no-redef]
+
+
+def _ensure_input(bootstrap: str, workload: str, messages: int) -> str:
+    topic = f"ab-{workload}-{messages}"
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    if topic not in metadata.topics:
+        produce(workload, topic, bootstrap, partitions=4, limit=messages, progress=False)
+    return topic
+
+
+def _output_rate(bootstrap: str, topic: str, expected: int) -> tuple[int, float | None]:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"ab-read-{uuid.uuid4().hex[:6]}"}
+    )
+    parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    stamps: list[int] = []
+    idle_since = time.monotonic()
+    while len(stamps) < expected and time.monotonic() - idle_since < 10:
+        for message in consumer.consume(1000, 1.0):
+            if message.error() is None:
+                stamps.append(message.timestamp()[1])
+                idle_since = time.monotonic()
+    consumer.close()
+    if len(stamps) < 2:
+        return len(stamps), None
+    stamps.sort()
+    return len(stamps), (len(stamps) - 1) / max(1e-3, (stamps[-1] - stamps[0]) / 1000.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="trades")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--label", default="")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    source = _ensure_input(args.bootstrap, args.workload, args.messages)
+    run_id = uuid.uuid4().hex[:8]
+    config = load_config(
+        overrides={
+            "kafka": {"group_id": f"ab-{run_id}"},
+            "pipelines": [
+                {
+                    "name": args.workload,
+                    "input_topic": source,
+                    "output_topic": f"ab-out-{run_id}",
+                    "workload": args.workload,
+                }
+            ],
+            "metrics": {"port": 0},
+            "batching": {"max_batch_size": 16 if args.workload == "video" else 256},
+            "buffers": {"ring_capacity": 256 if args.workload == "video" else 16384},
+            "worker": {"torch_threads": 1},
+        },
+        bootstrap=args.bootstrap,
+    )
+    pipeline = streamproc.Pipeline(config)
+    pipeline.start()  # model load, warm-up and calibration are not counted
+    cpu_start_s = time.process_time()
+    summary = pipeline.run(exit_when_idle_s=2.0)
+    cpu_s = time.process_time() - cpu_start_s
+    produced, rate = _output_rate(args.bootstrap, f"ab-out-{run_id}", args.messages)
+    row = {
+        "label": args.label,
+        "workload": args.workload,
+        "messages": produced,
+        "exit_code": summary.exit_code,
+        "msg_s": rate,
+        "cpu_us_per_msg": 1e6 * cpu_s / max(1, produced),
+        "batch_sizes": next(iter(summary.batch_sizes.values()), {}),
+    }
+    with open(args.out, "a") as out:
+        out.write(json.dumps(row) + "\n")
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

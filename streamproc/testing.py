@@ -1,0 +1,323 @@
+"""In-package fakes of the Kafka clients and the clock, for unit tests of streamproc's own logic.
+
+They implement the protocols of ``streamproc.edges`` with in-memory state and record every call,
+so seek-back, rewind, commit retries, revokes with in-flight batches and late results are
+testable without a broker. They are not a broker: no replication, no fetch sessions, no
+transactions on the broker side. Integration tests always run against a real Apache Kafka broker.
+
+Example::
+
+    consumer = FakeConsumer({TopicPartition("in", 0): [b"a", b"b"]})
+    source = Source(config, lanes, tracker, guarantee, metrics, on_fatal, lambda _: consumer)
+    consumer.schedule_assign([TopicPartition("in", 0)])
+    source.poll_until(lambda: consumer.delivered >= 2)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.edges import DeliveryCallback, RebalanceCallback
+from streamproc.records import TopicPartition
+
+GROUP_METADATA = "fake-group-metadata"
+"""What :meth:`FakeConsumer.consumer_group_metadata` returns."""
+
+
+class FakeClock:
+    """A monotonic clock in seconds that moves only when told to."""
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@dataclass
+class FakeMessage:
+    """A consumed message (the ``confluent_kafka.Message`` accessors streamproc calls)."""
+
+    _topic: str
+    _partition: int
+    _offset: int
+    _value: bytes | None
+    _key: bytes | None = None
+    _headers: list[tuple[str, bytes]] | None = None
+    _timestamp_ms: int = 0
+    _error: KafkaError | None = None
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._timestamp_ms)  # TIMESTAMP_CREATE_TIME
+
+
+def _ours(part: KafkaTopicPartition) -> TopicPartition:
+    return TopicPartition(part.topic, part.partition)
+
+
+@dataclass
+class FakeConsumer:
+    """An in-memory consumer over fixed partition logs.
+
+    Args:
+        logs: per partition, the values at offsets 0, 1, 2, ...
+
+    Rebalances are scripted: :meth:`schedule_assign`, :meth:`schedule_revoke` and
+    :meth:`schedule_lost` queue a callback that the next :meth:`consume` runs first, on the
+    caller's thread, as librdkafka does. Commits go to :attr:`committed_offsets`;
+    :attr:`commit_errors` makes the next commits raise.
+    """
+
+    logs: Mapping[TopicPartition, Sequence[bytes | None]]
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    committed_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    commit_errors: deque[KafkaError] = field(default_factory=deque)
+    positions: dict[TopicPartition, int] = field(default_factory=dict)
+    paused: set[TopicPartition] = field(default_factory=set)
+    delivered: int = 0
+    closed: bool = False
+    _callbacks: dict[str, RebalanceCallback] = field(default_factory=dict)
+    _events: deque[tuple[str, list[TopicPartition]]] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- scripting -------------------------------------------------------------------------
+    def schedule_assign(self, tps: Iterable[TopicPartition]) -> None:
+        self._events.append(("assign", list(tps)))
+
+    def schedule_revoke(self, tps: Iterable[TopicPartition]) -> None:
+        self._events.append(("revoke", list(tps)))
+
+    def schedule_lost(self, tps: Iterable[TopicPartition]) -> None:
+        self._events.append(("lost", list(tps)))
+
+    def calls_named(self, name: str) -> list[Any]:
+        """The arguments of every call of ``name``, in order."""
+        return [args for called, args in self.calls if called == name]
+
+    # -- the consumer protocol -------------------------------------------------------------
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
+        self.calls.append(("subscribe", list(topics)))
+        for name, callback in (("assign", on_assign), ("revoke", on_revoke), ("lost", on_lost)):
+            if callback is not None:
+                self._callbacks[name] = callback
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
+        while self._events:
+            name, tps = self._events.popleft()
+            parts = [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
+            self._callbacks[name](self, parts)
+        out: list[FakeMessage] = []
+        with self._lock:
+            for tp, position in sorted(self.positions.items()):
+                if tp in self.paused:
+                    continue
+                log = self.logs.get(tp, ())
+                while position < len(log) and len(out) < num_messages:
+                    out.append(FakeMessage(tp.topic, tp.partition, position, log[position]))
+                    position += 1
+                self.positions[tp] = position
+        self.delivered += len(out)
+        return out
+
+    def pause(self, partitions: list[KafkaTopicPartition]) -> None:
+        self.calls.append(("pause", [_ours(p) for p in partitions]))
+        self.paused.update(_ours(p) for p in partitions)
+
+    def resume(self, partitions: list[KafkaTopicPartition]) -> None:
+        self.calls.append(("resume", [_ours(p) for p in partitions]))
+        self.paused.difference_update(_ours(p) for p in partitions)
+
+    def seek(self, partition: KafkaTopicPartition) -> None:
+        tp = _ours(partition)
+        self.calls.append(("seek", (tp, partition.offset)))
+        with self._lock:
+            offset = partition.offset
+            if offset < 0:  # OFFSET_BEGINNING / OFFSET_END
+                offset = 0 if offset == -2 else len(self.logs.get(tp, ()))
+            self.positions[tp] = offset
+
+    def commit(
+        self,
+        offsets: list[KafkaTopicPartition] | None = None,
+        asynchronous: bool = True,
+    ) -> list[KafkaTopicPartition] | None:
+        committed = {_ours(p): p.offset for p in offsets or []}
+        self.calls.append(("commit", committed))
+        if self.commit_errors:
+            raise KafkaException(self.commit_errors.popleft())
+        self.committed_offsets.update(committed)
+        if asynchronous:
+            return None
+        return [KafkaTopicPartition(tp.topic, tp.partition, o) for tp, o in committed.items()]
+
+    def committed(
+        self, partitions: list[KafkaTopicPartition], timeout: float = -1
+    ) -> list[KafkaTopicPartition]:
+        return [
+            KafkaTopicPartition(p.topic, p.partition, self.committed_offsets.get(_ours(p), -1001))
+            for p in partitions
+        ]
+
+    def consumer_group_metadata(self) -> str:
+        return GROUP_METADATA
+
+    def incremental_assign(self, partitions: list[KafkaTopicPartition]) -> None:
+        self.calls.append(("incremental_assign", [_ours(p) for p in partitions]))
+        with self._lock:
+            for part in partitions:
+                tp = _ours(part)
+                self.positions[tp] = self.committed_offsets.get(tp, 0)
+
+    def incremental_unassign(self, partitions: list[KafkaTopicPartition]) -> None:
+        self.calls.append(("incremental_unassign", [_ours(p) for p in partitions]))
+        with self._lock:
+            for part in partitions:
+                self.positions.pop(_ours(part), None)
+                self.paused.discard(_ours(part))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class Produced:
+    """One record a :class:`FakeProducer` took."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    on_delivery: DeliveryCallback | None
+
+
+@dataclass
+class FakeProducer:
+    """An in-memory producer: records wait in :attr:`pending` until the test delivers them.
+
+    :meth:`deliver` (or :meth:`flush`) reports them; ``errors`` on a transactional method name
+    (``"commit_transaction"``, ``"send_offsets_to_transaction"``, ...) makes its next calls
+    raise those errors in order. Every call is recorded in :attr:`calls`.
+    """
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    pending: list[Produced] = field(default_factory=list)
+    delivered: list[Produced] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    errors: dict[str, deque[KafkaError]] = field(default_factory=dict)
+    deliver_on_flush: bool = True
+
+    def fail_next(self, method: str, *errors: KafkaError) -> None:
+        """Make the next calls of ``method`` raise ``KafkaException(error)``, in order."""
+        self.errors.setdefault(method, deque()).extend(errors)
+
+    def deliver(self, count: int | None = None, error: KafkaError | None = None) -> int:
+        """Report the oldest ``count`` pending records (all: None) with ``error``; returns how
+        many were reported."""
+        take = len(self.pending) if count is None else min(count, len(self.pending))
+        batch, self.pending = self.pending[:take], self.pending[take:]
+        for record in batch:
+            if error is None:
+                self.delivered.append(record)
+            if record.on_delivery is not None:
+                record.on_delivery(error, None)
+        return take
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        queued = self.errors.get(name)
+        if queued:
+            raise KafkaException(queued.popleft())
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> None:
+        self._call("produce")
+        self.pending.append(Produced(topic, key, value, list(headers or []), on_delivery))
+
+    def poll(self, timeout: float = -1) -> int:
+        return 0
+
+    def flush(self, timeout: float = -1) -> int:
+        if self.deliver_on_flush:
+            self.deliver()
+        return len(self.pending)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self._call("init_transactions")
+
+    def begin_transaction(self) -> None:
+        self._call("begin_transaction")
+
+    def send_offsets_to_transaction(
+        self, positions: list[KafkaTopicPartition], group_metadata: Any, timeout: float = -1
+    ) -> None:
+        self._call("send_offsets_to_transaction")
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self._call("commit_transaction")
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self._call("abort_transaction")
+
+
+def kafka_error(
+    code: int, *, retriable: bool = False, fatal: bool = False, txn_requires_abort: bool = False
+) -> KafkaError:
+    """A ``KafkaError`` with the given flags (as the client raises them)."""
+    return KafkaError(code, retriable=retriable, fatal=fatal, txn_requires_abort=txn_requires_abort)
+
+
+def factory(client: Any) -> Callable[[dict[str, Any]], Any]:
+    """A client factory that returns ``client`` (and keeps the settings it was given)."""
+
+    def build(settings: dict[str, Any]) -> Any:
+        if hasattr(client, "settings"):
+            client.settings = dict(settings)
+        return client
+
+    return build
