@@ -46,7 +46,7 @@ $(STAMP): $(DEPS)/.complete pyproject.toml
 	touch $@
 
 kafka-jars: venv
-	$(PY) -c "from streamproc.kafka_local import ensure_kafka_jars; print(ensure_kafka_jars())"
+	$(PY) -c "from streamproc.tools.kafka_local import ensure_kafka_jars; print(ensure_kafka_jars())"
 
 demo: venv kafka-jars
 	$(VENV)/bin/streamproc demo

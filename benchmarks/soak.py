@@ -22,8 +22,8 @@ import psutil
 import yaml
 
 from streamproc.admin import ensure_topics
-from streamproc.kafka_local import LocalKafka, ensure_kafka_jars
-from streamproc.replay import produce
+from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
+from streamproc.tools.replay import produce
 
 
 def main() -> int:

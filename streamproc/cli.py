@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from streamproc.errors import StreamprocError
+from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
 app = typer.Typer(
     add_completion=False,
@@ -44,7 +45,7 @@ def kafka_start(
     ),
 ) -> None:
     """Start a local broker in the background; the last line is KAFKA_BOOTSTRAP_SERVERS=..."""
-    from streamproc.kafka_local import (
+    from streamproc.tools.kafka_local import (
         LocalKafka,
         alive,
         ensure_kafka_jars,
@@ -81,7 +82,7 @@ def kafka_stop(
     ),
 ) -> None:
     """Stop the broker started with `kafka start --dir DIR`; no process is left behind."""
-    from streamproc.kafka_local import read_pid, terminate_pid
+    from streamproc.tools.kafka_local import read_pid, terminate_pid
 
     pid = read_pid(directory / "broker.pid")
     if pid is None:
@@ -94,7 +95,9 @@ def kafka_stop(
 
 @app.command("produce")
 def produce_cmd(
-    workload: Annotated[str, typer.Argument(help="Built-in workload: video, iot or trades.")],
+    workload: Annotated[
+        str, typer.Argument(help=f"Built-in workload: {', '.join(BUILTIN_WORKLOADS)}.")
+    ],
     topic: Annotated[str, typer.Option("--topic", help="Target topic (created if missing).")],
     bootstrap: Bootstrap = None,
     partitions: Annotated[int, typer.Option(min=1, help="Partitions if created.")] = 4,
@@ -102,10 +105,12 @@ def produce_cmd(
     rate: Annotated[float | None, typer.Option(min=0.001, help="Messages per second.")] = None,
 ) -> None:
     """Replay real data of a built-in workload into a topic."""
-    from streamproc.replay import WORKLOADS, produce
+    from streamproc.tools.replay import produce
 
-    if workload not in WORKLOADS:
-        raise _fail(ValueError(f"workload: unknown {workload!r}; allowed: {list(WORKLOADS)}"))
+    if workload not in BUILTIN_WORKLOADS:
+        raise _fail(
+            ValueError(f"workload: unknown {workload!r}; allowed: {list(BUILTIN_WORKLOADS)}")
+        )
     if not bootstrap:
         raise _fail(ValueError("no broker: pass --bootstrap or set KAFKA_BOOTSTRAP_SERVERS"))
     try:
@@ -176,7 +181,7 @@ def run_cmd(
 def demo_cmd(
     workloads: Annotated[
         list[str] | None,
-        typer.Option("--workload", help="Workloads to run (repeatable; default: all three)."),
+        typer.Option("--workload", help="Workloads to run (repeatable; default: every built-in)."),
     ] = None,
     scale: Annotated[
         float, typer.Option(min=0.01, help="Multiply every message count (rates unchanged).")
@@ -184,7 +189,7 @@ def demo_cmd(
 ) -> None:
     """Local broker + replay of real video, IoT and trade data + one consumer + report."""
     from streamproc import logs
-    from streamproc.demo import DEFAULT_PLAN, run_demo
+    from streamproc.tools.demo import DEFAULT_PLAN, run_demo
 
     chosen = workloads or list(DEFAULT_PLAN)
     unknown = sorted(set(chosen) - set(DEFAULT_PLAN))
@@ -203,7 +208,7 @@ def demo_cmd(
 @app.command("bench")
 def bench_cmd(bootstrap: Bootstrap = None) -> None:
     """The side-by-side benchmark (passthrough, model-only, serial, streamproc, Quix Streams)."""
-    from streamproc.benchmark import main as bench_main
+    from streamproc.tools.bench import main as bench_main
 
     raise typer.Exit(bench_main(bootstrap))
 

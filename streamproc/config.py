@@ -22,8 +22,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from streamproc.errors import ConfigError
 from streamproc.logs import SECRET_KEY as _SECRET_KEY
+from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
-BUILTIN_WORKLOADS = ("video", "iot", "trades")
 Scalar = str | int | float | bool
 
 

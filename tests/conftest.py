@@ -48,7 +48,7 @@ def bootstrap_servers() -> Iterator[str]:
     if broker_choice()[0] == "docker":
         yield from _container_broker()
         return
-    from streamproc.kafka_local import LocalKafka, ensure_kafka_jars
+    from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 
     run_dir = Path(tempfile.mkdtemp(prefix="streamproc-test-kafka-"))
     broker = LocalKafka(run_dir, ensure_kafka_jars())
@@ -109,7 +109,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def _remove_leftover_brokers(client: object) -> None:
     """Remove broker containers of test sessions that no longer run (killed without cleanup)."""
-    from streamproc.kafka_local import alive
+    from streamproc.tools.kafka_local import alive
 
     for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):  # type: ignore[attr-defined]
         owner = container.labels.get(OWNER_LABEL, "")
@@ -123,7 +123,7 @@ def _container_broker() -> Iterator[str]:
     from testcontainers.core.config import testcontainers_config
     from testcontainers.core.container import DockerContainer
 
-    from streamproc.kafka_local import SINGLE_NODE_SETTINGS, free_port
+    from streamproc.tools.kafka_local import SINGLE_NODE_SETTINGS, free_port
 
     testcontainers_config.ryuk_disabled = True
     port = free_port()

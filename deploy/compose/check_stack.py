@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Callable
 
 from streamproc.config import load_config
-from streamproc.verify import Verdict, verify
+from streamproc.tools.verify import Verdict, verify
 
 CONFIG = "/etc/streamproc/config.yaml"
 

@@ -4,7 +4,8 @@
 #   streamproc/debian:bookworm         debootstrap --variant=minbase + docker import
 #   streamproc/python:3.11-bookworm    Debian's python3.11 + venv on it (the Dockerfile's base)
 #   streamproc/kafka:4.1.1             Apache Kafka from the Maven Central jars that
-#                                      streamproc.kafka_local resolves (+ kafka-tools), Debian's JRE
+#                                      streamproc.tools.kafka_local resolves (+ kafka-tools),
+#                                      Debian's JRE
 #   streamproc/prometheus:2.42         Debian's prometheus (with promtool)
 #   streamproc:cpu                     the Dockerfile, VARIANT=cpu, on the Python base above
 #   streamproc:cuda                    the same with VARIANT=cuda (only with `build.sh cuda`)
@@ -24,7 +25,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$ROOT/deploy/images"
 PYTHON="${PYTHON:-python3.11}"
-# The project environment (`make venv`): resolves the Kafka jars through streamproc.kafka_local.
+# The project environment (`make venv`): resolves the Kafka jars through
+# streamproc.tools.kafka_local.
 VENV_PYTHON="${VENV_PYTHON:-$ROOT/.venv/bin/python}"
 DEBIAN_SUITE="${DEBIAN_SUITE:-bookworm}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -92,7 +94,7 @@ kafka() {
   exists "$DEBIAN_IMAGE" || base
   local libs context
   libs="$("$VENV_PYTHON" -c \
-    'from streamproc.kafka_local import ensure_kafka_jars; print(ensure_kafka_jars(tools=True))')"
+    'from streamproc.tools.kafka_local import ensure_kafka_jars; print(ensure_kafka_jars(tools=True))')"
   context="$(mktemp -d /var/tmp/streamproc-kafka.XXXXXX)"
   cp -r "$HERE/kafka/." "$context/"
   cp -r "$libs" "$context/libs"

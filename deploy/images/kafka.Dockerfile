@@ -1,5 +1,5 @@
 # Apache Kafka 4.x (KRaft) for sites without a registry (deploy/images/build.sh): the jars that
-# streamproc.kafka_local resolves from Maven Central (kafka_2.13 + kafka-tools) on Debian's
+# streamproc.tools.kafka_local resolves from Maven Central (kafka_2.13 + kafka-tools) on Debian's
 # OpenJDK 17 JRE, configured like the apache/kafka image: every KAFKA_FOO_BAR variable becomes the
 # broker property foo.bar (`__` -> `_`, `___` -> `-`), CLUSTER_ID formats the storage on first
 # start, and /opt/kafka/bin holds the usual *.sh tools.

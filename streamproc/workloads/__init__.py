@@ -2,7 +2,8 @@
 
 ``load_workload(spec, options)`` accepts:
 
-* a built-in name: ``video``, ``iot``, ``trades``;
+* a built-in name (:data:`~streamproc.workloads.registry.BUILTIN_WORKLOADS`: ``video``,
+  ``iot``, ``trades``);
 * a TorchScript file path ending in ``.pt`` or ``.ts``, or a ``torch.export`` program saved
   as ``.pt2`` (generic JSON-array codec; options ``input_shape`` and ``dtype``);
 * ``package.module:factory``: a callable returning a :class:`~streamproc.workloads.base.Workload`,
@@ -26,9 +27,11 @@ from streamproc.workloads.base import (
     require_value,
     source_coordinates,
 )
+from streamproc.workloads.registry import BUILTIN_WORKLOADS, BuiltinWorkload
 
 __all__ = [
-    "BUILTIN",
+    "BUILTIN_WORKLOADS",
+    "BuiltinWorkload",
     "Encoded",
     "ModelFn",
     "Workload",
@@ -37,22 +40,6 @@ __all__ = [
     "require_value",
     "source_coordinates",
 ]
-
-BUILTIN = ("video", "iot", "trades")
-
-
-def _builtin(name: str) -> type[Workload]:
-    if name == "video":
-        from streamproc.workloads.video import VideoWorkload
-
-        return VideoWorkload
-    if name == "iot":
-        from streamproc.workloads.iot import IotWorkload
-
-        return IotWorkload
-    from streamproc.workloads.trades import TradesWorkload
-
-    return TradesWorkload
 
 
 def load_workload(spec: str, options: dict[str, Any] | None = None) -> Workload:
@@ -64,8 +51,8 @@ def load_workload(spec: str, options: dict[str, Any] | None = None) -> Workload:
     """
     options = dict(options or {})
     try:
-        if spec in BUILTIN:
-            return _builtin(spec)(**options)
+        if spec in BUILTIN_WORKLOADS:
+            return BUILTIN_WORKLOADS[spec].load_class()(**options)
         if spec.endswith((".pt", ".ts", ".pt2")):
             from streamproc.workloads.torchscript import TorchScriptWorkload
 
@@ -75,7 +62,8 @@ def load_workload(spec: str, options: dict[str, Any] | None = None) -> Workload:
     except TypeError as exc:
         raise ConfigError(f"pipelines.options for {spec!r}: {exc}") from exc
     raise ConfigError(
-        f"pipelines.workload: unknown workload {spec!r}; allowed: one of {list(BUILTIN)}, "
+        f"pipelines.workload: unknown workload {spec!r}; "
+        f"allowed: one of {list(BUILTIN_WORKLOADS)}, "
         "a TorchScript (*.pt, *.ts) or torch.export (*.pt2) file path or 'package.module:factory'"
     )
 

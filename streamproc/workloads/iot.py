@@ -30,8 +30,9 @@ import torch
 from pydantic import BaseModel
 
 from streamproc.errors import DecodeError
-from streamproc.records import Record
+from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded, parse_json, source_coordinates
+from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 from streamproc.workloads.scorer import CheckpointScorer
 
@@ -97,7 +98,7 @@ class IotWorkload(CheckpointScorer):
     name = "iot"
     item_shape = (WINDOW, len(CYCLING_CHANNELS))
     item_dtype = np.dtype(np.float32)
-    default_priority = "normal"
+    default_priority = BUILTIN_WORKLOADS[name].default_priority
     weights = WEIGHTS
     model_class = Autoencoder
 
@@ -168,6 +169,11 @@ def iot_messages() -> Iterator[tuple[bytes, bytes]]:
                 )
                 yield device_id.encode(), value
         loop += 1
+
+
+def replay_messages() -> Iterator[tuple[bytes, bytes, Headers]]:
+    """:func:`iot_messages` as the registry's ``(key, value, headers)`` replay stream."""
+    return ((key, value, ()) for key, value in iot_messages())
 
 
 def recording_size() -> int:

@@ -39,8 +39,9 @@ from pydantic import ConfigDict, Field, TypeAdapter, with_config
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from streamproc.errors import DecodeError, RecordError
-from streamproc.records import Record
+from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded, parse_json, source_coordinates
+from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
 from streamproc.workloads.scorer import CheckpointScorer
 
@@ -177,7 +178,7 @@ class TradesWorkload(CheckpointScorer):
     name = "trades"
     item_shape = (FEATURES,)
     item_dtype = np.dtype(np.float32)
-    default_priority = "high"
+    default_priority = BUILTIN_WORKLOADS[name].default_priority
     weights = WEIGHTS
     model_class = Autoencoder
 
@@ -284,6 +285,11 @@ def trade_messages() -> Iterator[tuple[bytes, bytes]]:
                 trade = {**trade, "trade_id": f"{trade['trade_id']}-r{loop}"}
             yield trade["symbol"].encode(), orjson.dumps(trade)
         loop += 1
+
+
+def replay_messages() -> Iterator[tuple[bytes, bytes, Headers]]:
+    """:func:`trade_messages` as the registry's ``(key, value, headers)`` replay stream."""
+    return ((key, value, ()) for key, value in trade_messages())
 
 
 def recording_size() -> int:

@@ -14,8 +14,10 @@ Preprocessing matches the TensorFlow EfficientNet-Lite training recipe: resize t
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from PIL import Image, UnidentifiedImageError
 from streamproc.errors import DecodeError
 from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded, ModelFn, Workload, require_value, source_coordinates
+from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
 IMAGE_SIZE = 224
 RESIZE_SHORTER_TO = 256
@@ -95,6 +98,36 @@ def frame_headers(frame: Frame, capture_ts_ms: int | None = None) -> Headers:
     )
 
 
+@functools.cache
+def video_frames() -> tuple[Frame, ...]:
+    """Every frame of the shipped clips, JPEG-encoded once per process."""
+    return tuple(iter_frames())
+
+
+def replay_messages(cameras_per_clip: int = 4) -> Iterator[tuple[bytes, bytes, Headers]]:
+    """Endless distinct ``(key, value, headers)`` replay messages: the shipped clips, looped.
+
+    Each clip is replayed as ``cameras_per_clip`` camera streams (camera ``k`` carries the
+    ``k``-th contiguous segment of the clip; key = camera id); frame numbers continue across
+    loops.
+    """
+    per_clip: dict[str, list[Frame]] = {}
+    for frame in video_frames():
+        per_clip.setdefault(frame.camera_id, []).append(frame)
+    for loop in itertools.count():
+        for clip, clip_frames in per_clip.items():
+            segment = -(-len(clip_frames) // cameras_per_clip)
+            for frame in clip_frames:
+                camera = f"{clip}-cam{frame.frame_no // segment}"
+                number = frame.frame_no + loop * len(clip_frames)
+                yield camera.encode(), frame.jpeg, frame_headers(Frame(camera, number, frame.jpeg))
+
+
+def recording_size() -> int:
+    """Distinct video messages in one pass (every frame of the shipped clips)."""
+    return len(video_frames())
+
+
 def imagenet_categories() -> list[str]:
     """The 1000 ImageNet class names, index = class id (from torchvision's metadata)."""
     from torchvision.models import EfficientNet_B0_Weights
@@ -125,7 +158,7 @@ class VideoWorkload(Workload):
     name = "video"
     item_shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
     item_dtype = np.dtype(np.uint8)
-    default_priority = "low"
+    default_priority = BUILTIN_WORKLOADS[name].default_priority
 
     def __init__(self) -> None:
         self.categories = imagenet_categories()

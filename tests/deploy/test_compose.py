@@ -257,8 +257,8 @@ def test_alert_rules_have_promtool_unit_tests_for_lag_and_stalled_partitions() -
 
 def test_partitions_that_never_received_a_record_count_as_committed() -> None:
     """Defect 1: with 12 input partitions and 7 of them empty, the old lag check waited 300 s.
-    compose-test now judges commits with streamproc.verify (deploy/compose/check_stack.py)."""
-    from streamproc.verify import Verdict
+    compose-test now judges commits with streamproc.tools.verify (deploy/compose/check_stack.py)."""
+    from streamproc.tools.verify import Verdict
 
     def verdict(committed: dict[int, int]) -> Verdict:
         return Verdict("t", 5, 5, 0, [], 0, committed, {0: 3, 1: 0, 2: 2, 3: 0})

@@ -19,7 +19,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.admin import ensure_topics
 from streamproc.config import Config, load_config
-from streamproc.verify import Verdict
+from streamproc.tools.verify import Verdict
 
 
 @dataclass(frozen=True)

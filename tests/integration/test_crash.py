@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from streamproc.replay import produce
-from streamproc.verify import verify
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import verify
 from tests.integration.conftest import Topics, end_offset_total, wait_for
 
 

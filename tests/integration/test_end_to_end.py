@@ -7,9 +7,9 @@ import torch
 from confluent_kafka import Producer
 
 from streamproc.pipeline import Pipeline
-from streamproc.replay import produce, recording_size
 from streamproc.sink import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE, H_TOPIC
-from streamproc.verify import read_topic, verify
+from streamproc.tools.replay import produce, recording_size
+from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, make_config
 
 
@@ -53,7 +53,7 @@ def test_all_frames_once_then_nothing_new_on_rerun(bootstrap_servers: str, topic
 def test_bad_records_go_to_the_dead_letter_topic_and_offsets_advance(
     bootstrap_servers: str, topics: Topics
 ) -> None:
-    from streamproc.replay import video_frames
+    from streamproc.workloads.video import video_frames
 
     frames = video_frames()[:6]
     bad = {

@@ -16,9 +16,9 @@ import pytest
 
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline
-from streamproc.replay import produce
 from streamproc.sink import H_MESSAGE, H_STAGE
-from streamproc.verify import read_topic, verify
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import (
     Topics,
     end_offset_total,

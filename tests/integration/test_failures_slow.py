@@ -19,10 +19,10 @@ import pytest
 
 from streamproc.admin import ensure_topics
 from streamproc.config import load_config
-from streamproc.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.pipeline import Pipeline
-from streamproc.replay import produce
-from streamproc.verify import committed_offsets, verify
+from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import committed_offsets, verify
 from tests.integration.conftest import (
     Topics,
     end_offset_total,

@@ -12,8 +12,8 @@ import threading
 from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline
-from streamproc.replay import produce
-from streamproc.verify import verify
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import verify
 from tests.integration.conftest import Topics, report
 
 

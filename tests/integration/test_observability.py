@@ -16,9 +16,9 @@ from streamproc import logs
 from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.errors import ConfigError
-from streamproc.kafka_local import free_port
 from streamproc.pipeline import Pipeline
-from streamproc.replay import produce
+from streamproc.tools.kafka_local import free_port
+from streamproc.tools.replay import produce
 from tests.integration.conftest import wait_for
 
 SECRET = "hunter2-do-not-log"

@@ -20,9 +20,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline
 from streamproc.records import Record, TopicPartition
-from streamproc.replay import produce
 from streamproc.sink import H_OFFSET, H_STAGE
-from streamproc.verify import read_topic, verify
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import (
     Topics,
     report,

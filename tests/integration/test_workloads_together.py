@@ -12,9 +12,9 @@ from confluent_kafka import Producer
 from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline
-from streamproc.replay import messages
 from streamproc.sink import H_CLASS, H_STAGE
-from streamproc.verify import read_topic, verify
+from streamproc.tools.replay import messages
+from streamproc.tools.verify import read_topic, verify
 from streamproc.workloads.iot import WINDOW
 from streamproc.workloads.sampledata import CYCLING_CHANNELS
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka.admin import AdminClient
 
-from streamproc.replay import produce
+from streamproc.tools.replay import produce
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "streamproc"

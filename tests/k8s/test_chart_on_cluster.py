@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from streamproc.admin import ensure_topics
-from streamproc.verify import Verdict, read_topic, verify
+from streamproc.tools.verify import Verdict, read_topic, verify
 from tests.k8s.kube import (
     BOOTSTRAP,
     CHART,

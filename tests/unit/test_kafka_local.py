@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from streamproc.errors import BrokerError
-from streamproc.kafka_local import MARKER, LocalKafka
+from streamproc.tools.kafka_local import MARKER, LocalKafka
 
 
 def test_refuses_a_folder_with_user_files(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_claims_new_and_own_folders(tmp_path: Path) -> None:
 
 
 def test_cluster_ids_never_look_like_an_option() -> None:
-    from streamproc.kafka_local import _cluster_id
+    from streamproc.tools.kafka_local import _cluster_id
 
     ids = [_cluster_id() for _ in range(2000)]  # about 31 would start with "-" unguarded
     assert not [i for i in ids if i.startswith("-")]

@@ -11,7 +11,7 @@ import torch
 
 from streamproc.errors import ConfigError, DecodeError
 from streamproc.records import Record, TopicPartition
-from streamproc.workloads import BUILTIN, Workload, load_workload
+from streamproc.workloads import BUILTIN_WORKLOADS, Workload, load_workload
 
 TP = TopicPartition("t", 0)
 
@@ -21,8 +21,9 @@ def record(value: bytes | None) -> Record:
 
 
 def test_builtins_have_priorities() -> None:
-    priorities = {name: load_workload(name).default_priority for name in BUILTIN}
+    priorities = {name: load_workload(name).default_priority for name in BUILTIN_WORKLOADS}
     assert priorities == {"video": "low", "iot": "normal", "trades": "high"}
+    assert all(w.default_priority == priorities[n] for n, w in BUILTIN_WORKLOADS.items())
 
 
 class Scale(torch.nn.Module):

@@ -15,6 +15,10 @@ Throughput (msg/s) is ``(n - 1) / (last output timestamp - first output timestam
 output topic, the same for every contender (start-up and model loading excluded). Latency:
 streamproc under an open-loop paced replay at 50 % and 80 % of its own measured maximum,
 end-to-end = output record timestamp - input record timestamp, P50/P99.
+
+Results go to ``benchmarks/results/bench.json``; the plots (``bench.png``) need matplotlib, the
+optional ``bench`` extra (``pip install 'streamproc[bench]'``): without it the bench still runs
+and says so.
 """
 
 from __future__ import annotations
@@ -39,11 +43,14 @@ from streamproc.config import Config, load_config
 from streamproc.errors import RecordError
 from streamproc.pipeline import Pipeline
 from streamproc.records import Record, TopicPartition
-from streamproc.replay import produce
-from streamproc.verify import read_topic
-from streamproc.workloads import load_workload
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import read_topic
+from streamproc.workloads import BUILTIN_WORKLOADS, load_workload
 
+# The built-in workloads compared (the heaviest and the lightest per message) and their sizes.
 PLAN = {"video": {"messages": 370, "serial": 120}, "trades": {"messages": 20_000, "serial": 1000}}
+REPO = Path(__file__).resolve().parents[2]
+"""The repository root (``benchmarks/quix_app.py`` lives there)."""
 
 
 @dataclass
@@ -306,7 +313,7 @@ def paced_latency(
     batches = registry.get_sample_value("streamproc_inference_seconds_count", {"topic": source})
     spent_s = registry.get_sample_value("streamproc_inference_seconds_sum", {"topic": source})
     spec = config.pipelines[0]
-    priority = PRIORITIES.index(spec.priority or load_workload(workload).default_priority)
+    priority = PRIORITIES.index(spec.priority or BUILTIN_WORKLOADS[workload].default_priority)
     bound_ms = 1000 * (
         config.batching.max_wait_s[priority] + 2 * (spent_s or 0.0) / max(1.0, batches or 0.0)
     )
@@ -342,7 +349,7 @@ def run_quix(bootstrap: str, source: str, sink: str, workload: str, n: int) -> s
     python = quix_python()
     if python is None:
         return "skipped: Quix Streams environment could not be built"
-    app = Path(__file__).resolve().parent.parent / "benchmarks" / "quix_app.py"
+    app = REPO / "benchmarks" / "quix_app.py"
     if not app.exists():
         return "skipped: benchmarks/quix_app.py not found (run from the repository)"
     proc = subprocess.Popen(
@@ -359,7 +366,7 @@ def run_quix(bootstrap: str, source: str, sink: str, workload: str, n: int) -> s
 
 def quix_python() -> Path | None:
     """A virtualenv with the latest quixstreams, layered over this environment for torch."""
-    from streamproc.kafka_local import cache_dir
+    from streamproc.tools.kafka_local import cache_dir
 
     venv = cache_dir() / "quix-venv"
     python = venv / "bin" / "python"
@@ -379,8 +386,7 @@ def quix_python() -> Path | None:
     # appended after quix's own packages, so its pins win and torch & co. come from here.
     site = next((venv / "lib").glob("python*/site-packages"))
     ours = [p for p in sys.path if p.endswith("site-packages")]
-    repo = str(Path(__file__).resolve().parent.parent)
-    (site / "zz-streamproc.pth").write_text("\n".join([*ours, repo]) + "\n")
+    (site / "zz-streamproc.pth").write_text("\n".join([*ours, str(REPO)]) + "\n")
     return python
 
 
@@ -390,7 +396,8 @@ def run(
     workloads: tuple[str, ...] = ("trades", "video"),
     partitions: int = 4,
 ) -> list[Row]:
-    """Run every contender; write ``bench.json`` and ``bench.png`` to ``out_dir``."""
+    """Run every contender; write ``bench.json`` and ``bench.png`` (``bench`` extra) to
+    ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     for workload in workloads:
@@ -505,13 +512,21 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+NO_MATPLOTLIB = (
+    "bench.png skipped: matplotlib is not installed; the plots are the optional `bench` extra: "
+    "pip install 'streamproc[bench]' (in a clone: pip install -e '.[bench]')"
+)
+
+
 def _plot(rows: list[Row], path: Path) -> None:
+    """Throughput bars and latency CDFs into ``path``; a note instead without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print(NO_MATPLOTLIB, file=sys.stderr, flush=True)
         return
     workloads = list(dict.fromkeys(r.workload for r in rows))
     fig, axes = plt.subplots(2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False)
@@ -541,7 +556,7 @@ def _plot(rows: list[Row], path: Path) -> None:
 def main(bootstrap: str | None = None) -> int:
     """Entry point of ``streamproc bench``: local broker unless one is given."""
     from streamproc import logs
-    from streamproc.kafka_local import LocalKafka, ensure_kafka_jars
+    from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 
     logs.configure("warning", "console")
     broker = None
@@ -558,5 +573,8 @@ def main(bootstrap: str | None = None) -> int:
         if broker is not None:
             broker.stop()
     print(render(rows))
-    print(f"(total {time.monotonic() - started:.0f} s; JSON and PNG in benchmarks/results/)")
+    print(
+        f"(total {time.monotonic() - started:.0f} s; JSON and PNG (with the `bench` extra) in "
+        "benchmarks/results/)"
+    )
     return 0

