@@ -249,7 +249,7 @@ class Pipeline:
                 adaptive=batching.adaptive_batch_size,
             ),
             self.tracker,
-            Priority.from_name(spec.priority or workload.default_priority),
+            Priority.parse(spec.priority or workload.default_priority),
         )
         slots = threading.Semaphore(cfg.worker.max_in_flight_batches)
         handler = ResultHandler(

@@ -30,16 +30,23 @@ class Priority(enum.IntEnum):
     LOW = 2
 
     @classmethod
-    def from_name(cls, name: str) -> Priority:
-        """``"high"`` -> :attr:`HIGH`, ...
+    def parse(cls, value: Priority | str) -> Priority:
+        """``"high"`` -> :attr:`HIGH`, ...; a :class:`Priority` is returned as it is.
 
         Raises:
-            ValueError: ``name`` is not one of ``high``, ``normal``, ``low``.
+            ValueError: ``value`` is not one of ``high``, ``normal``, ``low``.
         """
-        member = _PRIORITY_NAMES.get(name)
+        if isinstance(value, Priority):
+            return value
+        member = _PRIORITY_NAMES.get(value)
         if member is None:
-            raise ValueError(f"unknown priority {name!r}; allowed: {list(_PRIORITY_NAMES)}")
+            raise ValueError(f"unknown priority {value!r}; allowed: {list(_PRIORITY_NAMES)}")
         return member
+
+    @property
+    def label(self) -> str:
+        """The lower-case name config and the ``priority`` header use."""
+        return self.name.lower()
 
     @classmethod
     def of(cls, headers: Headers, default: Priority) -> Priority:

@@ -38,11 +38,10 @@ import torch
 from confluent_kafka import Consumer, Producer
 
 from streamproc.admin import ensure_topics
-from streamproc.batcher import PRIORITIES
 from streamproc.config import Config, load_config
 from streamproc.errors import RecordError
 from streamproc.pipeline import Pipeline
-from streamproc.records import Record, TopicPartition
+from streamproc.records import Priority, Record, TopicPartition
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic
 from streamproc.workloads import BUILTIN_WORKLOADS, load_workload
@@ -313,7 +312,7 @@ def paced_latency(
     batches = registry.get_sample_value("streamproc_inference_seconds_count", {"topic": source})
     spent_s = registry.get_sample_value("streamproc_inference_seconds_sum", {"topic": source})
     spec = config.pipelines[0]
-    priority = PRIORITIES.index(spec.priority or BUILTIN_WORKLOADS[workload].default_priority)
+    priority = Priority.parse(spec.priority or BUILTIN_WORKLOADS[workload].default_priority)
     bound_ms = 1000 * (
         config.batching.max_wait_s[priority] + 2 * (spent_s or 0.0) / max(1.0, batches or 0.0)
     )

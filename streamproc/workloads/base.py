@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from streamproc.errors import DecodeError, RecordError
-from streamproc.records import Headers, Record
+from streamproc.records import Headers, Priority, Record
 
 ModelFn = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 M = TypeVar("M", bound=BaseModel)
@@ -95,12 +95,13 @@ class Workload:
         name: workload name used in config and metrics.
         item_shape: shape of one decoded row.
         item_dtype: numpy dtype of one decoded row.
-        default_priority: ``high``, ``normal`` or ``low``; the replay stamps it into the
-            ``priority`` header (latency-critical trades high, IoT normal, video low).
+        default_priority: the class of a record without a ``priority`` header (a
+            :class:`~streamproc.records.Priority`, or its name: ``high``, ``normal``, ``low``);
+            the replay stamps it into the header (trades high, IoT normal, video low).
     """
 
     name: str = "workload"
-    default_priority: str = "normal"
+    default_priority: Priority | str = Priority.NORMAL
     item_shape: tuple[int, ...] = ()
     item_dtype: np.dtype = np.dtype(np.uint8)
 

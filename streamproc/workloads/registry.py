@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from streamproc.records import PRIORITY_HEADER, Priority
+
 if TYPE_CHECKING:
     from streamproc.records import Headers
     from streamproc.workloads.base import Workload
@@ -39,8 +41,8 @@ class BuiltinWorkload:
             ``(key, value, headers)`` replay messages from its real recording (headers without
             ``priority``: the replayer adds :attr:`default_priority`).
         recording_size: ``"module:function"`` returning the distinct messages in one pass.
-        default_priority: ``high``, ``normal`` or ``low``: the class of a record without a
-            ``priority`` header, and the header the replayer stamps on every message.
+        default_priority: the class of a record without a ``priority`` header, and the
+            header the replayer stamps on every message.
         demo_messages, demo_rate_msg_s: what ``streamproc demo`` replays (messages, open-loop
             rate): about 26 s each, within what a 2-core CPU machine serves for all built-ins
             at once.
@@ -50,7 +52,7 @@ class BuiltinWorkload:
     workload_class: str
     replay_messages: str
     recording_size: str
-    default_priority: str
+    default_priority: Priority
     demo_messages: int
     demo_rate_msg_s: float
 
@@ -61,7 +63,7 @@ class BuiltinWorkload:
 
     def messages(self) -> Iterator[tuple[bytes, bytes, Headers]]:
         """The endless replay stream: ``(key, value, headers)`` with the ``priority`` header."""
-        priority = ("priority", self.default_priority.encode())
+        priority = (PRIORITY_HEADER, self.default_priority.label.encode())
         for key, value, headers in _resolve(self.replay_messages)():
             yield key, value, (*headers, priority)
 
@@ -80,7 +82,7 @@ BUILTIN_WORKLOADS: Mapping[str, BuiltinWorkload] = MappingProxyType(
                 "streamproc.workloads.video:VideoWorkload",
                 "streamproc.workloads.video:replay_messages",
                 "streamproc.workloads.video:recording_size",
-                default_priority="low",
+                default_priority=Priority.LOW,
                 demo_messages=370,
                 demo_rate_msg_s=14.0,
             ),
@@ -89,7 +91,7 @@ BUILTIN_WORKLOADS: Mapping[str, BuiltinWorkload] = MappingProxyType(
                 "streamproc.workloads.iot:IotWorkload",
                 "streamproc.workloads.iot:replay_messages",
                 "streamproc.workloads.iot:recording_size",
-                default_priority="normal",
+                default_priority=Priority.NORMAL,
                 demo_messages=536,
                 demo_rate_msg_s=20.0,
             ),
@@ -98,7 +100,7 @@ BUILTIN_WORKLOADS: Mapping[str, BuiltinWorkload] = MappingProxyType(
                 "streamproc.workloads.trades:TradesWorkload",
                 "streamproc.workloads.trades:replay_messages",
                 "streamproc.workloads.trades:recording_size",
-                default_priority="high",
+                default_priority=Priority.HIGH,
                 demo_messages=3600,
                 demo_rate_msg_s=140.0,
             ),

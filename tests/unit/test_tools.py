@@ -65,7 +65,7 @@ def test_registry_names_its_classes_and_the_replay_stamps_its_priority() -> None
     for name in ("iot", "trades"):  # video decodes every clip first: covered by integration
         first = list(itertools.islice(messages(name), 3))
         assert [m.headers for m in first] == [
-            (("priority", BUILTIN_WORKLOADS[name].default_priority.encode()),)
+            (("priority", BUILTIN_WORKLOADS[name].default_priority.label.encode()),)
         ] * 3
         assert recording_size(name) == BUILTIN_WORKLOADS[name].size() > 0
     with pytest.raises(ValueError, match="allowed: \\['video', 'iot', 'trades'\\]"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamproc.errors import ConfigError, DecodeError
-from streamproc.records import Record, TopicPartition
+from streamproc.records import Priority, Record, TopicPartition
 from streamproc.workloads import BUILTIN_WORKLOADS, Workload, load_workload
 
 TP = TopicPartition("t", 0)
@@ -22,7 +22,7 @@ def record(value: bytes | None) -> Record:
 
 def test_builtins_have_priorities() -> None:
     priorities = {name: load_workload(name).default_priority for name in BUILTIN_WORKLOADS}
-    assert priorities == {"video": "low", "iot": "normal", "trades": "high"}
+    assert priorities == {"video": Priority.LOW, "iot": Priority.NORMAL, "trades": Priority.HIGH}
     assert all(w.default_priority == priorities[n] for n, w in BUILTIN_WORKLOADS.items())
 
 
