@@ -277,7 +277,7 @@ class Batcher:
         if self.sizer is not None:
             self.sizer.observe(size, service_s)
 
-    def cut(self, consumed_s: Sequence[float]) -> None:
+    def cut(self, consumed_s: Sequence[float] | np.ndarray) -> None:
         """Feed back one cut batch: its messages' consume times (monotonic seconds; the
         arrival gaps behind cut (c) of the module docstring)."""
         self.arrivals.record(consumed_s)

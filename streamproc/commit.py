@@ -284,12 +284,12 @@ class AtLeastOnceCommitter:
         offsets = [_ktp(tp, offset) for tp, offset in candidates.items()]
         self._tracker.mark_committed(candidates)
         try:
-            result = consumer.commit(offsets=offsets, asynchronous=not synchronous)
+            if synchronous:
+                self.on_commit(None, consumer.commit(offsets=offsets, asynchronous=False))
+            else:
+                consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as exc:
             self._failed(candidates, exc)
-            return True
-        if synchronous and result is not None:
-            self.on_commit(None, result)
         return True
 
     def on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:

@@ -12,7 +12,7 @@ Only the methods listed here may be called on a client; that list is the contrac
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -50,9 +50,14 @@ class ConsumerClient(Protocol):
     def pause(self, partitions: list[KafkaTopicPartition]) -> None: ...
     def resume(self, partitions: list[KafkaTopicPartition]) -> None: ...
     def seek(self, partition: KafkaTopicPartition) -> None: ...
+    @overload
     def commit(
-        self, offsets: list[KafkaTopicPartition] = ..., asynchronous: bool = True
-    ) -> list[KafkaTopicPartition] | None: ...
+        self, *, offsets: list[KafkaTopicPartition], asynchronous: Literal[True] = ...
+    ) -> None: ...
+    @overload
+    def commit(
+        self, *, offsets: list[KafkaTopicPartition], asynchronous: Literal[False]
+    ) -> list[KafkaTopicPartition]: ...
     def committed(
         self, partitions: list[KafkaTopicPartition], timeout: float = -1
     ) -> list[KafkaTopicPartition]: ...
@@ -69,9 +74,12 @@ class ProducerClient(Protocol):
     def produce(
         self,
         topic: str,
+        *,
         value: bytes | None = None,
         key: bytes | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        # Any: the client takes a list of (str, str | bytes | None) pairs or a dict; a list is
+        # invariant, so our list[tuple[str, bytes]] would not match its declared type
+        headers: Any = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> None: ...
     def poll(self, timeout: float = -1) -> int: ...

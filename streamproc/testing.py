@@ -19,12 +19,17 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.edges import DeliveryCallback, RebalanceCallback
+from streamproc.edges import (
+    ConsumerClient,
+    DeliveryCallback,
+    ProducerClient,
+    RebalanceCallback,
+)
 from streamproc.records import TopicPartition
 
 GROUP_METADATA = "fake-group-metadata"
@@ -173,12 +178,18 @@ class FakeConsumer:
                 offset = 0 if offset == -2 else len(self.logs.get(tp, ()))
             self.positions[tp] = offset
 
+    @overload
     def commit(
-        self,
-        offsets: list[KafkaTopicPartition] | None = None,
-        asynchronous: bool = True,
+        self, *, offsets: list[KafkaTopicPartition], asynchronous: Literal[True] = ...
+    ) -> None: ...
+    @overload
+    def commit(
+        self, *, offsets: list[KafkaTopicPartition], asynchronous: Literal[False]
+    ) -> list[KafkaTopicPartition]: ...
+    def commit(
+        self, *, offsets: list[KafkaTopicPartition], asynchronous: bool = True
     ) -> list[KafkaTopicPartition] | None:
-        committed = {_ours(p): p.offset for p in offsets or []}
+        committed = {_ours(p): p.offset for p in offsets}
         self.calls.append(("commit", committed))
         if self.commit_errors:
             raise KafkaException(self.commit_errors.popleft())
@@ -268,9 +279,10 @@ class FakeProducer:
     def produce(
         self,
         topic: str,
+        *,
         value: bytes | None = None,
         key: bytes | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: Any = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         self._call("produce")
@@ -321,3 +333,8 @@ def factory(client: Any) -> Callable[[dict[str, Any]], Any]:
         return client
 
     return build
+
+
+if TYPE_CHECKING:  # the fakes satisfy the protocols the stages take
+    _consumer: ConsumerClient = FakeConsumer({})
+    _producer: ProducerClient = FakeProducer()

@@ -66,23 +66,24 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> T
             if message is None:
                 idle_polls += 1
                 continue
+            partition, offset = message.partition(), message.offset()
+            if partition is None or offset is None:
+                continue
             if message.error() is not None:
-                if message.partition() is not None and message.offset() >= ends.get(
-                    message.partition(), 0
-                ):
-                    todo.discard(message.partition())
+                if offset >= ends.get(partition, 0):
+                    todo.discard(partition)
                 continue
-            if message.partition() is None:
-                continue
-            headers = {k: v for k, v in (message.headers() or [])}
-            records[(message.partition(), message.offset())] = (
-                message.key(),
-                message.value(),
+            raw = message.headers() or []
+            pairs = raw.items() if isinstance(raw, dict) else raw
+            headers = {k: v for k, v in pairs if isinstance(v, bytes)}
+            records[(partition, offset)] = (
+                _as_bytes(message.key()),
+                _as_bytes(message.value()),
                 headers,
                 message.timestamp()[1],
             )
-            if message.offset() + 1 >= ends[message.partition()]:
-                todo.discard(message.partition())
+            if offset + 1 >= ends[partition]:
+                todo.discard(partition)
         return TopicDump(records, ends, stable=not todo)
     finally:
         consumer.close()
@@ -199,3 +200,8 @@ def verify(
         examples=example_values,
         output_stable=outputs.stable and dlq.stable,
     )
+
+
+def _as_bytes(data: str | bytes | None) -> bytes | None:
+    """A key or value as bytes (the client types them ``str | bytes``; ours are bytes)."""
+    return data.encode() if isinstance(data, str) else data

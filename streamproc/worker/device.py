@@ -97,7 +97,7 @@ class _InFlight:
     error: ModelError | None = None
     slab_released: bool = False
     service_s: float | None = None  # CPU: known when the launch returns
-    start_event: Event | None = None  # CUDA: timing event recorded before the copy in
+    start_event: torch.cuda.Event | None = None  # CUDA: timing event recorded before the copy in
 
 
 class DeviceWorker:
@@ -134,7 +134,7 @@ class DeviceWorker:
         self.on_result = on_result
         self.on_fatal = on_fatal
         self.cuda = device.type == "cuda"
-        self._streams = [torch.cuda.Stream(device) for _ in range(streams)] if self.cuda else []
+        self._streams = [_cuda_stream(device) for _ in range(streams)] if self.cuda else []
         self._jobs: queue.Queue[DeviceJob | None] = queue.Queue(maxsize=max_in_flight)
         self._inflight: deque[_InFlight] = deque()
         self._cond = threading.Condition()
@@ -251,15 +251,13 @@ class DeviceWorker:
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         copy_event: Event = _Done()
         done_event: Event = _Done()
-        start_event: Event | None = None
+        start_event: torch.cuda.Event | None = None
         with ctx:
             if stream is not None:
-                start_event = torch.cuda.Event(enable_timing=True)
-                start_event.record(stream)
+                start_event = _cuda_event(stream, timing=True)
             x = job.slab.tensor[:n].to(self.device, non_blocking=True)
             if stream is not None:
-                copy_event = torch.cuda.Event()
-                copy_event.record(stream)
+                copy_event = _cuda_event(stream)
             elif self._event_factory is not None:  # tests: a controllable "copy finished"
                 copy_event = self._event_factory()
             try:
@@ -276,8 +274,7 @@ class DeviceWorker:
             for dst, src in zip(host, outputs, strict=True):
                 dst[:n].copy_(src, non_blocking=True)
             if stream is not None:
-                done_event = torch.cuda.Event(enable_timing=True)
-                done_event.record(stream)
+                done_event = _cuda_event(stream, timing=True)
         return _InFlight(
             job, copy_event, done_event, host, slot, started_s, start_event=start_event
         )
@@ -380,5 +377,17 @@ def _service_s(item: _InFlight) -> float:
     """Device time of a completed batch, in seconds."""
     if item.service_s is not None:
         return item.service_s
-    assert item.start_event is not None
-    return float(item.start_event.elapsed_time(item.done_event)) / 1000.0  # type: ignore[attr-defined]
+    assert item.start_event is not None and isinstance(item.done_event, torch.cuda.Event)
+    return float(item.start_event.elapsed_time(item.done_event)) / 1000.0
+
+
+# torch ships the constructors of torch.cuda.Stream and torch.cuda.Event without annotations.
+def _cuda_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # unannotated in torch
+
+
+def _cuda_event(stream: torch.cuda.Stream, timing: bool = False) -> torch.cuda.Event:
+    """A CUDA event recorded on ``stream`` now (``timing``: usable with ``elapsed_time``)."""
+    event = torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]  # see above
+    event.record(stream)
+    return event
