@@ -51,9 +51,12 @@ kafka-jars: venv
 demo: venv kafka-jars
 	$(VENV)/bin/streamproc demo
 
+# ruff, then mypy --strict over streamproc (settings and per-module exceptions: [tool.mypy] in
+# pyproject.toml).
 lint: venv
 	$(DEPS)/bin/ruff check streamproc tests benchmarks examples scripts
 	$(DEPS)/bin/ruff format --check streamproc tests benchmarks examples scripts
+	$(DEPS)/bin/mypy
 
 format: venv
 	$(DEPS)/bin/ruff check --fix streamproc tests benchmarks examples scripts
@@ -119,4 +122,4 @@ test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .streamproc
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .streamproc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -13,22 +13,23 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from streamproc.config import Scalar
 from streamproc.errors import BrokerError
 from streamproc.logs import kafka_logger
 
 
-def _admin(bootstrap_or_config: str | dict[str, Any]) -> tuple[AdminClient, str]:
-    config = (
+def _admin(bootstrap_or_config: str | Mapping[str, Scalar]) -> tuple[AdminClient, str]:
+    config: dict[str, Scalar] = (
         {"bootstrap.servers": bootstrap_or_config}
         if isinstance(bootstrap_or_config, str)
         else dict(bootstrap_or_config)
     )
-    config.setdefault("logger", kafka_logger())
-    return AdminClient(config), str(config.get("bootstrap.servers"))
+    # the logger is a keyword argument: confluent_kafka types the settings as scalars
+    return AdminClient(config, logger=kafka_logger()), str(config.get("bootstrap.servers"))
 
 
 def cluster_metadata(
-    bootstrap_or_config: str | dict[str, Any], timeout_s: float = 30
+    bootstrap_or_config: str | Mapping[str, Scalar], timeout_s: float = 30
 ) -> ClusterMetadata:
     """Topic and broker metadata.
 
@@ -45,7 +46,7 @@ def cluster_metadata(
 
 
 def ensure_topics(
-    bootstrap_or_config: str | dict[str, Any],
+    bootstrap_or_config: str | Mapping[str, Scalar],
     partitions: dict[str, int],
     timeout_s: float = 30,
 ) -> list[str]:
@@ -92,7 +93,7 @@ def partition_count(metadata: ClusterMetadata, topic: str) -> int | None:
 
 
 def max_message_bytes(
-    bootstrap_or_config: str | dict[str, Any], topics: list[str], timeout_s: float = 30
+    bootstrap_or_config: str | Mapping[str, Scalar], topics: list[str], timeout_s: float = 30
 ) -> dict[str, int]:
     """Each existing topic's ``max.message.bytes`` (the largest record batch it accepts).
 

@@ -162,10 +162,10 @@ def run_cmd(
         raise _fail(exc) from exc
     for spec in cfg.pipelines:
         metrics = pipeline.metrics
-        consumed = metrics.consumed.labels(spec.input_topic)._value.get()
-        produced = metrics.produced.labels(spec.output_topic)._value.get()
+        consumed = metrics.counter_value(metrics.consumed, topic=spec.input_topic)
+        produced = metrics.counter_value(metrics.produced, topic=spec.output_topic)
         dead = sum(
-            metrics.dead_lettered.labels(spec.input_topic, stage)._value.get()
+            metrics.counter_value(metrics.dead_lettered, topic=spec.input_topic, stage=stage)
             for stage in ("decode", "model", "encode", "produce", "callback")
         )
         typer.echo(

@@ -111,6 +111,10 @@ MAX_WAIT_LIMIT_MS = 3_600_000.0
 WaitMs = Annotated[float, Field(ge=0.0, le=MAX_WAIT_LIMIT_MS, allow_inf_nan=False)]
 
 
+def _default_priority_waits() -> dict[Priority, float]:
+    return {"high": 2.0, "low": 50.0}
+
+
 class BatchingConfig(_Section):
     """When the batcher cuts a batch.
 
@@ -125,18 +129,17 @@ class BatchingConfig(_Section):
     max_batch_size: int = Field(default=4, ge=1, le=4096)
     max_batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_wait_ms: WaitMs = 20.0
-    priority_max_wait_ms: dict[Priority, WaitMs] = Field(
-        default_factory=lambda: {"high": 2.0, "low": 50.0}
-    )
+    priority_max_wait_ms: dict[Priority, WaitMs] = Field(default_factory=_default_priority_waits)
     adaptive_batch_size: bool = True
 
     @property
     def max_wait_s(self) -> tuple[float, float, float]:
         """Seconds per class in (high, normal, low) order."""
-        waits = {"normal": self.max_wait_ms, **self.priority_max_wait_ms}
-        return tuple(
-            waits.get(p, self.max_wait_ms) / 1000.0  # type: ignore[return-value]
-            for p in ("high", "normal", "low")
+        waits, default_ms = self.priority_max_wait_ms, self.max_wait_ms
+        return (
+            waits.get("high", default_ms) / 1000.0,
+            waits.get("normal", default_ms) / 1000.0,
+            waits.get("low", default_ms) / 1000.0,
         )
 
 

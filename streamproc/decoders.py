@@ -25,11 +25,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import shared_memory
+from multiprocessing.synchronize import Barrier
 from typing import Any, Protocol
 
 import numpy as np
@@ -70,7 +71,7 @@ def decode_rows(
     records: Sequence[Record],
     rows: np.ndarray,
     start: int,
-    skip: set[int] | dict[int, Any],
+    skip: Collection[int],
 ) -> Failures:
     """Decode ``records[i]`` into ``rows[start + i]`` (skipping rows in ``skip``), one
     :meth:`~streamproc.workloads.Workload.decode_many` call per run of rows between skipped
@@ -174,7 +175,7 @@ _LANES: dict[str, tuple[Workload, list[np.ndarray]]] = {}
 _ATTACHED: list[shared_memory.SharedMemory] = []
 
 
-def _init_process(lanes: dict[str, LaneSpec], parent_pid: int, started: Any) -> None:
+def _init_process(lanes: dict[str, LaneSpec], parent_pid: int, started: Barrier) -> None:
     """Decode-process initializer: detach from terminal signals, watch the parent, build each
     lane's workload, map its slabs, then wait at ``started`` (a barrier with the parent and
     every other decode process)."""

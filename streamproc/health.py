@@ -14,6 +14,7 @@ probe or scrape that timed out) is routine: the answer is dropped without a trac
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -76,11 +77,13 @@ class HealthServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def handle_error(self, request: object, client_address: object) -> None:
+    def handle_error(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: object
+    ) -> None:
         # BrokenPipeError, ConnectionResetError, ConnectionAborted: the client went away.
         if isinstance(sys.exc_info()[1], ConnectionError):
             return
-        super().handle_error(request, client_address)  # type: ignore[arg-type]
+        super().handle_error(request, client_address)
 
 
 def _probe(check: Probe) -> tuple[int, bytes, str]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from streamproc.config import Scalar
 from streamproc.logs import get_logger, kafka_logger
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
@@ -43,7 +44,7 @@ class LagMonitor:
 
     def __init__(
         self,
-        admin_config: dict[str, object],
+        admin_config: Mapping[str, Scalar],
         group_id: str,
         positions: Callable[[], dict[TopicPartition, int | None]],
         metrics: Metrics,
@@ -56,7 +57,9 @@ class LagMonitor:
         self._clock = clock
         self._progress: dict[TopicPartition, tuple[int | None, float]] = {}
         self.stalled: set[TopicPartition] = set()
-        self._admin = AdminClient({"log_level": 3, "logger": kafka_logger(), **admin_config})
+        self._admin: AdminClient | None = AdminClient(
+            {"log_level": 3, **admin_config}, logger=kafka_logger()
+        )
         self._group_id = group_id
         self._positions = positions
         self._metrics = metrics
@@ -76,7 +79,12 @@ class LagMonitor:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
-        self._admin = None  # type: ignore[assignment]
+        self._admin = None
+
+    def _client(self) -> AdminClient:
+        if self._admin is None:
+            raise RuntimeError("the lag monitor is closed")
+        return self._admin
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
@@ -99,7 +107,8 @@ class LagMonitor:
         self._exported &= positions.keys()
         if not positions:
             return {}
-        ends = self._offsets(positions, OffsetSpec.latest(), timeout_s)
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # untyped classmethod
+        ends = self._offsets(positions, latest, timeout_s)
         unknown = [tp for tp, pos in positions.items() if pos is None]
         starts = self._starts(unknown, timeout_s) if unknown else {}
         lags = {}
@@ -142,13 +151,13 @@ class LagMonitor:
         self._metrics.stalled.set(len(self.stalled))
 
     def _offsets(
-        self, tps: object, spec: OffsetSpec, timeout_s: float
+        self, tps: Iterable[TopicPartition], spec: OffsetSpec, timeout_s: float
     ) -> dict[TopicPartition, int]:
-        futures = self._admin.list_offsets(
-            {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in tps},  # type: ignore[attr-defined]
+        futures = self._client().list_offsets(
+            {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in tps},
             request_timeout=timeout_s,
         )
-        out = {}
+        out: dict[TopicPartition, int] = {}
         for ktp, future in futures.items():
             with contextlib.suppress(KafkaException):
                 out[TopicPartition(ktp.topic, ktp.partition)] = future.result(timeout_s).offset
@@ -161,11 +170,12 @@ class LagMonitor:
         )
         committed: dict[TopicPartition, int] = {}
         with contextlib.suppress(KafkaException):
-            for future in self._admin.list_consumer_group_offsets([request]).values():
+            for future in self._client().list_consumer_group_offsets([request]).values():
                 for ktp in future.result(timeout_s).topic_partitions:
                     if ktp.offset >= 0:
                         committed[TopicPartition(ktp.topic, ktp.partition)] = ktp.offset
         missing = [tp for tp in tps if tp not in committed]
         if missing:
-            committed.update(self._offsets(missing, OffsetSpec.earliest(), timeout_s))
+            earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]  # untyped classmethod
+            committed.update(self._offsets(missing, earliest, timeout_s))
         return committed

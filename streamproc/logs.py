@@ -10,10 +10,10 @@ import logging
 import re
 import sys
 import time
-from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import structlog
+from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
 SECRET_KEY = re.compile(r"(password|secret|token|sasl\.|ssl\.key|\.key$|credential)", re.I)
 
@@ -23,7 +23,7 @@ def redact(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: ("***" if SECRET_KEY.search(k) else v) for k, v in settings.items()}
 
 
-def _redact_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def _redact_event(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
     for key, value in list(event.items()):
         if isinstance(value, dict):
             event[key] = redact(value)
@@ -37,7 +37,7 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     (default stderr)."""
     stream = stream or sys.stderr
     json_lines = fmt == "json" or (fmt == "auto" and not stream.isatty())
-    renderer: Any = (
+    renderer: Processor = (
         structlog.processors.JSONRenderer()
         if json_lines
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
@@ -99,6 +99,8 @@ def kafka_logger() -> logging.Logger:
     return logger
 
 
-def get_logger(name: str) -> Any:
-    """A structlog logger bound to ``component=name``."""
-    return structlog.get_logger(component=name)
+def get_logger(name: str) -> FilteringBoundLogger:
+    """A structlog logger bound to ``component=name`` (structlog's default wrapper class, and the
+    one :func:`configure` sets, is the filtering bound logger)."""
+    logger: FilteringBoundLogger = structlog.get_logger(component=name)
+    return logger

@@ -7,14 +7,21 @@ process (tests, the demo); :meth:`Metrics.serve` exposes it over HTTP on ``metri
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar, cast
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+_go_float: Callable[[float], str] = floatToGoString
+"""prometheus_client's ``le`` label format (``0.25``, ``1.0``, ``+Inf``), typed here: the library
+leaves the function unannotated."""
+
+MetricT = TypeVar("MetricT", bound=MetricWrapperBase)
 
 _LATENCY_BUCKETS_S = (
     0.001,
@@ -127,7 +134,7 @@ class BatchHistogram(Collector):
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
-        les = [*(floatToGoString(b) for b in self._bounds.tolist()), "+Inf"]
+        les = [*(_go_float(b) for b in self._bounds.tolist()), "+Inf"]
         for values, series in list(self._series.items()):
             cumulative, total = series.snapshot()
             family.add_metric(list(values), list(zip(les, cumulative, strict=True)), total)
@@ -244,16 +251,24 @@ class Metrics:
             registry=reg,
         )
         self._nvml: object | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
 
-    def child(self, metric: Any, *labels: str) -> Any:
+    def child(self, metric: MetricT, *labels: str) -> MetricT:
         """``metric.labels(*labels)``, looked up once (for per-message counters whose series
         are never removed)."""
         key = (id(metric), labels)
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*labels)
-        return found
+        return cast(MetricT, found)  # keyed by id(metric): a child of that same metric
+
+    def counter_value(self, counter: Counter, **labels: str) -> float:
+        """The current value of one series of ``counter``, read through the registry's public
+        ``get_sample_value`` (0.0 while the series does not exist). ``labels``: every label of
+        the counter by name, e.g. ``counter_value(m.consumed, topic="frames")``."""
+        (family,) = counter.describe()  # the metric family; its samples are named <name>_total
+        value = self.registry.get_sample_value(f"{family.name}_total", labels)
+        return 0.0 if value is None else value
 
     def sample_gpu(self) -> None:
         """Update the GPU gauges from NVML when a GPU and nvidia-ml-py are present."""

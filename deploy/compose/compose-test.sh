@@ -39,7 +39,7 @@ export STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
 GRAFANA_IMAGE="${GRAFANA_IMAGE:-grafana/grafana:12.1.1}"
 # Random free host ports: nothing else on this host can collide with the test stack.
 export KAFKA_HOST_PORT="" METRICS_HOST_PORT="" PROMETHEUS_HOST_PORT="" GRAFANA_HOST_PORT=""
-FORBIDDEN_PACKAGES="pytest pytest-timeout ruff testcontainers docker scikit-image scipy pandas
+FORBIDDEN_PACKAGES="pytest pytest-timeout ruff mypy testcontainers docker scikit-image scipy pandas
   matplotlib pip iniconfig pluggy requests wheel"
 ALERTS=(StreamprocConsumerLagGrowing StreamprocDeadLettering StreamprocCommitFailures
   StreamprocPartitionsStalled StreamprocPartitionsPausedTooLong StreamprocEndToEndLatencyHigh

@@ -93,10 +93,10 @@ class StagingPool:
 
     def close(self) -> None:
         """Free shared-memory slabs (unlink their names); a no-op for private slabs."""
-        for slab in self._slabs:
-            if self.pinned and self._shared:
+        if self.pinned and self._shared:
+            for slab in self._slabs:
                 with contextlib.suppress(Exception):
-                    torch.cuda.cudart().cudaHostUnregister(slab.tensor.data_ptr())
+                    _host_unregister(slab.tensor)
         self._slabs.clear()
         self._free.clear()
         for shm in self._shared:
@@ -145,6 +145,13 @@ def _host_register(tensor: torch.Tensor) -> None:
         RuntimeError: CUDA refused (the CUDA error code is in the message).
     """
     nbytes = tensor.numel() * tensor.element_size()
-    code = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0)
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # unannotated in torch
+    code = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, 0)
     if int(code) != 0:
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {code}")
+
+
+def _host_unregister(tensor: torch.Tensor) -> None:
+    """Undo :func:`_host_register` (``cudaHostUnregister``) before the memory is freed."""
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # unannotated in torch
+    cudart.cudaHostUnregister(tensor.data_ptr())

@@ -70,22 +70,25 @@ class Autoencoder(torch.nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.encoder(x))
+        reconstruction: torch.Tensor = self.decoder(self.encoder(x))
+        return reconstruction
 
 
 def windows(series: np.ndarray, stride: int) -> np.ndarray:
     """All windows of :data:`WINDOW` rows: (count, WINDOW, channels), float32."""
     count = (len(series) - WINDOW) // stride + 1
     index = np.arange(WINDOW)[None, :] + stride * np.arange(count)[:, None]
-    return series[index].astype(np.float32)
+    return np.asarray(series[index], dtype=np.float32)
 
 
 def reconstruction_error(
-    model: Autoencoder, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
+    model: torch.nn.Module, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
 ) -> torch.Tensor:
-    """Per-window mean squared error of standardised windows: (n, WINDOW, C) -> (n,)."""
+    """Per-window mean squared error of standardised windows: (n, WINDOW, C) -> (n,).
+    ``model``: an :class:`Autoencoder`."""
     z = ((x - mean) / std).flatten(1)
-    return (model(z) - z).pow(2).mean(dim=1)
+    reconstruction: torch.Tensor = model(z)
+    return (reconstruction - z).pow(2).mean(dim=1)
 
 
 class IotWorkload(CheckpointScorer):
@@ -122,7 +125,7 @@ class IotWorkload(CheckpointScorer):
     def score(
         self, model: torch.nn.Module, batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
     ) -> torch.Tensor:
-        return reconstruction_error(model, batch, mean, std)  # type: ignore[arg-type]
+        return reconstruction_error(model, batch, mean, std)
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
         score, flag = outputs

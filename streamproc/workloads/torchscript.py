@@ -54,9 +54,9 @@ class TorchScriptWorkload(Workload):
         self.item_shape = tuple(int(d) for d in input_shape)
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        require_value(record)
+        value = require_value(record)
         try:
-            values = np.asarray(orjson.loads(record.value), dtype=self.item_dtype)
+            values = np.asarray(orjson.loads(value), dtype=self.item_dtype)
         except orjson.JSONDecodeError as exc:
             raise DecodeError(f"malformed JSON: {exc}") from exc
         except (TypeError, ValueError) as exc:
@@ -71,7 +71,9 @@ class TorchScriptWorkload(Workload):
         if self.path.suffix == ".pt2":  # torch.export program (the successor of TorchScript)
             module = torch.export.load(str(self.path)).module().to(device)
         else:
-            module = torch.jit.load(str(self.path), map_location=device).eval()
+            module = torch.jit.load(  # type: ignore[no-untyped-call]  # unannotated in torch
+                str(self.path), map_location=device
+            ).eval()
 
         @torch.inference_mode()
         def run(batch: torch.Tensor) -> tuple[torch.Tensor, ...]:

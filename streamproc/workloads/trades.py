@@ -116,15 +116,18 @@ class Autoencoder(torch.nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        reconstruction: torch.Tensor = self.net(x)
+        return reconstruction
 
 
 def score(
-    model: Autoencoder, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
+    model: torch.nn.Module, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
 ) -> torch.Tensor:
-    """Per-row mean squared reconstruction error of standardised features: (n, 4) -> (n,)."""
+    """Per-row mean squared reconstruction error of standardised features: (n, 4) -> (n,).
+    ``model``: an :class:`Autoencoder`."""
     z = (x - mean) / std
-    return (model(z) - z).pow(2).mean(dim=1)
+    reconstruction: torch.Tensor = model(z)
+    return (reconstruction - z).pow(2).mean(dim=1)
 
 
 def expand_bar(bar: Bar, prev_close: float, adv_20: float) -> list[dict[str, Any]]:
@@ -230,7 +233,7 @@ class TradesWorkload(CheckpointScorer):
     def score(
         self, model: torch.nn.Module, batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
     ) -> torch.Tensor:
-        return score(model, batch, mean, std)  # type: ignore[arg-type]  # module-level score()
+        return score(model, batch, mean, std)  # the module-level score()
 
     def extra_outputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (batch,)  # the raw features, echoed in the result

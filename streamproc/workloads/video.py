@@ -84,7 +84,9 @@ def iter_frames(quality: int = 90) -> Iterator[Frame]:
         with av.open(str(clip_dir() / clip)) as container:
             for number, frame in enumerate(container.decode(video=0)):
                 buf = io.BytesIO()
-                frame.to_image().save(buf, format="JPEG", quality=quality)
+                # what VideoFrame.to_image() does, through its annotated to_ndarray()
+                image = Image.fromarray(frame.to_ndarray(format="rgb24"))
+                image.save(buf, format="JPEG", quality=quality)
                 yield Frame(camera, number, buf.getvalue())
 
 
@@ -145,7 +147,8 @@ def load_efficientnet_lite0(device: torch.device) -> torch.nn.Module:
         EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True
     )
     net.load_state_dict(state)
-    return net.eval().to(device)
+    model: torch.nn.Module = net.eval().to(device)  # efficientnet_lite_pytorch is untyped
+    return model
 
 
 class VideoWorkload(Workload):
@@ -164,9 +167,9 @@ class VideoWorkload(Workload):
         self.categories = imagenet_categories()
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        require_value(record)
+        value = require_value(record)
         try:
-            with Image.open(io.BytesIO(record.value)) as img:
+            with Image.open(io.BytesIO(value)) as img:
                 preprocess_image(img, out)
         except UnidentifiedImageError as exc:  # its message names a BytesIO at an address
             raise DecodeError("undecodable image: not a recognised image format") from exc

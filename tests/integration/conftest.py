@@ -78,9 +78,10 @@ def start_consumer(
     args = [sys.executable, "-m", "streamproc", "run", "--config", str(config)]
     if idle_s is not None:
         args += ["--exit-when-idle-s", str(idle_s)]
-    return subprocess.Popen(
-        args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-    )
+    with log.open("ab") as out:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
 
 
 def end_offset_total(bootstrap: str, topic: str) -> int:

@@ -16,20 +16,11 @@ from tests.integration.conftest import Topics, end_offset_total, wait_for
 
 
 def start_consumer(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamproc",
-            "run",
-            "--config",
-            str(config),
-            "--exit-when-idle-s",
-            "2",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
+    args = [sys.executable, "-m", "streamproc", "run", "--config", str(config)]
+    with log.open("ab") as out:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(
+            [*args, "--exit-when-idle-s", "2"], stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def test_kill_9_mid_stream_then_restart_loses_nothing(

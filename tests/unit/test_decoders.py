@@ -135,32 +135,32 @@ def test_decode_processes_ignore_group_signals_and_exit_with_the_consumer() -> N
     import sys
     import time
 
-    consumer = subprocess.Popen(
+    with subprocess.Popen(  # the end of the block closes both pipes and reaps the process
         [sys.executable, "-c", _ORPHAN_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        assert consumer.stdout is not None
-        children = [int(p) for p in consumer.stdout.readline().split()]
-        assert len(children) == 2 and all(_alive(p) for p in children)
-        assert consumer.stdin is not None
-        for pid in children:  # what Ctrl-C / a group-wide SIGTERM delivers to them
-            os.kill(pid, signal.SIGINT)
-            os.kill(pid, signal.SIGTERM)
-        consumer.stdin.write(b"decode\n")
-        consumer.stdin.flush()
-        # Same pool (generation 0) still decoding: both rows fail schema validation there,
-        # nothing died. A killed process would have forced a restart (generation 1).
-        assert consumer.stdout.readline().split() == [b"0", b"2"]
-        assert all(_alive(p) for p in children)
-        consumer.kill()  # kill -9 of the consumer: nothing can clean up for it
-        consumer.wait(10)
-        deadline = time.monotonic() + 15
-        while any(_alive(p) for p in children) and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling an observable condition, bounded
-        assert not any(_alive(p) for p in children), "decode processes outlived the consumer"
-    finally:
-        if consumer.poll() is None:
-            consumer.kill()
+    ) as consumer:
+        try:
+            assert consumer.stdout is not None
+            children = [int(p) for p in consumer.stdout.readline().split()]
+            assert len(children) == 2 and all(_alive(p) for p in children)
+            assert consumer.stdin is not None
+            for pid in children:  # what Ctrl-C / a group-wide SIGTERM delivers to them
+                os.kill(pid, signal.SIGINT)
+                os.kill(pid, signal.SIGTERM)
+            consumer.stdin.write(b"decode\n")
+            consumer.stdin.flush()
+            # Same pool (generation 0) still decoding: both rows fail schema validation there,
+            # nothing died. A killed process would have forced a restart (generation 1).
+            assert consumer.stdout.readline().split() == [b"0", b"2"]
+            assert all(_alive(p) for p in children)
+            consumer.kill()  # kill -9 of the consumer: nothing can clean up for it
+            consumer.wait(10)
+            deadline = time.monotonic() + 15
+            while any(_alive(p) for p in children) and time.monotonic() < deadline:
+                time.sleep(0.1)  # polling an observable condition, bounded
+            assert not any(_alive(p) for p in children), "decode processes outlived the consumer"
+        finally:
+            if consumer.poll() is None:
+                consumer.kill()
 
 
 def test_shared_slabs_are_unlinked_on_close() -> None:

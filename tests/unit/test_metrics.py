@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from streamproc.metrics import BatchHistogram
+from streamproc.metrics import BatchHistogram, Metrics
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0, 10.0)
 
@@ -75,3 +75,15 @@ def test_bad_buckets_and_labels_are_refused() -> None:
     histogram = BatchHistogram("y_seconds", "y", ["topic"], BUCKETS, CollectorRegistry())
     with pytest.raises(ValueError, match="expected labels"):
         histogram.labels("a", "b")
+
+
+def test_counter_value_reads_a_series_through_the_registry() -> None:
+    metrics = Metrics()
+    assert metrics.counter_value(metrics.consumed, topic="t") == 0.0  # no series yet
+    metrics.child(metrics.consumed, "t").inc(3)
+    metrics.consumed.labels("t").inc(2)
+    metrics.dead_lettered.labels("t", "decode").inc()
+    assert metrics.counter_value(metrics.consumed, topic="t") == 5.0
+    assert metrics.counter_value(metrics.consumed, topic="other") == 0.0
+    assert metrics.counter_value(metrics.dead_lettered, topic="t", stage="decode") == 1.0
+    assert metrics.counter_value(metrics.dead_lettered, topic="t", stage="model") == 0.0
