@@ -6,37 +6,40 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
-    AdminClient,
     ClusterMetadata,
     ConfigResource,
     NewTopic,
     ResourceType,
 )
 
+from streamproc.clients import build_admin
 from streamproc.config import Scalar
+from streamproc.edges import AdminClientLike, AdminFactory
 from streamproc.errors import BrokerError
-from streamproc.logs import kafka_logger
 
 
-def _admin(bootstrap_or_config: str | Mapping[str, Scalar]) -> tuple[AdminClient, str]:
+def _admin(
+    bootstrap_or_config: str | Mapping[str, Scalar], factory: AdminFactory
+) -> tuple[AdminClientLike, str]:
     config: dict[str, Scalar] = (
         {"bootstrap.servers": bootstrap_or_config}
         if isinstance(bootstrap_or_config, str)
         else dict(bootstrap_or_config)
     )
-    # the logger is a keyword argument: confluent_kafka types the settings as scalars
-    return AdminClient(config, logger=kafka_logger()), str(config.get("bootstrap.servers"))
+    return factory(config), str(config.get("bootstrap.servers"))
 
 
 def cluster_metadata(
-    bootstrap_or_config: str | Mapping[str, Scalar], timeout_s: float = 30
+    bootstrap_or_config: str | Mapping[str, Scalar],
+    timeout_s: float = 30,
+    admin_factory: AdminFactory = build_admin,
 ) -> ClusterMetadata:
     """Topic and broker metadata.
 
     Raises:
         BrokerError: the cluster did not answer within ``timeout_s`` seconds.
     """
-    admin, where = _admin(bootstrap_or_config)
+    admin, where = _admin(bootstrap_or_config, admin_factory)
     try:
         return admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
@@ -49,6 +52,7 @@ def ensure_topics(
     bootstrap_or_config: str | Mapping[str, Scalar],
     partitions: dict[str, int],
     timeout_s: float = 30,
+    admin_factory: AdminFactory = build_admin,
 ) -> list[str]:
     """Create each topic with the given partition count unless it exists. Replication factor:
     the number of brokers, at most 3. Returns the topics created.
@@ -62,7 +66,7 @@ def ensure_topics(
             "already exists" (e.g. not authorised).
     """
     metadata = cluster_metadata(bootstrap_or_config, timeout_s)
-    admin, where = _admin(bootstrap_or_config)
+    admin, where = _admin(bootstrap_or_config, admin_factory)
     replication = min(len(metadata.brokers), 3) or -1
     todo = [
         NewTopic(name, num_partitions=count, replication_factor=replication)
@@ -93,14 +97,17 @@ def partition_count(metadata: ClusterMetadata, topic: str) -> int | None:
 
 
 def max_message_bytes(
-    bootstrap_or_config: str | Mapping[str, Scalar], topics: list[str], timeout_s: float = 30
+    bootstrap_or_config: str | Mapping[str, Scalar],
+    topics: list[str],
+    timeout_s: float = 30,
+    admin_factory: AdminFactory = build_admin,
 ) -> dict[str, int]:
     """Each existing topic's ``max.message.bytes`` (the largest record batch it accepts).
 
     Topics that do not exist, or whose config cannot be read (e.g. not authorised to describe
     configs), are left out: callers then rely on the broker's answer per record.
     """
-    admin, _ = _admin(bootstrap_or_config)
+    admin, _ = _admin(bootstrap_or_config, admin_factory)
     resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
     limits: dict[str, int] = {}
     for resource, future in admin.describe_configs(resources).items():

@@ -13,8 +13,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 
+from streamproc.edges import AdminClientLike
 from streamproc.errors import ConfigError
+from streamproc.logs import kafka_logger
 
 ClientT = TypeVar("ClientT")
 
@@ -41,3 +44,9 @@ def build_client(
         ) from exc
     except (TypeError, ValueError) as exc:  # e.g. a value of a type librdkafka cannot take
         raise ConfigError(f"{section}: {exc}") from exc
+
+
+def build_admin(settings: dict[str, Any]) -> AdminClientLike:
+    """The admin client for ``settings`` (librdkafka's log lines go to our logger)."""
+    # the logger is a keyword argument: confluent_kafka types the settings as scalars
+    return AdminClient(settings, logger=kafka_logger())

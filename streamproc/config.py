@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from streamproc.errors import ConfigError
 from streamproc.logs import SECRET_KEY as _SECRET_KEY
+from streamproc.records import Priority
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
 Scalar = str | int | float | bool
@@ -58,6 +59,16 @@ class KafkaConfig(_Section):
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
 
+    @property
+    def poll_timeout_s(self) -> float:
+        """``poll_timeout_ms`` in seconds (the core works in seconds)."""
+        return self.poll_timeout_ms / 1000.0
+
+    @property
+    def commit_interval_s(self) -> float:
+        """``commit_interval_ms`` in seconds."""
+        return self.commit_interval_ms / 1000.0
+
 
 class PipelineConfig(_Section):
     """One input topic bound to one workload and one output topic."""
@@ -67,7 +78,7 @@ class PipelineConfig(_Section):
     output_topic: str = Field(min_length=1)
     workload: str = Field(min_length=1)
     dlq_topic: str | None = None
-    priority: Priority | None = None  # default: the workload's (trades high, video low)
+    priority: PriorityName | None = None  # default: the workload's (trades high, video low)
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("workload")
@@ -105,13 +116,13 @@ class BuffersConfig(_Section):
         return self
 
 
-Priority = Literal["high", "normal", "low"]
+PriorityName = Literal["high", "normal", "low"]
 MAX_WAIT_LIMIT_MS = 3_600_000.0
 """The largest accepted max wait (1 hour): finite, so the dispatcher's timed waits stay valid."""
 WaitMs = Annotated[float, Field(ge=0.0, le=MAX_WAIT_LIMIT_MS, allow_inf_nan=False)]
 
 
-def _default_priority_waits() -> dict[Priority, float]:
+def _default_priority_waits() -> dict[PriorityName, float]:
     return {"high": 2.0, "low": 50.0}
 
 
@@ -129,18 +140,17 @@ class BatchingConfig(_Section):
     max_batch_size: int = Field(default=4, ge=1, le=4096)
     max_batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_wait_ms: WaitMs = 20.0
-    priority_max_wait_ms: dict[Priority, WaitMs] = Field(default_factory=_default_priority_waits)
+    priority_max_wait_ms: dict[PriorityName, WaitMs] = Field(
+        default_factory=_default_priority_waits
+    )
     adaptive_batch_size: bool = True
 
     @property
-    def max_wait_s(self) -> tuple[float, float, float]:
-        """Seconds per class in (high, normal, low) order."""
-        waits, default_ms = self.priority_max_wait_ms, self.max_wait_ms
-        return (
-            waits.get("high", default_ms) / 1000.0,
-            waits.get("normal", default_ms) / 1000.0,
-            waits.get("low", default_ms) / 1000.0,
-        )
+    def max_wait_s(self) -> dict[Priority, float]:
+        """Seconds per priority class (a class without its own ``priority_max_wait_ms`` waits
+        ``max_wait_ms``)."""
+        waits = {Priority.parse(name): ms for name, ms in self.priority_max_wait_ms.items()}
+        return {p: waits.get(p, self.max_wait_ms) / 1000.0 for p in Priority}
 
 
 class WorkerConfig(_Section):

@@ -11,11 +11,13 @@ Only the methods listed here may be called on a client; that list is the contrac
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol, overload
 
 from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import ClusterMetadata
 
 RebalanceCallback = Callable[[Any, list[KafkaTopicPartition]], None]
 """``(consumer, partitions)``: librdkafka's assign/revoke/lost callback signature."""
@@ -94,7 +96,28 @@ class ProducerClient(Protocol):
     def abort_transaction(self, timeout: float = -1) -> None: ...
 
 
+class AdminClientLike(Protocol):
+    """The admin client (``confluent_kafka.admin.AdminClient``): start-up topic checks and the
+    lag monitor."""
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> ClusterMetadata: ...
+    def create_topics(
+        self, new_topics: list[Any], **kwargs: Any
+    ) -> dict[str, concurrent.futures.Future[Any]]: ...
+    def describe_configs(
+        self, resources: list[Any], **kwargs: Any
+    ) -> dict[Any, concurrent.futures.Future[Any]]: ...
+    def list_offsets(
+        self, topic_partition_offsets: dict[Any, Any], **kwargs: Any
+    ) -> dict[Any, concurrent.futures.Future[Any]]: ...
+    def list_consumer_group_offsets(
+        self, list_consumer_group_offsets_request: list[Any], **kwargs: Any
+    ) -> dict[str, concurrent.futures.Future[Any]]: ...
+
+
 ConsumerFactory = Callable[[dict[str, Any]], ConsumerClient]
 """Builds the consumer from its librdkafka settings."""
 ProducerFactory = Callable[[dict[str, Any]], ProducerClient]
 """Builds a producer from its librdkafka settings."""
+AdminFactory = Callable[[dict[str, Any]], AdminClientLike]
+"""Builds an admin client from its librdkafka settings."""

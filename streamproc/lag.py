@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
+from streamproc.clients import build_admin
 from streamproc.config import Scalar
-from streamproc.logs import get_logger, kafka_logger
+from streamproc.edges import AdminClientLike, AdminFactory
+from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
 
@@ -40,6 +42,8 @@ class LagMonitor:
         on_tick: also called every period (e.g. GPU sampling), errors logged.
         stall_timeout_s: a partition with lag > 0 whose position has not moved for this long
             is *stalled*: counted in ``streamproc_stalled_partitions`` and logged once.
+        clock: monotonic clock in seconds.
+        admin_factory: builds the admin client (tests pass a fake).
     """
 
     def __init__(
@@ -52,14 +56,13 @@ class LagMonitor:
         on_tick: Callable[[], None] | None = None,
         stall_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        admin_factory: AdminFactory = build_admin,
     ) -> None:
         self._stall_timeout_s = stall_timeout_s
         self._clock = clock
         self._progress: dict[TopicPartition, tuple[int | None, float]] = {}
         self.stalled: set[TopicPartition] = set()
-        self._admin: AdminClient | None = AdminClient(
-            {"log_level": 3, **admin_config}, logger=kafka_logger()
-        )
+        self._admin: AdminClientLike | None = admin_factory({"log_level": 3, **admin_config})
         self._group_id = group_id
         self._positions = positions
         self._metrics = metrics
@@ -81,7 +84,7 @@ class LagMonitor:
             self._thread.join(5.0)
         self._admin = None
 
-    def _client(self) -> AdminClient:
+    def _client(self) -> AdminClientLike:
         if self._admin is None:
             raise RuntimeError("the lag monitor is closed")
         return self._admin

@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, Producer
 from streamproc.admin import cluster_metadata, ensure_topics, max_message_bytes, partition_count
 from streamproc.batcher import Batcher
 from streamproc.buffers import PartitionBuffers
+from streamproc.clients import build_admin
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config, PipelineConfig, Scalar
 from streamproc.decoders import (
@@ -35,7 +36,7 @@ from streamproc.decoders import (
     ThreadDecoder,
 )
 from streamproc.dispatch import Dispatcher
-from streamproc.edges import ConsumerFactory, ProducerFactory
+from streamproc.edges import AdminFactory, ConsumerFactory, ProducerFactory
 from streamproc.errors import FatalPipelineError
 from streamproc.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.health import HealthServer
@@ -102,6 +103,7 @@ class Pipeline:
         config: the validated config.
         consumer_factory: builds the consumer (default: ``confluent_kafka.Consumer``).
         producer_factory: builds the producers (default: ``confluent_kafka.Producer``).
+        admin_factory: builds the admin clients (start-up topic checks, the lag monitor).
 
     Raises:
         ConfigError: librdkafka refused a setting under ``kafka.consumer``/``kafka.producer``.
@@ -112,8 +114,10 @@ class Pipeline:
         config: Config,
         consumer_factory: ConsumerFactory = Consumer,
         producer_factory: ProducerFactory = Producer,
+        admin_factory: AdminFactory = build_admin,
     ) -> None:
         self.config = config
+        self._admin_factory = admin_factory
         self.state = State.CREATED
         self.metrics = Metrics()
         self.tracker = OffsetTracker(on_late=self._late_results)
@@ -187,6 +191,7 @@ class Pipeline:
             config.metrics.lag_interval_s,
             on_tick=self.metrics.sample_gpu,
             stall_timeout_s=config.metrics.stall_timeout_s,
+            admin_factory=admin_factory,
         )
         self.http = (
             HealthServer(
@@ -245,7 +250,7 @@ class Pipeline:
             Batcher(
                 batching.max_batch_size,
                 batching.max_batch_bytes,
-                dict(zip(Priority, batching.max_wait_s, strict=True)),
+                batching.max_wait_s,
                 adaptive=batching.adaptive_batch_size,
             ),
             self.tracker,
@@ -339,18 +344,19 @@ class Pipeline:
             **self._security_settings(),
         }
         timeout_s = self.config.kafka.startup_timeout_s
-        metadata = cluster_metadata(admin_config, timeout_s)
+        factory = self._admin_factory
+        metadata = cluster_metadata(admin_config, timeout_s, factory)
         if self.config.kafka.create_topics:
             wanted: dict[str, int] = {}
             for spec in self.config.pipelines:
                 wanted[spec.output_topic] = partition_count(metadata, spec.input_topic) or -1
                 wanted[spec.dead_letter_topic] = 1
-            created = ensure_topics(admin_config, wanted, timeout_s)
+            created = ensure_topics(admin_config, wanted, timeout_s, factory)
             if created:
                 log.info("created topics", topics=created)
         dead_letter_topics = [spec.dead_letter_topic for spec in self.config.pipelines]
         self.sink.set_dead_letter_limits(
-            max_message_bytes(admin_config, dead_letter_topics, timeout_s)
+            max_message_bytes(admin_config, dead_letter_topics, timeout_s, factory)
         )
 
     def _security_settings(self) -> dict[str, Scalar]:

@@ -195,8 +195,8 @@ class Source:
         """The poll loop, until ``done()`` (the thread runs it until :meth:`close`; unit tests
         run it on their own thread with a fake consumer)."""
         kafka = self._config.kafka
-        timeout_s = kafka.poll_timeout_ms / 1000.0
-        commit_every_s = kafka.commit_interval_ms / 1000.0
+        timeout_s = kafka.poll_timeout_s
+        commit_every_s = kafka.commit_interval_s
         clock = self._clock
         next_commit_s = clock() + commit_every_s
         next_gauges_s = clock()

@@ -421,14 +421,14 @@ def run(
 
         sizes = (1, 2, 4, 8, 16) if workload == "video" else (16, 64, 256)
         ceilings = model_only(workload, records, sizes)
-        best = max(ceilings, key=ceilings.__getitem__)
+        best_size = max(ceilings, key=ceilings.__getitem__)
         rows.append(
             Row(
                 workload,
                 "model-only",
                 len(records),
-                ceilings[best],
-                note=f"best batch {best}",
+                ceilings[best_size],
+                note=f"best_size batch {best_size}",
                 extra={"per_batch_size": {str(k): v for k, v in ceilings.items()}},
             )
         )
