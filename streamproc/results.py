@@ -1,6 +1,7 @@
 """Result handling: encode a batch's output rows and hand them to the sink, in batch order.
 
-Runs on the device worker's completion thread. Rows whose decode failed, or whose batch the
+Runs on the lane's ``results-<topic>`` thread (the resequencer's), one batch at a time in cut
+order. Rows whose decode failed, or whose batch the
 model failed on, or whose encode (the result callback) still raises after its retries, become
 dead-letter records with the stage and reason; one bad record never stops the stream, and its
 offset is committed only once its dead-letter record is acknowledged.
@@ -8,7 +9,6 @@ offset is committed only once its dead-letter record is acknowledged.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -37,7 +37,6 @@ class ResultHandler:
         pipeline: the pipeline's config (output and dead-letter topics).
         workload: encoder.
         sink: producer.
-        slots: the dispatcher's in-flight semaphore, released once per batch.
         metrics: process metrics.
         attempts: tries per record (the batch's ``workload.encode_many``, then
             ``workload.encode`` alone with backoff 5 ms doubling, at most 100 ms) before the
@@ -50,7 +49,6 @@ class ResultHandler:
         pipeline: PipelineConfig,
         workload: Workload,
         sink: Sink,
-        slots: threading.Semaphore,
         metrics: Metrics,
         attempts: int = 3,
         observe: Callable[[int, float], None] | None = None,
@@ -60,16 +58,10 @@ class ResultHandler:
         self._pipeline = pipeline
         self._workload = workload
         self._sink = sink
-        self._slots = slots
         self._metrics = metrics
 
     def __call__(self, result: DeviceResult) -> None:
-        try:
-            self._handle(result)
-        finally:
-            self._slots.release()
-
-    def _handle(self, result: DeviceResult) -> None:
+        """Encode and produce one batch's results (dead-letter what failed)."""
         topic = self._pipeline.input_topic
         dlq = self._pipeline.dead_letter_topic
         self._metrics.inference.labels(topic).observe(result.inference_s)

@@ -7,15 +7,19 @@ overlap)::
                      copy_event.record()                               done_event.record()
 
 The completion thread polls ``copy_event.query()`` to return the slab to the pool, and
-``done_event.query()`` to pass the host outputs, in submission order, to the result thread, which
-calls ``on_result`` (encode, produce) and then gives the pinned output buffers back. No thread
-ever synchronises a stream, and event polling and slab release never wait on a slow encode or a
+``done_event.query()`` to hand the host outputs, in submission order, to ``on_complete`` with a
+``release`` callable that gives the pinned output buffer set back. A lane's
+:class:`~streamproc.worker.resequencer.Resequencer` takes them from every device of the lane and
+calls the result handler in cut order on its own thread, then ``release``. No thread ever
+synchronises a stream, and event polling and slab release never wait on a slow encode or a
 full producer queue: only the output buffers (``max_in_flight`` sets) wait for the result
 thread. On CPU the same code runs with ``device="cpu"``: the "copy" is a view,
 the model runs synchronously on the device thread and the events are already complete.
 
-In-flight batches are bounded by the caller (the dispatcher holds a slot per batch until
-``on_result`` returns), and by :attr:`DeviceWorker.max_in_flight` pinned output buffers.
+In-flight batches are bounded by the caller (the lane's
+:class:`~streamproc.devices.DeviceLoad` counts a batch from placement until ``release``), and by
+:attr:`DeviceWorker.max_in_flight` output buffer sets; :meth:`DeviceWorker.output_leak` names
+the batches still holding one (the leak check at close).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 from streamproc.errors import ModelError, RecordError
 from streamproc.logs import get_logger
 from streamproc.records import Batch
-from streamproc.worker.pool import Slab, StagingPool
+from streamproc.worker.pool import PoolLeak, Slab, StagingPool
 from streamproc.workloads.base import ModelFn
 
 log = get_logger(__name__)
@@ -56,9 +60,10 @@ class DeviceJob:
 
 @dataclass
 class DeviceResult:
-    """Host outputs of one batch, handed to ``on_result`` in submission order.
+    """Host outputs of one batch, handed to ``on_complete`` in submission order.
 
-    ``outputs`` are numpy views (n, ...) valid only during the ``on_result`` call; ``error`` is
+    ``outputs`` are numpy views (n, ...) of the worker's output buffer set, valid until the
+    ``release`` handed over with them is called; ``error`` is
     set when the model failed for the whole batch. ``inference_s`` is the batch's device time:
     copy in, model, copy out (CUDA: between timing events on its stream; CPU: the synchronous
     call), not the time it then waited for the completion thread (that would bias the adaptive
@@ -100,19 +105,27 @@ class _InFlight:
     start_event: torch.cuda.Event | None = None  # CUDA: timing event recorded before the copy in
 
 
+Release = Callable[[], None]
+"""Gives a completed batch's output buffer set back to its worker (call once)."""
+
+
 class DeviceWorker:
     """Runs ``model`` over submitted jobs on ``device``.
 
     Args:
         model: batch function from the workload.
         device: torch device (cpu or cuda).
-        pool: the staging pool the job slabs come from.
-        max_in_flight: batches between launch and result delivery (>= 1).
+        pool: the staging pool the job slabs come from (may serve other workers too).
+        max_in_flight: batches between submit and ``release`` (>= 1): output buffer sets,
+            and the bound of the job queue.
         streams: CUDA streams to rotate over (ignored on CPU).
-        on_result: called on the result thread with each :class:`DeviceResult`, in order.
+        on_complete: called on the completion thread with each :class:`DeviceResult`, in
+            submission order, and the ``release`` to call once its outputs are no longer read.
         on_fatal: called with an exception that stops the worker.
         event_factory: on CPU, where copies are synchronous, tests pass a factory of
             controllable copy events to prove a slab is only reused after its event fired.
+        label: the device's name in thread names, metrics and leak reports (``cpu:1``,
+            ``cuda:0``); default ``str(device)``.
     """
 
     def __init__(
@@ -122,16 +135,18 @@ class DeviceWorker:
         pool: StagingPool,
         max_in_flight: int,
         streams: int,
-        on_result: Callable[[DeviceResult], None],
+        on_complete: Callable[[DeviceResult, Release], None],
         on_fatal: Callable[[BaseException], None],
         event_factory: Callable[[], Event] | None = None,
+        label: str | None = None,
     ) -> None:
         self._event_factory = event_factory
         self.model = model
         self.device = device
+        self.label = label or str(device)
         self.pool = pool
         self.max_in_flight = max_in_flight
-        self.on_result = on_result
+        self.on_complete = on_complete
         self.on_fatal = on_fatal
         self.cuda = device.type == "cuda"
         self._streams = [_cuda_stream(device) for _ in range(streams)] if self.cuda else []
@@ -140,18 +155,20 @@ class DeviceWorker:
         self._cond = threading.Condition()
         self._out_bufs: list[tuple[torch.Tensor, ...] | None] = [None] * max_in_flight
         self._out_free = list(range(max_in_flight))
-        # completed batches for the result thread (at most max_in_flight: one per output slot)
-        self._completed: queue.SimpleQueue[tuple[DeviceResult, int] | None] = queue.SimpleQueue()
-        self._unfinished = 0  # batches submitted whose on_result has not returned (under _cond)
+        self._out_held: dict[int, int] = {}  # output slot -> batch id holding it (under _cond)
+        self._unfinished = 0  # batches submitted and not yet released (under _cond)
         self.output_allocations = 0
         self.batches = 0
         self._stopping = False
         self._threads = [
-            threading.Thread(target=self._guard(self._launch_loop), name="device", daemon=True),
             threading.Thread(
-                target=self._guard(self._completion_loop), name="completion", daemon=True
+                target=self._guard(self._launch_loop), name=f"device-{self.label}", daemon=True
             ),
-            threading.Thread(target=self._guard(self._result_loop), name="results", daemon=True),
+            threading.Thread(
+                target=self._guard(self._completion_loop),
+                name=f"completion-{self.label}",
+                daemon=True,
+            ),
         ]
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
@@ -235,6 +252,7 @@ class DeviceWorker:
             with self._cond:  # bounded in-flight batches: wait for an output slot
                 self._cond.wait_for(lambda: bool(self._out_free))
                 slot = self._out_free.pop()
+                self._out_held[slot] = job.batch.batch_id
             self._inflight_append(self._launch(job, slot))
 
     def _launch(self, job: DeviceJob, slot: int) -> _InFlight:
@@ -307,12 +325,8 @@ class DeviceWorker:
 
     # -- completion thread -----------------------------------------------------------------
     def _completion_loop(self) -> None:
-        try:
-            self._poll_events()
-        finally:
-            self._completed.put(None)  # the result thread ends after the last result
-
-    def _poll_events(self) -> None:
+        if self.cuda:  # event queries and timings on this worker's device, not cuda:0
+            torch.cuda.set_device(self.device)
         while True:
             with self._cond:
                 while not self._inflight:
@@ -338,27 +352,46 @@ class DeviceWorker:
             )
             with self._cond:
                 self._inflight.popleft()
-            self._completed.put((result, head.out_slot))
+            self.on_complete(result, self._releaser(head.out_slot))
 
-    # -- result thread ---------------------------------------------------------------------
-    def _result_loop(self) -> None:
-        while (item := self._completed.get()) is not None:
-            result, out_slot = item
-            try:
-                self.on_result(result)
-            finally:
-                with self._cond:  # the outputs were views of this slot: hand it back now
-                    self._out_free.append(out_slot)
-                    self._unfinished -= 1
-                    self._cond.notify_all()
+    def _releaser(self, slot: int) -> Release:
+        """The ``release`` of one completed batch: its output buffer set goes back (once)."""
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._cond:
+                if released:
+                    return
+                released = True
+                self._out_held.pop(slot, None)
+                self._out_free.append(slot)
+                self._unfinished -= 1
+                self._cond.notify_all()
+
+        return release
 
     def idle(self) -> bool:
-        """True when no batch is queued, in flight or awaiting its result handling."""
+        """True when no batch is queued, in flight or awaiting its ``release``."""
         with self._cond:
             return self._unfinished == 0
 
+    def output_leak(self) -> PoolLeak:
+        """The output buffer sets not given back now, and the batches holding them; call it
+        once the worker is closed and its results handled (at close), when ``missing`` must
+        be 0."""
+        with self._cond:
+            return PoolLeak(
+                f"output {self.label}",
+                self.max_in_flight,
+                self.max_in_flight - len(self._out_free),
+                tuple(sorted(self._out_held.values())),
+            )
+
     def close(self, timeout_s: float = 10.0) -> None:
-        """Finish queued batches and their results, then stop the threads (idempotent)."""
+        """Finish queued batches and hand over their results (``on_complete``), then stop the
+        device and completion threads (idempotent). Outputs not yet released stay out: the
+        caller (the resequencer) releases them."""
         if self._stopping:
             return
         deadline_s = time.monotonic() + timeout_s

@@ -10,18 +10,74 @@ pool ever allocated, so a test or metric can prove nothing is allocated after wa
 
 Ownership: a slab leased by the dispatcher belongs to it while decode writes into it, then to the
 device worker, which returns it (:meth:`StagingPool.release`) only after the event recorded
-after the slab's host-to-device copy has completed.
+after the slab's host-to-device copy has completed. One lane's pool serves all of the lane's
+devices (pinned memory is page-locked for every CUDA device of the process: with unified
+addressing, ``cudaHostAlloc`` memory is portable).
+
+Leak check: every lease records the batch that holds the slab; :meth:`StagingPool.leak` says, at
+close, how many slabs are still out and which batches hold them (:class:`PoolLeak`, also used for
+the device worker's output buffer sets).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
 import numpy as np
 import torch
+
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLeak:
+    """Buffers of one pool that were not back when it was checked (at close).
+
+    Attributes:
+        pool: what the pool is, e.g. ``"staging"`` or ``"output cuda:0"``.
+        capacity: buffers the pool has.
+        missing: buffers not returned (0: nothing leaked).
+        batch_ids: the batches holding them, ascending (a lease outside a batch, such as the
+            warm-up's, has no batch id, so ``len(batch_ids) <= missing``).
+    """
+
+    pool: str
+    capacity: int
+    missing: int
+    batch_ids: tuple[int, ...] = ()
+
+
+LEAK_EVENT = "pool leak: buffers not back in their pool at close"
+"""The error log line of a leak (tests of subprocess runs look for it)."""
+
+
+def report_leaks(topic: str, checks: Iterable[PoolLeak], metrics: Metrics) -> tuple[PoolLeak, ...]:
+    """The leak check's report for one lane: ``streamproc_pool_leaked_buffers{topic,pool}``
+    set for every pool (0 when all came back), and one error log per pool missing buffers,
+    naming the lane's topic, the pool (and so the device), the count and the batches holding
+    them. Returns the checks with something missing."""
+    leaks: list[PoolLeak] = []
+    for found in checks:
+        metrics.pool_leaked.labels(topic, found.pool).set(found.missing)
+        if not found.missing:
+            continue
+        leaks.append(found)
+        log.error(
+            LEAK_EVENT,
+            topic=topic,
+            pool=found.pool,
+            missing=found.missing,
+            capacity=found.capacity,
+            batch_ids=list(found.batch_ids),
+        )
+    return tuple(leaks)
 
 
 @dataclass(eq=False)
@@ -49,6 +105,7 @@ class StagingPool:
         dtype: numpy dtype of the rows.
         pin: page-locked memory (needs CUDA).
         shared: allocate the slabs in named shared memory (see :attr:`shared_names`).
+        name: the pool's name in leak reports.
     """
 
     def __init__(
@@ -59,7 +116,9 @@ class StagingPool:
         dtype: np.dtype,
         pin: bool,
         shared: bool = False,
+        name: str = "staging",
     ) -> None:
+        self.name = name
         torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
         self.pinned = pin
         self.rows = rows
@@ -83,7 +142,7 @@ class StagingPool:
             self.allocations += 1
             self._slabs.append(Slab(index, tensor, array))
         self._free = list(reversed(self._slabs))
-        self._leased: set[int] = set()
+        self._leased: dict[int, int | None] = {}  # slab index -> batch id holding it
         self._cond = threading.Condition()
 
     @property
@@ -115,13 +174,15 @@ class StagingPool:
         with self._cond:
             return len(self._leased)
 
-    def lease(self, timeout_s: float | None = None) -> Slab | None:
-        """Take a free slab, waiting up to ``timeout_s`` (None: forever); None on timeout."""
+    def lease(self, timeout_s: float | None = None, batch_id: int | None = None) -> Slab | None:
+        """Take a free slab, waiting up to ``timeout_s`` (None: forever); None on timeout.
+
+        ``batch_id`` names the batch that will hold it (reported by :meth:`leak`)."""
         with self._cond:
             if not self._cond.wait_for(lambda: bool(self._free), timeout=timeout_s):
                 return None
             slab = self._free.pop()
-            self._leased.add(slab.index)
+            self._leased[slab.index] = batch_id
             return slab
 
     def release(self, slab: Slab) -> None:
@@ -133,9 +194,16 @@ class StagingPool:
         with self._cond:
             if slab.index not in self._leased or self._slabs[slab.index] is not slab:
                 raise ValueError(f"slab {slab.index} released but not leased")
-            self._leased.discard(slab.index)
+            del self._leased[slab.index]
             self._free.append(slab)
             self._cond.notify()
+
+    def leak(self) -> PoolLeak:
+        """The slabs leased now and the batches holding them; call it once the pool's users
+        are done (at close), when ``missing`` must be 0."""
+        with self._cond:
+            holders = sorted(b for b in self._leased.values() if b is not None)
+            return PoolLeak(self.name, len(self._slabs), len(self._leased), tuple(holders))
 
 
 def _host_register(tensor: torch.Tensor) -> None:

@@ -37,6 +37,7 @@ METRICS = {
     "streamproc_pinned_pool_capacity_buffers",
     "streamproc_gpu_utilization_ratio",
     "streamproc_gpu_memory_used_bytes",
+    "streamproc_device_stalled",
 }
 
 

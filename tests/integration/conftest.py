@@ -1,4 +1,5 @@
-"""Integration helpers: unique topics per test, config builder, output counting."""
+"""Integration helpers: unique topics per test, config builder, output counting, and the pool
+leak check after every test that ran a pipeline (in this process or as ``streamproc run``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,41 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.admin import ensure_topics
 from streamproc.config import Config, load_config
+from streamproc.pipeline import Pipeline, State
 from streamproc.tools.verify import Verdict
+from streamproc.worker.pool import LEAK_EVENT
+
+_CONSUMER_LOGS: list[Path] = []  # logs of `streamproc run` processes started by this test
+
+
+@pytest.fixture(autouse=True)
+def no_pool_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Pipeline]]:
+    """After the test: every pipeline it created and closed gave every staging slab and output
+    buffer set back (``Pipeline.leaks`` is empty), and no ``streamproc run`` process it started
+    through :func:`start_consumer` (or :func:`watch_consumer_log`) logged a pool leak."""
+    created: list[Pipeline] = []
+    original = Pipeline.__init__
+
+    def record(self: Pipeline, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        created.append(self)
+
+    monkeypatch.setattr(Pipeline, "__init__", record)
+    _CONSUMER_LOGS.clear()
+    yield created
+    leaked = [p.leaks for p in created if p.state is State.CLOSED and p.leaks]
+    assert not leaked, f"pool leak at close: {leaked}"
+    for path in _CONSUMER_LOGS:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        lines = [line for line in text.splitlines() if LEAK_EVENT in line]
+        assert not lines, f"pool leak in {path}:\n" + "\n".join(lines)
+
+
+def watch_consumer_log(log: Path) -> Path:
+    """Have the leak check read the output of a ``streamproc run`` process at the end of the
+    test (returns ``log``)."""
+    _CONSUMER_LOGS.append(log)
+    return log
 
 
 @dataclass(frozen=True)
@@ -78,6 +113,7 @@ def start_consumer(
     args = [sys.executable, "-m", "streamproc", "run", "--config", str(config)]
     if idle_s is not None:
         args += ["--exit-when-idle-s", str(idle_s)]
+    watch_consumer_log(log)
     with log.open("ab") as out:  # the child holds its own copy of the descriptor
         return subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}

@@ -12,10 +12,11 @@ import yaml
 
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify
-from tests.integration.conftest import Topics, end_offset_total, wait_for
+from tests.integration.conftest import Topics, end_offset_total, wait_for, watch_consumer_log
 
 
 def start_consumer(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    watch_consumer_log(log)
     args = [sys.executable, "-m", "streamproc", "run", "--config", str(config)]
     with log.open("ab") as out:  # the child holds its own copy of the descriptor
         return subprocess.Popen(

@@ -23,6 +23,7 @@ from streamproc.records import Record, TopicPartition
 from streamproc.sink import H_OFFSET, H_STAGE
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify
+from streamproc.worker.pool import LEAK_EVENT
 from tests.integration.conftest import (
     Topics,
     report,
@@ -90,12 +91,14 @@ def _members_assigned(admin: AdminClient, group: str) -> int:
 def _run_until_idle(config: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """``streamproc run --exit-when-idle-s 1`` as a real process, to completion."""
     args = ["run", "--config", str(config), "--exit-when-idle-s", "1"]
-    return subprocess.run(
+    run = subprocess.run(
         [sys.executable, "-m", "streamproc", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
     )
+    assert LEAK_EVENT not in run.stdout + run.stderr, run.stderr  # the pool leak check
+    return run
 
 
 def test_exit_when_idle_waits_for_the_first_assignment_after_a_member_died(

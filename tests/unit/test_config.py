@@ -147,3 +147,39 @@ def test_one_bad_pipeline_entry_gives_one_error_line() -> None:
         load_config(overrides={"pipelines": [{**PIPELINE, "workload": "vidoe"}]})
     lines = str(err.value).splitlines()[1:]
     assert len(lines) == 1 and "pipelines.0.workload" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("auto", "auto"),
+        (["cpu", "cpu"], ("cpu", "cpu")),
+        ("cuda:0, cuda:1", ("cuda:0", "cuda:1")),  # the environment's comma-separated form
+        (["cuda", "cpu"], ("cuda:0", "cpu")),
+    ],
+)
+def test_worker_devices(value: object, expected: object) -> None:
+    config = load_config(overrides={"pipelines": [PIPELINE], "worker": {"devices": value}})
+    assert config.worker.devices == expected
+    assert config.worker.device == "auto"  # kept; devices wins when set (streamproc.devices)
+
+
+def test_worker_devices_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMPROC_WORKER__DEVICES", '["cpu", "cpu"]')
+    assert load_config(overrides={"pipelines": [PIPELINE]}).worker.devices == ("cpu", "cpu")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([], "allowed: auto, or a non-empty list"),
+        (["gpu0"], "unknown device 'gpu0'; allowed: auto"),
+        (["cuda:0", "cuda:0"], "listed more than once"),
+        (3, "allowed: auto"),
+    ],
+)
+def test_bad_worker_devices_name_the_key_and_allowed_values(value: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"pipelines": [PIPELINE], "worker": {"devices": value}})
+    assert "worker.devices:" in str(err.value) and message in str(err.value)

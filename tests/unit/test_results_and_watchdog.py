@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,32 +45,30 @@ class Flaky(Workload):
         return Encoded(b"ok")
 
 
-def run(workload: Workload, failed: dict | None = None) -> tuple[MemorySink, threading.Semaphore]:  # type: ignore[type-arg]
+def run(workload: Workload, failed: dict | None = None) -> MemorySink:  # type: ignore[type-arg]
     sink = MemorySink()
-    slots = threading.Semaphore(0)
-    handler = ResultHandler(SPEC, workload, sink, slots, Metrics(), attempts=3)  # type: ignore[arg-type]
+    handler = ResultHandler(SPEC, workload, sink, Metrics(), attempts=3)  # type: ignore[arg-type]
     records = tuple(Record(TP, i, None, b"v", (), 0, 0.0, 1) for i in range(2))
     handler(DeviceResult(Batch(1, records, 0.0), (np.zeros((2, 1)),), failed or {}, None, 0.01))
-    return sink, slots
+    return sink
 
 
 def test_failing_callback_is_retried_then_succeeds() -> None:
     workload = Flaky(failures=2)
-    sink, slots = run(workload)
+    sink = run(workload)
     assert [offset for offset, _ in sink.results] == [0, 1]
     assert workload.calls == 4 and sink.dead == []
-    assert slots.acquire(blocking=False)  # the in-flight slot was released
 
 
 def test_callback_failing_every_retry_is_dead_lettered_and_stream_goes_on() -> None:
     workload = Flaky(failures=100)
-    sink, _ = run(workload)
+    sink = run(workload)
     assert sink.dead == [(0, "encode", "RuntimeError"), (1, "encode", "RuntimeError")]
     assert workload.calls == 6  # 3 attempts per record
 
 
 def test_decode_failures_are_dead_lettered_in_order() -> None:
-    sink, _ = run(Flaky(failures=0), failed={0: DecodeError("bad")})
+    sink = run(Flaky(failures=0), failed={0: DecodeError("bad")})
     assert sink.dead == [(0, "decode", "DecodeError")]
     assert [offset for offset, _ in sink.results] == [1]
 
@@ -113,11 +110,11 @@ class BatchFails(Flaky):
 
 def test_a_row_failing_in_the_batch_encode_is_retried_alone() -> None:
     workload = BatchFails(failures=1)
-    sink, _ = run(workload)
+    sink = run(workload)
     assert sink.results == [(0, b"batch"), (1, b"ok")]  # 1 batch try + 2 alone: 2nd succeeds
     assert workload.calls == 2 and sink.dead == []
     always = BatchFails(failures=100)
-    sink, _ = run(always)
+    sink = run(always)
     assert sink.results == [(0, b"batch")] and sink.dead == [(1, "encode", "RuntimeError")]
     assert always.calls == 2  # attempts=3: the batch try and two alone
 
@@ -147,17 +144,15 @@ class ReturnsBytes(Flaky):
 def test_a_wrong_type_from_encode_is_dead_lettered_not_fatal() -> None:
     # it raised AttributeError out of the completion thread (the pipeline's fatal path)
     workload = ReturnsBytes(failures=0)
-    sink, slots = run(workload)
+    sink = run(workload)
     assert sink.results == []
     assert sink.dead == [(0, "encode", "TypeError"), (1, "encode", "TypeError")]
     assert workload.calls == 6  # the batch try and two alone per row, each refused
-    assert slots.acquire(blocking=False)
 
 
 def test_rows_that_failed_decode_never_reach_the_encoder_and_bad_returns_are_retried() -> None:
     workload = Recording()
-    sink, slots = run(workload, failed={0: DecodeError("bad")})
+    sink = run(workload, failed={0: DecodeError("bad")})
     assert workload.given == [1]  # the failed row 0 was not encoded
     assert sink.dead == [(0, "decode", "DecodeError")]
     assert sink.results == [(1, b"ok")]  # the bad return value counted as one failed try
-    assert slots.acquire(blocking=False)

@@ -2,13 +2,24 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import pytest
+import structlog
 import torch
 
 from streamproc.records import Batch, Record, TopicPartition
-from streamproc.worker import DeviceJob, DeviceResult, DeviceWorker, StagingPool
+from streamproc.worker import (
+    DeviceJob,
+    DeviceResult,
+    DeviceWorker,
+    PoolLeak,
+    Release,
+    Resequencer,
+    StagingPool,
+)
 
 TP = TopicPartition("t", 0)
 
@@ -37,8 +48,8 @@ def run_worker(model, jobs: list[tuple[int, int]]) -> tuple[list[DeviceResult], 
     copies: list[DeviceResult] = []
     errors: list[BaseException] = []
 
-    def on_result(result: DeviceResult) -> None:
-        # outputs are only valid during the call: copy what the test checks
+    def on_complete(result: DeviceResult, release: Release) -> None:
+        # outputs are only valid until release(): copy what the test checks
         copies.append(
             DeviceResult(
                 result.batch,
@@ -48,9 +59,10 @@ def run_worker(model, jobs: list[tuple[int, int]]) -> tuple[list[DeviceResult], 
                 result.inference_s,
             )
         )
+        release()
         results.put(result)
 
-    worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 2, on_result, errors.append)
+    worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 2, on_complete, errors.append)
     worker.start()
     for batch_id, n in jobs:
         slab = pool.lease()
@@ -108,6 +120,18 @@ class FakeCopyEvent:
         return self.fired.is_set()
 
 
+def release_then(
+    handle: Callable[[DeviceResult], None],
+) -> Callable[[DeviceResult, Release], None]:
+    """An ``on_complete`` that gives the outputs back at once, then calls ``handle``."""
+
+    def on_complete(result: DeviceResult, release: Release) -> None:
+        release()
+        handle(result)
+
+    return on_complete
+
+
 def test_staging_buffer_is_reused_only_after_its_copy_event_fired() -> None:
     pool = StagingPool(1, rows=2, item_shape=(2,), dtype=np.dtype(np.float32), pin=False)
     events: list[FakeCopyEvent] = []
@@ -123,7 +147,7 @@ def test_staging_buffer_is_reused_only_after_its_copy_event_fired() -> None:
         pool,
         1,
         1,
-        results.put,
+        release_then(results.put),
         print,
         event_factory=factory,
     )
@@ -155,7 +179,7 @@ def test_calibration_measures_every_size_the_adaptive_batcher_needs_before_traff
         seen.append(x.shape[0])
         return (x.sum(dim=1),)
 
-    worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 1, lambda r: None, print)
+    worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 1, lambda r, release: None, print)
     batcher = Batcher(16, 1 << 30, 0.02, adaptive=True)
     lane = Lane("t", PartitionBuffers(64, 0.75, 0.25), batcher, OffsetTracker())
     assert batcher.unmeasured() == 1
@@ -169,3 +193,130 @@ def test_calibration_measures_every_size_the_adaptive_batcher_needs_before_traff
     assert batcher.target in measured
     assert pool.in_use == 0  # the slab went back
     assert Batcher(16, 1 << 30, 0.02).unmeasured() is None  # fixed size: nothing to calibrate
+
+
+# -- the pool leak check (close) ----------------------------------------------------------------
+
+
+def test_leak_check_names_the_pool_count_and_batch_of_a_batch_that_never_completed() -> None:
+    from streamproc.metrics import Metrics
+    from streamproc.worker.pool import LEAK_EVENT, report_leaks
+
+    pool = StagingPool(3, rows=2, item_shape=(2,), dtype=np.dtype(np.float32), pin=False)
+    never = FakeCopyEvent()  # this batch's copy never finishes: it never completes
+    completed: queue.Queue[tuple[DeviceResult, Release]] = queue.Queue()
+    worker = DeviceWorker(
+        lambda x: (x * 2,),
+        torch.device("cpu"),
+        pool,
+        2,
+        1,
+        lambda result, release: completed.put((result, release)),
+        print,
+        event_factory=lambda: never,
+        label="cpu:1",
+    )
+    worker.start()
+    slab = pool.lease(batch_id=7)
+    assert slab is not None
+    worker.submit(DeviceJob(batch(7, 2), slab))
+    worker.close(timeout_s=0.5)  # the drain gives up on it
+    metrics = Metrics()
+    with structlog.testing.capture_logs() as logs:
+        leaks = report_leaks("frames", [pool.leak(), worker.output_leak()], metrics)
+    assert leaks == (
+        PoolLeak("staging", 3, 1, (7,)),
+        PoolLeak("output cpu:1", 2, 1, (7,)),
+    )
+    errors = [e for e in logs if e["event"] == LEAK_EVENT]
+    assert [(e["topic"], e["pool"], e["missing"], e["batch_ids"]) for e in errors] == [
+        ("frames", "staging", 1, [7]),
+        ("frames", "output cpu:1", 1, [7]),
+    ]
+    for name in ("staging", "output cpu:1"):
+        labels = {"topic": "frames", "pool": name}
+        assert metrics.registry.get_sample_value("streamproc_pool_leaked_buffers", labels) == 1
+    never.fired.set()  # let the completion thread finish
+    _, release = completed.get(timeout=10)
+    release()
+
+
+def test_leak_check_of_a_clean_run_reports_zero() -> None:
+    from streamproc.metrics import Metrics
+    from streamproc.worker.pool import report_leaks
+
+    copies, pool, worker = run_worker_keeping(lambda x: (x.sum(dim=1),), [(1, 3), (2, 4), (3, 1)])
+    assert [c.batch.batch_id for c in copies] == [1, 2, 3]
+    metrics = Metrics()
+    with structlog.testing.capture_logs() as logs:
+        assert report_leaks("t", [pool.leak(), worker.output_leak()], metrics) == ()
+    assert not [e for e in logs if e["log_level"] == "error"]
+    sample = metrics.registry.get_sample_value
+    assert sample("streamproc_pool_leaked_buffers", {"topic": "t", "pool": "staging"}) == 0
+    assert sample("streamproc_pool_leaked_buffers", {"topic": "t", "pool": "output cpu"}) == 0
+
+
+def run_worker_keeping(  # type: ignore[no-untyped-def]
+    model, jobs: list[tuple[int, int]]
+) -> tuple[list[DeviceResult], StagingPool, DeviceWorker]:
+    """:func:`run_worker`, also returning the (closed) worker."""
+    pool = StagingPool(3, rows=4, item_shape=(2,), dtype=np.dtype(np.float32), pin=False)
+    results: queue.Queue[DeviceResult] = queue.Queue()
+
+    def on_complete(result: DeviceResult, release: Release) -> None:
+        release()
+        results.put(result)
+
+    worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 1, on_complete, print)
+    worker.start()
+    for batch_id, n in jobs:
+        slab = pool.lease(batch_id=batch_id)
+        assert slab is not None
+        worker.submit(DeviceJob(batch(batch_id, n), slab))
+    done = [results.get(timeout=30) for _ in jobs]
+    worker.close()
+    return done, pool, worker
+
+
+# -- the resequencer ------------------------------------------------------------------------------
+
+
+def result_of(batch_id: int) -> DeviceResult:
+    return DeviceResult(batch(batch_id, 1), (), {}, None, 0.0)
+
+
+def test_resequencer_hands_results_over_in_batch_order_whatever_the_completion_order() -> None:
+    handed: queue.Queue[int] = queue.Queue()
+    released: list[int] = []
+    fatal: list[BaseException] = []
+    reseq = Resequencer("t", lambda r: handed.put(r.batch.batch_id), released.append, fatal.append)
+    reseq.start()
+    returned: list[int] = []
+    for batch_id in (3, 2, 5):
+        reseq.put(result_of(batch_id), partial(returned.append, batch_id))
+    assert reseq.held == 3 and handed.empty()  # all wait for batch 1
+    reseq.put(result_of(1), lambda: returned.append(1))
+    assert [handed.get(timeout=10) for _ in range(3)] == [1, 2, 3]
+    reseq.put(result_of(4), lambda: returned.append(4))
+    assert [handed.get(timeout=10) for _ in range(2)] == [4, 5]
+    reseq.close(10)
+    assert returned == released == [1, 2, 3, 4, 5]  # output buffers, then in-flight slots
+    assert reseq.max_waiting == 3 and not fatal  # 2, 3 and 5 waited for 1
+    with pytest.raises(ValueError, match="twice"):
+        reseq.put(result_of(2), lambda: None)
+
+
+def test_resequencer_close_drops_what_waits_behind_a_batch_that_never_came() -> None:
+    handed: list[int] = []
+    released: list[int] = []
+    returned: list[int] = []
+    reseq = Resequencer("t", lambda r: handed.append(r.batch.batch_id), released.append, print)
+    reseq.start()
+    reseq.put(result_of(2), lambda: returned.append(2))
+    reseq.put(result_of(3), lambda: returned.append(3))
+    with structlog.testing.capture_logs() as logs:
+        reseq.close(10)
+    assert handed == []  # never out of order
+    assert returned == released == [2, 3]  # but their buffers and slots are back
+    warning = next(e for e in logs if e["event"].startswith("results dropped"))
+    assert warning["waiting_for_batch"] == 1 and warning["dropped_batches"] == [2, 3]
