@@ -419,4 +419,10 @@ def load_config(
     try:
         return Config(**data)
     except ValidationError as exc:
-        raise ConfigError(_format_error(exc)) from None
+        message = _format_error(exc)
+        if not path and "pipelines" not in data and "STREAMPROC_PIPELINES" not in os.environ:
+            message += (
+                "\n  (no config file given: pass --config FILE or set STREAMPROC_CONFIG; "
+                "README.md shows a config)"
+            )
+        raise ConfigError(message) from None

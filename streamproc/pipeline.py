@@ -7,8 +7,10 @@ Threads of one process (docs/architecture.md lists what each owns and the lock o
       -> results-<topic> (back in cut order; encode, produce)
       -> sink (producer poll, delivery reports) -> offset tracker -> source (commits)
 
-"Pipeline" is the process (every ``pipelines[]`` entry of the config); the runtime of one entry
-is a :class:`~streamproc.lane.Lane` with its dispatcher, device worker and result handler.
+A *pipeline* is one ``pipelines[]`` entry of the config (DESIGN.md's word); the class
+:class:`Pipeline` is the process hosting all of them (the name of DESIGN.md's library API). The
+runtime of one pipeline is a :class:`~streamproc.lane.Lane` with its dispatcher, device workers
+and result handler.
 """
 
 from __future__ import annotations

@@ -96,8 +96,10 @@ def test_unknown_workload_and_bad_watermarks_fail_at_start() -> None:
 
 
 def test_missing_pipelines_and_unset_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match="pipelines"):
+    monkeypatch.delenv("STREAMPROC_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="pipelines") as missing:
         load_config(overrides={})
+    assert "--config FILE or set STREAMPROC_CONFIG" in str(missing.value)  # says how
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     cfg = load_config(overrides={"pipelines": [PIPELINE]})
     with pytest.raises(ConfigError, match=r"kafka\.bootstrap_servers"):
