@@ -3,6 +3,9 @@
 # Prepare the wheels here first (needs the registries): `make gpu-wheels` fills
 # benchmarks/wheels with what the check imports besides torch. Then, on the GPU machine:
 #   bash benchmarks/gpu_check.sh            # about 3-6 minutes
+# It also compares worker.precision fp32, bf16 and fp16 on the real frames (agreement with fp32,
+# model-only ceiling, device-worker throughput and P99): pass e.g. `--precisions fp32,fp16` or
+# `--precision-batch 64` through. Without a visible GPU it stops with one line saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

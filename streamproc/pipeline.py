@@ -16,7 +16,6 @@ import enum
 import gc
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -27,9 +26,11 @@ from streamproc.batcher import Batcher
 from streamproc.buffers import PartitionBuffers
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config, PipelineConfig, Scalar
+from streamproc.decode_sizing import DecodeSizer, DecodeSizingPolicy
 from streamproc.decoders import (
     DecodeProcesses,
     Decoder,
+    DecodeThreads,
     LaneSpec,
     ProcessDecoder,
     ThreadDecoder,
@@ -49,7 +50,8 @@ from streamproc.sink import Sink, build_producer, producer_settings
 from streamproc.source import Source
 from streamproc.transactions import Transactions
 from streamproc.worker import DeviceWorker, StagingPool
-from streamproc.workloads import load_workload
+from streamproc.worker.precision import build_model
+from streamproc.workloads import ModelFn, Workload, load_workload
 
 log = get_logger(__name__)
 
@@ -126,13 +128,18 @@ class Pipeline:
             torch.set_num_threads(config.worker.torch_threads)
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
-        self._decode_pool = ThreadPoolExecutor(
-            config.worker.decode_workers, thread_name_prefix="decode"
-        )
-        self._decode_processes = (
-            DecodeProcesses(config.worker.decode_workers)
-            if config.worker.decode_mode == "process"
-            else None
+        # Decode workers, shared by every lane, sized between the configured bounds.
+        low, high = config.worker.decode_workers_bounds
+        start = config.worker.decode_workers_start
+        self._decode_threads: DecodeThreads | None = None
+        self._decode_processes: DecodeProcesses | None = None
+        decode_pool: DecodeThreads | DecodeProcesses
+        if config.worker.decode_mode == "process":
+            decode_pool = self._decode_processes = DecodeProcesses(start)
+        else:
+            decode_pool = self._decode_threads = DecodeThreads(start)
+        self.decode_sizer = DecodeSizer(
+            decode_pool, DecodeSizingPolicy(low, high, start), self.metrics
         )
         self.pools: list[StagingPool] = []
         settings = producer_settings(
@@ -228,13 +235,20 @@ class Pipeline:
                     pool.dtype.str,
                 ),
             )
-            decoder = ProcessDecoder(self._decode_processes, topic, cfg.worker.max_message_bytes)
+            decoder = ProcessDecoder(
+                self._decode_processes,
+                topic,
+                cfg.worker.max_message_bytes,
+                on_sample=self.decode_sizer.observe,
+            )
         else:
+            assert self._decode_threads is not None
             decoder = ThreadDecoder(
                 workload,
-                self._decode_pool,
-                cfg.worker.decode_workers,
+                self._decode_threads,
                 cfg.worker.max_message_bytes,
+                lane=topic,
+                on_sample=self.decode_sizer.observe,
             )
         self.metrics.pool_capacity.labels(topic).set(pool.capacity)
         self.metrics.pool_allocations.labels(topic).set(pool.allocations)
@@ -256,7 +270,7 @@ class Pipeline:
             spec, workload, self.sink, slots, self.metrics, observe=lane.observe
         )
         worker = DeviceWorker(
-            workload.build_model(self.device),
+            self._build_model(spec, workload),
             self.device,
             pool,
             cfg.worker.max_in_flight_batches,
@@ -267,8 +281,26 @@ class Pipeline:
         self.workers.append(worker)
         return _LaneStages(lane, decoder, pool, worker, slots)
 
+    def _build_model(self, spec: PipelineConfig, workload: Workload) -> ModelFn:
+        """The lane's batch function at its precision (``pipelines[].precision``, else
+        ``worker.precision``); refused precisions fail here, at start-up."""
+        index = self.config.pipelines.index(spec)
+        precision = spec.precision or self.config.worker.precision
+        key = "worker.precision" if spec.precision is None else f"pipelines.{index}.precision"
+        model = build_model(workload, self.device, precision, key)
+        log.info(
+            "model built",
+            topic=spec.input_topic,
+            workload=workload.name,
+            device=str(self.device),
+            precision=precision,
+        )
+        return model
+
     def _close_decoders(self) -> None:
-        self._decode_pool.shutdown(wait=False, cancel_futures=True)
+        self.decode_sizer.close()
+        if self._decode_threads is not None:
+            self._decode_threads.shutdown(wait=False, cancel_futures=True)
         if self._decode_processes is not None:
             self._decode_processes.close()
         for pool in self.pools:
@@ -307,6 +339,7 @@ class Pipeline:
             self.http.start()
         if self._decode_processes is not None:
             self._decode_processes.start()
+        self.decode_sizer.start()
         self.lag.start()
         self.sink.start()
         for worker in self.workers:
@@ -440,7 +473,8 @@ class Pipeline:
             3. let the device workers finish their in-flight batches;
             4. flush the producer, so every acknowledgement reaches the tracker;
             5. commit the final watermarks and close the consumer (leave the group);
-            6. stop the lag monitor, the HTTP endpoint, the sink and the decode pool.
+            6. stop the lag monitor, the HTTP endpoint, the sink, the decode sizer and the decode
+               workers.
         """
         if self.state in (State.CLOSED, State.DRAINING):
             return
