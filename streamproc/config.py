@@ -71,8 +71,14 @@ class KafkaConfig(_Section):
         return self.commit_interval_ms / 1000.0
 
 
+ModelPrecision = Literal["fp32", "bf16", "fp16", "int8"]
+"""``worker.precision`` / ``pipelines[].precision`` (streamproc.worker.precision checks, at
+start-up, that the device and the workload support it)."""
+
+
 class PipelineConfig(_Section):
-    """One input topic bound to one workload and one output topic."""
+    """One input topic bound to one workload and one output topic; ``precision`` overrides
+    ``worker.precision`` for this pipeline's model."""
 
     name: str = Field(min_length=1)
     input_topic: str = Field(min_length=1)
@@ -80,6 +86,7 @@ class PipelineConfig(_Section):
     workload: str = Field(min_length=1)
     dlq_topic: str | None = None
     priority: PriorityName | None = None  # default: the workload's (trades high, video low)
+    precision: ModelPrecision | None = None  # default: worker.precision
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("workload")
@@ -178,14 +185,29 @@ class WorkerConfig(_Section):
     pool has ``staging_buffers x devices`` slabs. ``device_stall_timeout_s``: a device that
     has not completed its oldest batch for this long is reported stalled (it gets no new
     batch meanwhile anyway: it is at its in-flight limit).
+
+    ``precision``: the models' precision (``fp32``, ``bf16``, ``fp16``, ``int8``), unless a
+    ``pipelines[]`` entry sets its own; checked at start-up against the device and the workload
+    (``streamproc/worker/precision.py`` has the table).
+
+    Decode workers (threads, or processes with ``decode_mode: process``), shared by every
+    pipeline: ``decode_workers`` is the count at start. With neither bound set the count stays
+    there (as before the bounds existed). Setting ``decode_workers_max`` and/or
+    ``decode_workers_min`` lets the count follow the load between them (``decode_sizing.py``):
+    it grows while waiting for decode dominates a pipeline's dispatch time and shrinks while
+    decode is idle. An unset bound defaults to 1 (min) or to ``decode_workers`` (max); a
+    ``decode_workers`` left at its default is moved into the bounds.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     devices: Literal["auto"] | tuple[str, ...] | None = None
     device_stall_timeout_s: float = Field(default=30.0, gt=0)
+    precision: ModelPrecision = "fp32"
     max_in_flight_batches: int = Field(default=2, ge=1, le=64)
     staging_buffers: int = Field(default=4, ge=2, le=256)
     decode_workers: int = Field(default=2, ge=1, le=64)
+    decode_workers_min: int | None = Field(default=None, ge=1, le=64)
+    decode_workers_max: int | None = Field(default=None, ge=1, le=64)
     decode_mode: Literal["thread", "process"] = "thread"
     cuda_streams: int = Field(default=2, ge=1, le=16)
     torch_threads: int | None = Field(default=None, ge=1)
@@ -219,6 +241,37 @@ class WorkerConfig(_Section):
                 f"worker.max_in_flight_batches + 1 ({self.max_in_flight_batches + 1})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _decode_bounds(self) -> WorkerConfig:
+        low, high = self.decode_workers_bounds
+        if low > high:
+            raise ValueError(
+                f"worker.decode_workers_min ({low}) must be at most "
+                f"worker.decode_workers_max ({high})"
+            )
+        if "decode_workers" in self.model_fields_set and not low <= self.decode_workers <= high:
+            raise ValueError(
+                f"worker.decode_workers ({self.decode_workers}, the count at start) must be "
+                f"within worker.decode_workers_min..decode_workers_max ({low}..{high})"
+            )
+        return self
+
+    @property
+    def decode_workers_bounds(self) -> tuple[int, int]:
+        """(min, max) decode workers; equal (a fixed count) when neither bound is set."""
+        if self.decode_workers_min is None and self.decode_workers_max is None:
+            return self.decode_workers, self.decode_workers
+        return (
+            1 if self.decode_workers_min is None else self.decode_workers_min,
+            self.decode_workers if self.decode_workers_max is None else self.decode_workers_max,
+        )
+
+    @property
+    def decode_workers_start(self) -> int:
+        """The decode workers at start: ``decode_workers``, moved into the bounds."""
+        low, high = self.decode_workers_bounds
+        return min(max(self.decode_workers, low), high)
 
 
 class MetricsConfig(_Section):

@@ -3,11 +3,12 @@
 Two interchangeable implementations, selected by ``worker.decode_mode``:
 
 ``thread`` (default)
-    A thread pool in this process decodes contiguous slices of the batch. The hand-off costs
-    next to nothing, so it wins for light payloads (JSON trades, sensor windows), and it scales
-    wherever decode releases the GIL (Pillow's JPEG decoder does).
+    A thread pool in this process (:class:`DecodeThreads`) decodes contiguous slices of the
+    batch. The hand-off costs next to nothing, so it wins for light payloads (JSON trades,
+    sensor windows), and it scales wherever decode releases the GIL (Pillow's JPEG decoder
+    does).
 ``process``
-    ``worker.decode_workers`` spawned processes decode straight into the same staging slabs,
+    Spawned processes (:class:`DecodeProcesses`) decode straight into the same staging slabs,
     which then live in POSIX shared memory (registered as pinned memory when CUDA is present,
     see :class:`~streamproc.worker.StagingPool`). Each batch costs one pickle of its records
     to the workers and of the per-row errors back; in exchange decode scales past the GIL, and a
@@ -15,26 +16,33 @@ Two interchangeable implementations, selected by ``worker.decode_mode``:
     slice instead of killing the consumer.
 
 Both check ``worker.max_message_bytes`` in this process first, so an oversized value is never
-decoded (nor shipped to a worker). Measured trade-offs: ``docs/benchmarks.md``.
+decoded (nor shipped to a worker). Both split a batch into as many slices as the pool has workers
+at that moment, and report each batch's decode time (:class:`DecodeSample`) to the decode sizer,
+which resizes the pool between ``worker.decode_workers_min`` and ``decode_workers_max``
+(``streamproc/decode_sizing.py``; it starts at ``worker.decode_workers``). Measured trade-offs:
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
+import queue
 import signal
 import threading
 import time
-from collections.abc import Collection, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from multiprocessing.synchronize import Barrier
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from streamproc.decode_sizing import DecodeSample
 from streamproc.errors import DecodeError, RecordError
 from streamproc.logs import get_logger
 from streamproc.records import Record
@@ -44,6 +52,7 @@ from streamproc.workloads import Workload, load_workload
 log = get_logger(__name__)
 
 Failures = dict[int, RecordError]
+T = TypeVar("T")
 
 
 class Decoder(Protocol):
@@ -115,38 +124,166 @@ def _checked(found: object, count: int) -> Failures:
 
 
 def _slices(count: int, chunks: int) -> list[tuple[int, int]]:
-    step = -(-count // max(1, chunks))
-    return [(start, min(start + step, count)) for start in range(0, count, step)]
+    """``min(count, chunks)`` contiguous slices of ``range(count)`` whose lengths differ by at
+    most one (so ``chunks`` workers finish a batch in ``ceil(count / chunks)`` rows' time)."""
+    parts = max(1, min(count, chunks))
+    base, extra = divmod(count, parts)
+    bounds = [0]
+    for part in range(parts):
+        bounds.append(bounds[-1] + base + (1 if part < extra else 0))
+    return list(itertools.pairwise(bounds))
+
+
+OnSample = Callable[[DecodeSample], None]
+"""Where a decoder reports each batch's decode time (the :class:`DecodeSizer`)."""
+
+
+# -- worker threads ---------------------------------------------------------------------------
+_Task = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+class DecodeThreads:
+    """The decode threads shared by every pipeline of this consumer, resizable at run time.
+
+    Threads are named ``decode_<n>`` and started on the first :meth:`submit` (a pipeline that
+    fails to build leaves none behind). :meth:`resize` starts threads at once, or queues one
+    retire marker per surplus thread behind the tasks already queued: a thread that takes one
+    finishes and exits, so no task is dropped and a shrink never waits.
+
+    Args:
+        workers: threads at start (>= 1).
+    """
+
+    def __init__(self, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"decode threads: need at least 1, got {workers}")
+        self._target = workers
+        self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # a leaf: guards the counts below
+        self._live = 0  # threads started and not asked to retire
+        self._started = False
+        self._closed = False
+        self._names = itertools.count()
+
+    @property
+    def workers(self) -> int:
+        """The thread count wanted now (what decoders split batches for)."""
+        return self._target
+
+    def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]:
+        """Queue ``fn(*args)`` for a decode thread.
+
+        Raises:
+            RuntimeError: after :meth:`shutdown`.
+        """
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("decode threads shut down")
+            self._started = True
+            self._top_up()
+            self._tasks.put((future, fn, args))
+        return future
+
+    def resize(self, workers: int) -> int:
+        """Go to ``workers`` threads (>= 1); returns it."""
+        if workers < 1:
+            raise ValueError(f"decode threads: need at least 1, got {workers}")
+        with self._lock:
+            self._target = workers
+            if self._closed or not self._started:
+                return workers
+            while self._live > workers:
+                self._tasks.put(None)  # retire marker, behind the queued tasks
+                self._live -= 1
+            self._top_up()
+        return workers
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+        """Stop every thread after its current task; with ``cancel_futures`` queued tasks are
+        cancelled (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending: list[_Task] = []
+            if cancel_futures:
+                while True:
+                    try:
+                        item = self._tasks.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        pending.append(item)
+            for _ in range(self._live):
+                self._tasks.put(None)
+            self._live = 0
+        for future, _, _ in pending:
+            future.cancel()
+
+    def _top_up(self) -> None:
+        while self._live < self._target:
+            thread = threading.Thread(
+                target=self._work, name=f"decode_{next(self._names)}", daemon=True
+            )
+            thread.start()
+            self._live += 1
+
+    def _work(self) -> None:
+        while (item := self._tasks.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
 
 class ThreadDecoder:
-    """Decodes on a shared thread pool, one task per worker over a contiguous slice of rows.
+    """Decodes on the shared :class:`DecodeThreads`, one task per worker over a contiguous
+    slice of rows (as many slices as the pool has threads when the batch is split).
 
     Args:
         workload: the pipeline's decoder.
-        executor: the process-wide decode thread pool.
-        chunks: slices per batch (the pool's size).
+        threads: the process-wide decode threads.
         max_message_bytes: larger values fail with a :class:`DecodeError` without decoding.
+        lane: this pipeline's input topic (names its samples).
+        on_sample: called with each batch's :class:`DecodeSample` (the decode sizer).
     """
 
     def __init__(
-        self, workload: Workload, executor: Executor, chunks: int, max_message_bytes: int
+        self,
+        workload: Workload,
+        threads: DecodeThreads,
+        max_message_bytes: int,
+        lane: str = "",
+        on_sample: OnSample | None = None,
     ) -> None:
         self._workload = workload
-        self._executor = executor
-        self._chunks = chunks
+        self._threads = threads
         self._max_message_bytes = max_message_bytes
+        self._lane = lane
+        self._on_sample = on_sample
 
     def decode(self, records: Sequence[Record], slab: Slab) -> Failures:
+        started_s = time.monotonic()
+        workers = self._threads.workers
         failed = oversized(records, self._max_message_bytes)
         futures = [
-            self._executor.submit(
+            self._threads.submit(
                 decode_rows, self._workload, records[start:stop], slab.array, start, failed
             )
-            for start, stop in _slices(len(records), self._chunks)
+            for start, stop in _slices(len(records), workers)
         ]
         for future in futures:
             failed.update(future.result())
+        if self._on_sample is not None:
+            self._on_sample(
+                DecodeSample(self._lane, len(records), time.monotonic() - started_s, workers)
+            )
         return failed
 
 
@@ -175,10 +312,9 @@ _LANES: dict[str, tuple[Workload, list[np.ndarray]]] = {}
 _ATTACHED: list[shared_memory.SharedMemory] = []
 
 
-def _init_process(lanes: dict[str, LaneSpec], parent_pid: int, started: Barrier) -> None:
+def _init_process(lanes: dict[str, LaneSpec], parent_pid: int) -> None:
     """Decode-process initializer: detach from terminal signals, watch the parent, build each
-    lane's workload, map its slabs, then wait at ``started`` (a barrier with the parent and
-    every other decode process)."""
+    lane's workload and map its slabs."""
     # Ctrl-C or a stop signal sent to the whole process group must reach only the consumer,
     # which drains and then shuts these processes down; left to the default handlers, they died
     # mid-batch and good records of that batch were dead-lettered.
@@ -192,7 +328,6 @@ def _init_process(lanes: dict[str, LaneSpec], parent_pid: int, started: Barrier)
             _ATTACHED.append(shm)  # keep the mapping alive; the parent owns (unlinks) it
             views.append(np.ndarray(spec.shape, dtype=np.dtype(spec.dtype), buffer=shm.buf))
         _LANES[name] = (load_workload(spec.workload, spec.options), views)
-    started.wait()
 
 
 def _exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:
@@ -204,8 +339,8 @@ def _exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:
 
 
 def _ready() -> int:
-    """Warm-up task: proves a process finished its initializer."""
-    return len(_LANES)
+    """Warm-up task: proves the process finished its initializer; answers its pid."""
+    return os.getpid()
 
 
 def _decode_in_process(
@@ -216,25 +351,44 @@ def _decode_in_process(
 
 
 class DecodeProcesses:
-    """The decode worker processes shared by every pipeline of this consumer.
+    """The decode worker processes shared by every pipeline of this consumer, resizable.
 
-    Lanes are registered while the pipeline is built; :meth:`start` spawns ``workers``
-    processes (``spawn``: the consumer process runs librdkafka and torch threads, which must not
-    be forked) and waits until each has built its workloads and mapped the slabs.
+    Each worker is a process of its own (a one-process ``ProcessPoolExecutor``): a process that
+    dies breaks only the slices it held, it alone is replaced, and the count can grow or shrink
+    one process at a time. Lanes are registered while the pipeline is built; :meth:`start`
+    spawns ``workers`` processes (``spawn``: the consumer process runs librdkafka and torch
+    threads, which must not be forked) and returns once each has built its workloads and mapped
+    the slabs (its first task, :func:`_ready`, ran: one process per executor, so that proves
+    this process is up).
 
     Args:
-        workers: number of processes.
+        workers: processes at start.
     """
 
     def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self.generation = 0  # bumped by every restart
+        if workers < 1:
+            raise ValueError(f"decode processes: need at least 1, got {workers}")
+        self._start_count = workers
+        self.generation = 0  # bumped by every restart of a process that died
         self._lanes: dict[str, LaneSpec] = {}
-        self._executor: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()  # dispatchers of several pipelines share the pool
+        self._executors: list[ProcessPoolExecutor] = []
+        self._pids: dict[int, int] = {}  # id(executor) -> pid of its process
+        self._lock = threading.Lock()  # a leaf: dispatchers of several pipelines share this
+        self._closed = False
+
+    @property
+    def workers(self) -> int:
+        """Processes running now (before :meth:`start`: the count it will start)."""
+        with self._lock:
+            return len(self._executors) or self._start_count
+
+    def pids(self) -> list[int]:
+        """Process ids of the running decode processes."""
+        with self._lock:
+            return [self._pids[id(e)] for e in self._executors]
 
     def register(self, lane: str, spec: LaneSpec) -> None:
-        if self._executor is not None:
+        if self._executors:
             raise RuntimeError("register every lane before start()")
         self._lanes[lane] = spec
 
@@ -246,102 +400,163 @@ class DecodeProcesses:
             BrokenProcessPool: a process died while starting (e.g. its workload failed to load,
                 or the main module has no ``if __name__ == "__main__":`` guard).
         """
+        spawned = self._spawn(self._start_count, timeout_s)
         with self._lock:
-            self._start(timeout_s)
+            self._executors = list(spawned)
+            self._pids.update({id(e): pid for e, pid in spawned.items()})
 
-    def _start(self, timeout_s: float) -> None:
+    def resize(self, workers: int, timeout_s: float = 120.0) -> int:
+        """Go to ``workers`` processes (>= 1) and return the count running. New processes
+        are started (outside the lock: slices keep going to the running ones) and join once
+        ready; surplus ones take no new slice and exit after the slices they hold.
+
+        Raises:
+            TimeoutError, BrokenProcessPool: a new process did not start (the running ones
+                are kept).
+        """
+        if workers < 1:
+            raise ValueError(f"decode processes: need at least 1, got {workers}")
+        with self._lock:
+            running = len(self._executors)
+            retired = self._executors[workers:]
+            del self._executors[workers:]
+            for executor in retired:
+                self._pids.pop(id(executor), None)
+        for executor in retired:
+            executor.shutdown(wait=False, cancel_futures=False)
+        if workers > running:
+            spawned = self._spawn(workers - running, timeout_s)
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._executors.extend(spawned)
+                    self._pids.update({id(e): pid for e, pid in spawned.items()})
+            if closed:  # closed while these started: they never serve
+                for executor in spawned:
+                    executor.shutdown(wait=False, cancel_futures=True)
+        return self.workers
+
+    def _spawn(self, count: int, timeout_s: float) -> dict[ProcessPoolExecutor, int]:
+        """``count`` new processes, each ready; returns them with their pids."""
         context = multiprocessing.get_context("spawn")
-        # Every process initialised (signals ignored, slabs mapped) before start() returns: a
-        # task finishing proves only that *a* process is up, not all of them.
-        started = context.Barrier(self.workers + 1, timeout=timeout_s)
-        executor = ProcessPoolExecutor(
-            self.workers,
-            mp_context=context,
-            initializer=_init_process,
-            initargs=(self._lanes, os.getpid(), started),
-        )
-        self._executor = executor
-        # The pool spawns a process per task while none is idle: one task per process.
-        futures = [executor.submit(_ready) for _ in range(self.workers)]
+        executors = [
+            ProcessPoolExecutor(
+                1,
+                mp_context=context,
+                initializer=_init_process,
+                initargs=(self._lanes, os.getpid()),
+            )
+            for _ in range(count)
+        ]
         try:
-            started.wait()
-        except threading.BrokenBarrierError as exc:
-            executor.shutdown(wait=False, cancel_futures=True)
-            raise TimeoutError(
-                f"decode processes not ready within {timeout_s:.0f} s (or one failed to start)"
-            ) from exc
-        for future in futures:
-            future.result(timeout=timeout_s)
+            # The executor spawns its process for the first task: all of them start at once.
+            ready = [executor.submit(_ready) for executor in executors]
+            pids = [future.result(timeout=timeout_s) for future in ready]
+        except BaseException as exc:
+            for executor in executors:
+                executor.shutdown(wait=False, cancel_futures=True)
+            if isinstance(exc, FutureTimeout):
+                raise TimeoutError(f"decode processes not ready within {timeout_s:.0f} s") from exc
+            raise
+        return dict(zip(executors, pids, strict=True))
 
     def submit(
-        self, lane: str, slab_index: int, start: int, records: list[Record], skip: set[int]
-    ) -> tuple[int, Future[Failures]]:
-        """Queue one slice; returns the pool generation it went to and its future."""
-        with self._lock:
-            if self._executor is None:
-                raise RuntimeError("decode processes not started")
-            generation, executor = self.generation, self._executor
+        self,
+        lane: str,
+        slab_index: int,
+        start: int,
+        records: list[Record],
+        skip: set[int],
+        slot: int = 0,
+    ) -> tuple[ProcessPoolExecutor, Future[Failures]]:
+        """Queue one slice on process ``slot`` (modulo the count); returns that process's
+        executor (for :meth:`restart`) and the slice's future."""
+        args = (lane, slab_index, start, records, skip)
+        executor = self._pick(slot)
         try:
-            future = executor.submit(_decode_in_process, lane, slab_index, start, records, skip)
-        except BrokenProcessPool:
-            # Broken by another pipeline's batch since: nothing of ours ran yet; use a new pool.
-            self.restart(generation)
-            return self.submit(lane, slab_index, start, records, skip)
-        return generation, future
+            return executor, executor.submit(_decode_in_process, *args)
+        except (BrokenProcessPool, RuntimeError):
+            # Broken by an earlier slice (any pipeline), or retired by a shrink since: nothing
+            # of ours ran yet. Replace it if it is still ours, then queue on the running set.
+            self.restart(executor)
+        executor = self._pick(slot)
+        return executor, executor.submit(_decode_in_process, *args)
 
-    def restart(self, broken_generation: int) -> None:
-        """Replace the pool of ``broken_generation`` (a process died) with fresh processes;
-        a no-op when another thread replaced it already."""
+    def _pick(self, slot: int) -> ProcessPoolExecutor:
         with self._lock:
-            if self.generation != broken_generation or self._executor is None:
+            if not self._executors:
+                raise RuntimeError("decode processes not started")
+            return self._executors[slot % len(self._executors)]
+
+    def restart(self, broken: ProcessPoolExecutor) -> None:
+        """Replace ``broken`` (its process died) with a fresh process; a no-op when it was
+        replaced or retired already."""
+        with self._lock:
+            if broken not in self._executors:
                 return
-            log.error("a decode process died; starting new decode processes")
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            index = self._executors.index(broken)
+            log.error("a decode process died; starting a new one")
+            broken.shutdown(wait=False, cancel_futures=True)
+            self._pids.pop(id(broken), None)
             self.generation += 1
-            self._start(120.0)
+            ((fresh, pid),) = self._spawn(1, 120.0).items()
+            self._executors[index] = fresh
+            self._pids[id(fresh)] = pid
 
     def close(self) -> None:
         with self._lock:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True, cancel_futures=True)
-                self._executor = None
+            self._closed = True
+            executors, self._executors = self._executors, []
+            self._pids.clear()
+        for executor in executors:
+            executor.shutdown(wait=True, cancel_futures=True)
 
 
 class ProcessDecoder:
     """Decodes in :class:`DecodeProcesses`, one task per process over a contiguous slice.
 
     The slab must come from a shared :class:`~streamproc.worker.StagingPool` registered for
-    ``lane``. When a decode process dies mid-batch the pool is restarted and the affected slices
-    are decoded again once; a slice that kills its process twice is dead-lettered as a whole
-    (:class:`DecodeError` "decode process died": we cannot tell which of its records did it;
-    a slice of another pipeline in flight at both moments may share that fate; nothing is lost).
+    ``lane``. When a decode process dies mid-batch it is replaced and its slice is decoded again
+    once; a slice that kills its process twice is dead-lettered as a whole (:class:`DecodeError`
+    "decode process died": we cannot tell which of its records did it; slices of other batches
+    queued on that process at both moments share that fate; nothing is lost).
 
     Args:
         processes: the shared decode processes.
         lane: this pipeline's lane name (its input topic).
         max_message_bytes: larger values fail with a :class:`DecodeError` without decoding.
+        on_sample: called with each batch's :class:`DecodeSample` (the decode sizer).
     """
 
-    def __init__(self, processes: DecodeProcesses, lane: str, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        processes: DecodeProcesses,
+        lane: str,
+        max_message_bytes: int,
+        on_sample: OnSample | None = None,
+    ) -> None:
         self._processes = processes
         self._lane = lane
         self._max_message_bytes = max_message_bytes
+        self._on_sample = on_sample
 
     def decode(self, records: Sequence[Record], slab: Slab) -> Failures:
+        started_s = time.monotonic()
+        workers = self._processes.workers
         failed = oversized(records, self._max_message_bytes)
         skip = set(failed)
         tasks = [
-            (start, stop, *self._submit(records, slab, start, stop, skip))
-            for start, stop in _slices(len(records), self._processes.workers)
+            (start, stop, slot, *self._submit(records, slab, start, stop, skip, slot))
+            for slot, (start, stop) in enumerate(_slices(len(records), workers))
         ]
-        for start, stop, generation, future in tasks:
+        for start, stop, slot, executor, future in tasks:
             try:
                 failed.update(future.result())
                 continue
             except BrokenProcessPool:
-                # A process died: this slice's, or one beside it (any pipeline). Retry once.
-                self._processes.restart(generation)
-            generation, future = self._submit(records, slab, start, stop, skip)
+                # Its process died: by this slice, or by another slice queued there. Retry once.
+                self._processes.restart(executor)
+            executor, future = self._submit(records, slab, start, stop, skip, slot)
             try:
                 failed.update(future.result())
             except BrokenProcessPool as exc:
@@ -349,12 +564,22 @@ class ProcessDecoder:
                 # whole slice is dead-lettered with the reason (never decoded in the consumer).
                 for row in range(start, stop):
                     failed.setdefault(row, DecodeError(f"decode process died: {exc}"))
-                self._processes.restart(generation)
+                self._processes.restart(executor)
+        if self._on_sample is not None:
+            self._on_sample(
+                DecodeSample(self._lane, len(records), time.monotonic() - started_s, workers)
+            )
         return failed
 
     def _submit(
-        self, records: Sequence[Record], slab: Slab, start: int, stop: int, skip: set[int]
-    ) -> tuple[int, Future[Failures]]:
+        self,
+        records: Sequence[Record],
+        slab: Slab,
+        start: int,
+        stop: int,
+        skip: set[int],
+        slot: int,
+    ) -> tuple[ProcessPoolExecutor, Future[Failures]]:
         return self._processes.submit(
-            self._lane, slab.index, start, list(records[start:stop]), skip
+            self._lane, slab.index, start, list(records[start:stop]), skip, slot
         )

@@ -265,6 +265,17 @@ class Metrics:
             ["topic"],
             registry=reg,
         )
+        self.decode_workers = Gauge(
+            "streamproc_decode_workers",
+            "Decode workers (threads or processes) of the process, set by the decode sizer",
+            registry=reg,
+        )
+        self.decode_wait_ratio = Gauge(
+            "streamproc_decode_wait_ratio",
+            "Share of the last sizing window the topic's dispatcher spent waiting for decode",
+            ["topic"],
+            registry=reg,
+        )
 
         self.consumer_lag = Gauge(
             "streamproc_consumer_lag_messages",

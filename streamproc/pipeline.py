@@ -19,7 +19,6 @@ import enum
 import gc
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -31,9 +30,11 @@ from streamproc.buffers import PartitionBuffers
 from streamproc.clients import build_admin
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config, PipelineConfig, Scalar
+from streamproc.decode_sizing import DecodeSizer, DecodeSizingPolicy
 from streamproc.decoders import (
     DecodeProcesses,
     Decoder,
+    DecodeThreads,
     LaneSpec,
     ProcessDecoder,
     ThreadDecoder,
@@ -62,7 +63,8 @@ from streamproc.worker import (
     StagingPool,
 )
 from streamproc.worker.pool import report_leaks
-from streamproc.workloads import load_workload
+from streamproc.worker.precision import build_model
+from streamproc.workloads import ModelFn, Workload, load_workload
 
 log = get_logger(__name__)
 
@@ -142,13 +144,18 @@ class Pipeline:
             torch.set_num_threads(config.worker.torch_threads)
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
-        self._decode_pool = ThreadPoolExecutor(
-            config.worker.decode_workers, thread_name_prefix="decode"
-        )
-        self._decode_processes = (
-            DecodeProcesses(config.worker.decode_workers)
-            if config.worker.decode_mode == "process"
-            else None
+        # Decode workers, shared by every lane, sized between the configured bounds.
+        low, high = config.worker.decode_workers_bounds
+        start = config.worker.decode_workers_start
+        self._decode_threads: DecodeThreads | None = None
+        self._decode_processes: DecodeProcesses | None = None
+        decode_pool: DecodeThreads | DecodeProcesses
+        if config.worker.decode_mode == "process":
+            decode_pool = self._decode_processes = DecodeProcesses(start)
+        else:
+            decode_pool = self._decode_threads = DecodeThreads(start)
+        self.decode_sizer = DecodeSizer(
+            decode_pool, DecodeSizingPolicy(low, high, start), self.metrics
         )
         self.pools: list[StagingPool] = []
         settings = producer_settings(
@@ -247,13 +254,20 @@ class Pipeline:
                     pool.dtype.str,
                 ),
             )
-            decoder = ProcessDecoder(self._decode_processes, topic, cfg.worker.max_message_bytes)
+            decoder = ProcessDecoder(
+                self._decode_processes,
+                topic,
+                cfg.worker.max_message_bytes,
+                on_sample=self.decode_sizer.observe,
+            )
         else:
+            assert self._decode_threads is not None
             decoder = ThreadDecoder(
                 workload,
-                self._decode_pool,
-                cfg.worker.decode_workers,
+                self._decode_threads,
                 cfg.worker.max_message_bytes,
+                lane=topic,
+                on_sample=self.decode_sizer.observe,
             )
         self.metrics.pool_capacity.labels(topic).set(pool.capacity)
         self.metrics.pool_allocations.labels(topic).set(pool.allocations)
@@ -288,7 +302,7 @@ class Pipeline:
 
         workers = tuple(
             DeviceWorker(
-                workload.build_model(dev.device),
+                self._build_model(spec, workload, dev.device),
                 dev.device,
                 pool,
                 cfg.worker.max_in_flight_batches,
@@ -302,8 +316,28 @@ class Pipeline:
         self.workers.extend(workers)
         return _LaneStages(lane, decoder, pool, workers, load, resequencer)
 
+    def _build_model(
+        self, spec: PipelineConfig, workload: Workload, device: torch.device
+    ) -> ModelFn:
+        """The lane's batch function on ``device`` at its precision (``pipelines[].precision``,
+        else ``worker.precision``); refused precisions fail here, at start-up."""
+        index = self.config.pipelines.index(spec)
+        precision = spec.precision or self.config.worker.precision
+        key = "worker.precision" if spec.precision is None else f"pipelines.{index}.precision"
+        model = build_model(workload, device, precision, key)
+        log.info(
+            "model built",
+            topic=spec.input_topic,
+            workload=workload.name,
+            device=str(device),
+            precision=precision,
+        )
+        return model
+
     def _close_decoders(self) -> None:
-        self._decode_pool.shutdown(wait=False, cancel_futures=True)
+        self.decode_sizer.close()
+        if self._decode_threads is not None:
+            self._decode_threads.shutdown(wait=False, cancel_futures=True)
         if self._decode_processes is not None:
             self._decode_processes.close()
         for pool in self.pools:
@@ -342,6 +376,7 @@ class Pipeline:
             self.http.start()
         if self._decode_processes is not None:
             self._decode_processes.start()
+        self.decode_sizer.start()
         self.lag.start()
         self.sink.start()
         for worker in self.workers:
@@ -502,7 +537,8 @@ class Pipeline:
                the same (0 / empty after a clean close);
             5. flush the producer, so every acknowledgement reaches the tracker;
             6. commit the final watermarks and close the consumer (leave the group);
-            7. stop the lag monitor, the HTTP endpoint, the sink and the decode pool.
+            7. stop the lag monitor, the HTTP endpoint, the sink, the decode sizer and the
+               decode workers.
         """
         if self.state in (State.CLOSED, State.DRAINING):
             return

@@ -17,8 +17,9 @@ dead-letter topic. ``model`` must be pure per row (row ``i`` of each output depe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar, overload
 
 import numpy as np
@@ -98,12 +99,15 @@ class Workload:
         default_priority: the class of a record without a ``priority`` header (a
             :class:`~streamproc.records.Priority`, or its name: ``high``, ``normal``, ``low``);
             the replay stamps it into the header (trades high, IoT normal, video low).
+        refused_precisions: precision name (``worker.precision``) -> why this workload's
+            model must not run at it (measured); refused at start-up with that reason.
     """
 
     name: str = "workload"
     default_priority: Priority | str = Priority.NORMAL
     item_shape: tuple[int, ...] = ()
     item_dtype: np.dtype = np.dtype(np.uint8)
+    refused_precisions: Mapping[str, str] = MappingProxyType({})
 
     def decode(self, record: Record, out: np.ndarray) -> None:
         """Write the decoded row of ``record`` into ``out``.
@@ -138,7 +142,29 @@ class Workload:
         return failed
 
     def build_model(self, device: torch.device) -> ModelFn:
-        """Load the model onto ``device`` in eval mode and return the batch function."""
+        """Load the model onto ``device`` in eval mode and return the batch function.
+
+        The default is ``bind_model(load_module(device), device)``. A workload may override
+        this method instead of those two; it then runs at ``fp32``, ``bf16`` and ``fp16``
+        (autocast around the batch function) but not at ``int8``, which converts the weights
+        of the module and so needs :meth:`load_module` (``streamproc.worker.precision``).
+        """
+        return self.bind_model(self.load_module(device), device)
+
+    def load_module(self, device: torch.device) -> torch.nn.Module:
+        """The model as an eval-mode ``torch.nn.Module`` on ``device``, float32 weights, loaded
+        offline (from a package or the repository).
+
+        Raises:
+            NotImplementedError: the workload builds its batch function in
+                :meth:`build_model` only (``int8`` is then refused at start-up).
+        """
+        raise NotImplementedError
+
+    def bind_model(self, module: torch.nn.Module, device: torch.device) -> ModelFn:
+        """The batch function around ``module`` (what :meth:`load_module` returned, possibly
+        converted, e.g. dynamically quantised): pre-processing on the device, the module, and
+        post-processing to the workload's outputs."""
         raise NotImplementedError
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:

@@ -38,10 +38,13 @@ class CheckpointScorer(Workload):
         """Outputs appended after (score, anomaly); none by default."""
         return ()
 
-    def build_model(self, device: torch.device) -> ModelFn:
+    def load_module(self, device: torch.device) -> torch.nn.Module:
         model = self.model_class()
         model.load_state_dict(self.checkpoint["state_dict"])
-        model = model.eval().to(device)
+        return model.eval().to(device)
+
+    def bind_model(self, module: torch.nn.Module, device: torch.device) -> ModelFn:
+        model = module
         mean = self.checkpoint["mean"].to(device)
         std = self.checkpoint["std"].to(device)
         threshold = torch.tensor(self.threshold, device=device)

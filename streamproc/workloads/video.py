@@ -176,8 +176,11 @@ class VideoWorkload(Workload):
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"undecodable image: {exc}") from exc
 
-    def build_model(self, device: torch.device) -> ModelFn:
-        net = load_efficientnet_lite0(device)
+    def load_module(self, device: torch.device) -> torch.nn.Module:
+        return load_efficientnet_lite0(device)
+
+    def bind_model(self, module: torch.nn.Module, device: torch.device) -> ModelFn:
+        net = module
         mean = torch.tensor(MEAN, device=device)
         std = torch.tensor(STD, device=device)
 

@@ -185,3 +185,38 @@ def test_bad_worker_devices_name_the_key_and_allowed_values(value: object, messa
     with pytest.raises(ConfigError) as err:
         load_config(overrides={"pipelines": [PIPELINE], "worker": {"devices": value}})
     assert "worker.devices:" in str(err.value) and message in str(err.value)
+
+
+def test_precision_keys_name_the_allowed_values() -> None:
+    cfg = load_config(
+        overrides={
+            "pipelines": [
+                PIPELINE,
+                {**PIPELINE, "name": "g", "input_topic": "in2", "precision": "bf16"},
+            ],
+            "worker": {"precision": "int8"},
+        }
+    )
+    assert cfg.worker.precision == "int8"
+    assert [p.precision for p in cfg.pipelines] == [None, "bf16"]
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides={"pipelines": [{**PIPELINE, "precision": "half"}]})
+    assert "pipelines.0.precision: Input should be 'fp32', 'bf16', 'fp16' or 'int8'" in str(
+        caught.value
+    )
+
+
+def test_decode_worker_bounds_default_to_a_fixed_count_and_are_checked() -> None:
+    def worker(**keys: int) -> Any:
+        return load_config(overrides={"pipelines": [PIPELINE], "worker": keys}).worker
+
+    fixed = worker(decode_workers=3)
+    assert fixed.decode_workers_bounds == (3, 3) and fixed.decode_workers_start == 3
+    only_max = worker(decode_workers_max=6)
+    assert only_max.decode_workers_bounds == (1, 6) and only_max.decode_workers_start == 2
+    moved = worker(decode_workers_min=4, decode_workers_max=8)  # default start 2 moves up
+    assert moved.decode_workers_start == 4
+    with pytest.raises(ConfigError, match=r"decode_workers_min \(5\) must be at most"):
+        worker(decode_workers_min=5, decode_workers_max=3)
+    with pytest.raises(ConfigError, match=r"worker.decode_workers \(8, the count at start\)"):
+        worker(decode_workers=8, decode_workers_max=4)

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from streamproc.decoders import DecodeProcesses, LaneSpec, ProcessDecoder, ThreadDecoder
+from streamproc.decoders import (
+    DecodeProcesses,
+    DecodeThreads,
+    LaneSpec,
+    ProcessDecoder,
+    ThreadDecoder,
+)
 from streamproc.errors import DecodeError
 from streamproc.records import Record, TopicPartition
 from streamproc.worker import StagingPool
@@ -53,8 +58,11 @@ def test_process_decoder_matches_thread_decoder(shared_pool: StagingPool) -> Non
     records = _batch()
     workload = load_workload("trades")
     private = StagingPool(1, ROWS, workload.item_shape, workload.item_dtype, pin=False)
-    with ThreadPoolExecutor(2) as executor:
-        expected = ThreadDecoder(workload, executor, 2, 4000).decode(records, private.lease())
+    threads = DecodeThreads(2)
+    try:
+        expected = ThreadDecoder(workload, threads, 4000).decode(records, private.lease())
+    finally:
+        threads.shutdown()
     processes = _processes(shared_pool, "trades")
     try:
         slab = shared_pool.lease()
@@ -84,13 +92,13 @@ def test_a_slice_that_kills_its_process_twice_is_dead_lettered_others_are_retrie
         slab = shared_pool.lease()
         assert slab is not None
         failed = decoder.decode(records, slab)
-        # slices of 6 rows (2 workers): rows 0-5 hold the crash and die twice -> all failed
-        # with the reason; rows 6-11 broke with the pool once, were retried, and decoded.
+        # slices of 6 rows (2 processes): rows 0-5 hold the crash and kill their process
+        # twice -> all failed with the reason; rows 6-11 ran in the other process, decoded.
         assert sorted(failed) == [0, 1, 2, 3, 4, 5, 7, 9]
         assert "decode process died" in str(failed[1])
         assert "decode process died" in str(failed[0])  # innocent, same slice: cannot tell
         assert isinstance(failed[7], DecodeError) and "exceeds" in str(failed[7])
-        assert processes.generation == 2  # one restart per crash
+        assert processes.generation == 2  # one restart per crash, of that process only
         # the pool works again: the next batch (no crash marker) decodes normally
         again = decoder.decode(_batch(), slab)
         assert sorted(again) == [3, 7, 9]
@@ -111,7 +119,7 @@ if __name__ == "__main__":
     processes = DecodeProcesses(2)
     processes.register("t", LaneSpec("trades", {}, pool.shared_names, pool.shape, pool.dtype.str))
     processes.start()
-    print(" ".join(str(p) for p in processes._executor._processes), flush=True)
+    print(" ".join(str(p) for p in processes.pids()), flush=True)
     decoder = ProcessDecoder(processes, "t", 1 << 20)
     for _ in sys.stdin:  # one decode per line: answers the generation it ran in
         rec = Record(TopicPartition("t", 0), 0, None, b'{"symbol": "X"}', (), 0, 0.0, 1)
@@ -248,3 +256,76 @@ def test_numpy_integer_rows_from_decode_many_are_accepted() -> None:
     failed = decode_rows(_Recorder(answer={np.int64(1): DecodeError("x")}), records, rows, 0, {})  # type: ignore[arg-type]
     assert failed.keys() == {1} and type(next(iter(failed))) is int
     assert rows[:, 0].tolist() == [-1, -1, -1]  # the stub's answer was taken: no fallback
+
+
+def _decode_threads() -> list[str]:
+    import threading
+
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("decode_"))
+
+
+def test_decode_threads_grow_and_shrink_without_dropping_a_task() -> None:
+    import threading
+    import time
+
+    from streamproc.decode_sizing import DecodeSample
+
+    before = _decode_threads()
+    threads = DecodeThreads(2)
+    assert _decode_threads() == before  # started on the first task, not at construction
+    samples: list[DecodeSample] = []
+    workload = load_workload("trades")
+    pool = StagingPool(2, ROWS, workload.item_shape, workload.item_dtype, pin=False)
+    decoder = ThreadDecoder(workload, threads, 4000, lane="trades", on_sample=samples.append)
+    try:
+        slab = pool.lease()
+        assert slab is not None
+        assert sorted(decoder.decode(_batch(), slab)) == [3, 7, 9]
+        assert len(_decode_threads()) == len(before) + 2
+        assert threads.resize(4) == 4
+        assert len(_decode_threads()) == len(before) + 4
+        assert sorted(decoder.decode(_batch(), slab)) == [3, 7, 9]
+        # shrink while tasks are queued: every queued task still runs, then two threads exit
+        gate = threading.Event()
+        blocked = [threads.submit(gate.wait, 30) for _ in range(4)]
+        queued = [threads.submit(lambda i=i: i) for i in range(6)]
+        threads.resize(2)
+        gate.set()
+        assert [f.result(timeout=30) for f in blocked] == [True] * 4
+        assert [f.result(timeout=30) for f in queued] == list(range(6))
+        ours = [t for t in threading.enumerate() if t.name.startswith("decode_")]
+        ours = [t for t in ours if t.name not in before]
+        deadline = time.monotonic() + 30
+        while sum(t.is_alive() for t in ours) > 2 and time.monotonic() < deadline:
+            for thread in ours:
+                thread.join(0.05)  # two of them take a retire marker and exit
+        assert sum(t.is_alive() for t in ours) == 2 and threads.workers == 2
+        assert [(s.lane, s.items, s.workers) for s in samples] == [
+            ("trades", 12, 2),
+            ("trades", 12, 4),
+        ]
+        assert all(s.decode_s > 0 for s in samples)
+    finally:
+        threads.shutdown()
+        pool.close()
+    with pytest.raises(RuntimeError, match="shut down"):
+        threads.submit(print)
+
+
+def test_decode_processes_resize_one_process_at_a_time(shared_pool: StagingPool) -> None:
+    processes = _processes(shared_pool, "trades", workers=1)
+    decoder = ProcessDecoder(processes, "trades", 4000)
+    try:
+        first = processes.pids()
+        assert len(first) == 1
+        assert processes.resize(3) == 3
+        grown = processes.pids()
+        assert len(grown) == 3 and grown[0] == first[0]  # the running one is kept
+        slab = shared_pool.lease()
+        assert slab is not None
+        assert sorted(decoder.decode(_batch(), slab)) == [3, 7, 9]  # three slices of 4
+        assert processes.resize(1) == 1 and processes.pids() == first
+        assert sorted(decoder.decode(_batch(), slab)) == [3, 7, 9]
+        assert processes.generation == 0  # nothing died
+    finally:
+        processes.close()
