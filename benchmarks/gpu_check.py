@@ -418,6 +418,9 @@ def print_devices(name: str, size: int, one: dict[str, Any], many: dict[str, Any
             f"  {label:<10} {d['batches']:>8.0f} {d['batches'] / max(1, total):>6.2f} "
             f"{speed[label] / speed_sum:>9.2f} {d['batch_ms']:>9.2f} {d['busy']:>5.2f} "
             f"{d['gpu_util']:>8.2f}"
+        )
+
+
 # -- precision: fp32 vs bf16 vs fp16 on the GPU (issue 16) -----------------------------------
 def require_cuda(device: torch.device) -> None:
     """Stop with one clear line where the check cannot run (no GPU visible)."""
