@@ -337,7 +337,7 @@ class Pipeline:
     def _close_decoders(self) -> None:
         self.decode_sizer.close()
         if self._decode_threads is not None:
-            self._decode_threads.shutdown(wait=False, cancel_futures=True)
+            self._decode_threads.shutdown(wait=True, cancel_futures=True)
         if self._decode_processes is not None:
             self._decode_processes.close()
         for pool in self.pools:

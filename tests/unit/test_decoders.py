@@ -6,6 +6,7 @@ The process decoder runs real spawned processes writing into real shared-memory 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -329,3 +330,24 @@ def test_decode_processes_resize_one_process_at_a_time(shared_pool: StagingPool)
         assert processes.generation == 0  # nothing died
     finally:
         processes.close()
+
+
+def test_decode_threads_are_joined_at_shutdown() -> None:
+    # A daemon decode thread still running when the interpreter finalises is ended with
+    # pthread_exit, which aborted the process after a SIGTERM drain (exit -6); shutdown(wait)
+    # must leave none alive.
+    threads = DecodeThreads(3)
+    started = threading.Event()
+    release = threading.Event()
+
+    def task() -> int:
+        started.set()
+        release.wait(5)
+        return 1
+
+    future = threads.submit(task)
+    assert started.wait(5)
+    release.set()
+    threads.shutdown(wait=True, cancel_futures=True)
+    assert future.result(0) == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("decode_")]
