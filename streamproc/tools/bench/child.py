@@ -35,6 +35,7 @@ PRELOAD = [
     "streamproc.tools.bench.child",
     "streamproc.tools.bench.contenders",
     "streamproc.tools.bench.floor",
+    "streamproc.tools.replay",
 ]
 """Modules the forkserver imports once; every child starts with them."""
 
@@ -180,3 +181,37 @@ def run_child(
             process.join(5)
         receive.close()
     return outcome
+
+
+def run_replay(
+    workload: str, topic: str, bootstrap: str, partitions: int, count: int, rate: float
+) -> None:
+    """The paced replay (:func:`streamproc.tools.replay.produce`, open loop at ``rate`` msg/s)
+    from a process of its own, as a real producer: in the contender's it would compete for the
+    GIL, and a fresh ``streamproc produce`` would first spend 3 s importing.
+
+    Raises:
+        RuntimeError: the replay failed (not every message acknowledged).
+    """
+    process = _CONTEXT.Process(
+        target=_replay_main,
+        args=(workload, topic, bootstrap, partitions, count, rate),
+        name="bench-replay",
+    )
+    process.start()
+    process.join(600)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+    if process.exitcode != 0:
+        raise RuntimeError(f"replay into {topic} failed (exit code {process.exitcode})")
+
+
+def _replay_main(
+    workload: str, topic: str, bootstrap: str, partitions: int, count: int, rate: float
+) -> None:
+    from streamproc import logs
+    from streamproc.tools.replay import produce
+
+    logs.configure("warning", "console")
+    produce(workload, topic, bootstrap, partitions, count, rate, progress=False)

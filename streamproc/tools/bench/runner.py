@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import statistics
 import sys
 import time
 import uuid
@@ -23,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from streamproc.records import Priority, Record, TopicPartition
-from streamproc.tools.bench.child import TORCH_THREADS, Job, Outcome, run_child
+from streamproc.tools.bench.child import TORCH_THREADS, Job, Outcome, run_child, run_replay
 from streamproc.tools.bench.contenders import pipeline_config, run_quix
 from streamproc.tools.bench.cpu import CpuTrace
 from streamproc.tools.bench.measure import (
     OutputStats,
+    Spread,
     create_topics,
     end_to_end,
+    format_number,
     output_stats,
 )
 from streamproc.tools.bench.report import FLOOR, FLOOR_WORK, STREAMPROC, Row, Run, plot, render
@@ -50,6 +52,7 @@ class Plan:
         model_sizes: batch sizes of the model-only ceiling.
         model_budget_s: seconds per batch size of the model-only ceiling.
         paced_s: replay duration (seconds) of the paced runs at 10 / 50 / 80 % load.
+        paced_repetitions: how often each paced run is repeated (P50 and P99 are medians).
         light: light messages: the honest floor and floor + work run too.
     """
 
@@ -59,26 +62,28 @@ class Plan:
     model_sizes: tuple[int, ...]
     model_budget_s: float
     paced_s: tuple[float, float, float]
+    paced_repetitions: int
     light: bool
 
     def quick(self) -> Plan:
         """For development: fewer serial, Quix and video messages, half the model-only time,
-        2-second paced runs. Light backlogs stay as they are: their throughput is read off
-        output append times, which a backlog of a few thousand messages spans in a few
-        record batches."""
+        one round of 2-second paced runs. Light backlogs stay as they are: their throughput is
+        read off output append times, which a backlog of a few thousand messages spans in a
+        few record batches."""
         return replace(
             self,
             messages=self.messages if self.light else max(60, self.messages // 3),
             serial=max(40, self.serial // 3),
             model_budget_s=self.model_budget_s / 2,
             paced_s=(2.0, 2.0, 2.0) if self.light else (6.0, 4.0, 4.0),
+            paced_repetitions=1,
         )
 
 
 PLANS = {
-    "trades": Plan(20_000, 300, 256, (16, 64, 256), 0.5, (5.0, 5.0, 5.0), light=True),
-    "iot": Plan(20_000, 300, 256, (16, 64, 256), 0.5, (5.0, 5.0, 5.0), light=True),
-    "video": Plan(370, 120, 2, (1, 2, 4, 8, 16), 1.5, (20.0, 12.0, 12.0), light=False),
+    "trades": Plan(20_000, 300, 256, (16, 64, 256), 0.5, (4.0, 4.0, 4.0), 3, light=True),
+    "iot": Plan(20_000, 300, 256, (16, 64, 256), 0.5, (4.0, 4.0, 4.0), 3, light=True),
+    "video": Plan(370, 120, 2, (1, 2, 4, 8, 16), 1.5, (20.0, 12.0, 12.0), 1, light=False),
 }
 """Per workload, in the order they run."""
 LOADS = (0.1, 0.5, 0.8)
@@ -223,35 +228,9 @@ def _contenders(ctx: _Context) -> list[tuple[str, str, Callable[[int], Run]]]:
     return rows
 
 
-def _replay(bootstrap: str, workload: str, topic: str, count: int, rate: float) -> None:
-    """The open-loop replay, from a separate process: in this one it would compete with the
-    contender for nothing, but a real producer is another process."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "streamproc",
-            "produce",
-            workload,
-            "--topic",
-            topic,
-            "--bootstrap",
-            bootstrap,
-            "--partitions",
-            str(PARTITIONS),
-            "--limit",
-            str(count),
-            "--rate",
-            str(rate),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-
-
-def _paced(ctx: _Context, contender: str, load: float, rate: float, seconds: float) -> Row:
-    """One paced run of streamproc or the floor at ``rate`` msg/s for ``seconds``."""
+def _paced_run(ctx: _Context, contender: str, rate: float, seconds: float) -> Run:
+    """One paced run of streamproc or the floor at ``rate`` msg/s for ``seconds``; its
+    ``info`` holds the latency (:class:`~streamproc.tools.bench.measure.Latency` fields)."""
     suffix = uuid.uuid4().hex[:6]
     name = "sp" if contender == "streamproc" else "floor"
     source = f"bench.{ctx.workload}.lat.{name}.{suffix}"
@@ -270,7 +249,8 @@ def _paced(ctx: _Context, contender: str, load: float, rate: float, seconds: flo
         idle_s=30.0,
     )
     outcome = run_child(
-        job, on_ready=lambda: _replay(ctx.bootstrap, ctx.workload, source, count, rate)
+        job,
+        on_ready=lambda: run_replay(ctx.workload, source, ctx.bootstrap, PARTITIONS, count, rate),
     )
     inputs = read_topic(ctx.bootstrap, source)
     outputs = read_topic(ctx.bootstrap, sink)
@@ -280,33 +260,82 @@ def _paced(ctx: _Context, contender: str, load: float, rate: float, seconds: flo
     if outcome.error:
         info["error"] = outcome.error
         print(f"  {ctx.workload} paced {name}: {outcome.error.splitlines()[-1]}", file=sys.stderr)
-    label = f"{STREAMPROC if contender == 'streamproc' else FLOOR} @ {int(load * 100)}%"
-    row = Row(
-        ctx.workload,
-        label,
-        [Run(stats.count, rate, _cpu_us_per_msg(outcome.trace, stats), info)],
-        paced=True,
-    )
-    if latency is None:
-        row.note = f"no results matched ({stats.count} outputs)"
-        return row
-    row.p50_ms, row.p99_ms = latency.p50_ms, latency.p99_ms
-    row.extra = {"latency_quantiles_ms": latency.quantiles_ms, "p99_processing_ms": None}
-    processing = latency.p99_processing_ms
-    where = "in-pipeline" if contender == "streamproc" else "in-loop"
-    row.note = f"{where} P99 {processing:.1f} ms" if processing is not None else ""
-    row.extra["p99_processing_ms"] = processing
-    if contender == "streamproc" and "bound_ms" in info:
-        config = pipeline_config(ctx.bootstrap, source, sink, ctx.workload, "-")
-        priority = BUILTIN_WORKLOADS[ctx.workload].default_priority
-        max_wait_ms = 1000 * config.batching.max_wait_s[Priority.parse(priority)]
-        row.note += f", bound {info['bound_ms']:.0f} ms"
-        row.extra["p99_bound_ms"] = info["bound_ms"]
-        # the issue's part-2 target adds this to the floor's P99 at the same rate
-        row.extra["part2_bound_extra_ms"] = max_wait_ms + 2 * info["mean_batch_device_ms"]
     if stats.count != count:
-        row.note += f"; {stats.count} of {count} results"
+        info["short"] = f"{stats.count} of {count} results"
+    if latency is not None:
+        info["latency"] = asdict(latency)
+    return Run(stats.count, rate, _cpu_us_per_msg(outcome.trace, stats), info)
+
+
+def _paced_row(ctx: _Context, contender: str, load: float, runs: list[Run]) -> Row:
+    """The paced runs of one contender at one load: median P50 and P99 over the repetitions
+    (the P99 range and the in-consumer P99 in the note)."""
+    label = f"{STREAMPROC if contender == 'streamproc' else FLOOR} @ {int(load * 100)}%"
+    row = Row(ctx.workload, label, runs, paced=True)
+    latencies = [r.info["latency"] for r in runs if "latency" in r.info]
+    if not latencies:
+        row.note = "no results matched"
+        return row
+    p99 = Spread.of([lat["p99_ms"] for lat in latencies])
+    p50 = Spread.of([lat["p50_ms"] for lat in latencies])
+    processing = Spread.of([lat["p99_processing_ms"] for lat in latencies])
+    assert p99 is not None and p50 is not None
+    row.p50_ms, row.p99_ms = p50.median, p99.median
+    # the CDF of the run whose P99 is the median (the lower middle for an even count)
+    middle = sorted(latencies, key=lambda lat: lat["p99_ms"])[(len(latencies) - 1) // 2]
+    row.extra = {
+        "latency_quantiles_ms": middle["quantiles_ms"],
+        "p99_ms_runs": [lat["p99_ms"] for lat in latencies],
+        "p50_ms_runs": [lat["p50_ms"] for lat in latencies],
+    }
+    notes = []
+    if len(latencies) > 1:
+        notes.append(f"P99 range {format_number(p99.low)}-{format_number(p99.high)}")
+    where = "in-pipeline" if contender == "streamproc" else "in-loop"
+    if processing is not None:
+        notes.append(f"{where} P99 {format_number(processing.median)}")
+    bounds = [r.info["bound_ms"] for r in runs if "bound_ms" in r.info]
+    if contender == "streamproc" and bounds:
+        config = pipeline_config(ctx.bootstrap, "in", "out", ctx.workload, "-")
+        priority = Priority.parse(BUILTIN_WORKLOADS[ctx.workload].default_priority)
+        device_ms = statistics.median(
+            r.info["mean_batch_device_ms"] for r in runs if "mean_batch_device_ms" in r.info
+        )
+        row.extra["p99_bound_ms"] = statistics.median(bounds)
+        # the issue's part-2 target adds this to the floor's P99 at the same rate
+        row.extra["part2_bound_extra_ms"] = (
+            1000 * config.batching.max_wait_s[priority] + 2 * device_ms
+        )
+        notes.append(f"bound {format_number(row.extra['p99_bound_ms'])}")
+    row.note = ", ".join(notes) + " (ms)"
+    short = [r.info["short"] for r in runs if "short" in r.info]
+    if short:
+        row.note += f"; {len(short)} runs short: {short[0]}"
     return row
+
+
+def _paced(ctx: _Context, top_rate: float) -> list[Row]:
+    """Paced runs at each load, ``paced_repetitions`` times, streamproc and (light) the floor
+    alternately at each rate."""
+    plan = ctx.plan
+    contenders = ("streamproc", "floor") if plan.light else ("streamproc",)
+    runs: dict[tuple[str, float], list[Run]] = {}
+    for repetition in range(plan.paced_repetitions):
+        for load, seconds in zip(LOADS, plan.paced_s, strict=True):
+            for contender in contenders:
+                run = _paced_run(ctx, contender, top_rate * load, seconds)
+                runs.setdefault((contender, load), []).append(run)
+                print(
+                    f"  {ctx.workload} paced {repetition + 1}/{plan.paced_repetitions}: "
+                    f"{contender} @ {int(load * 100)}%",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return [
+        _paced_row(ctx, contender, load, runs[(contender, load)])
+        for load in LOADS
+        for contender in contenders
+    ]
 
 
 def run_workload(bootstrap: str, workload: str, plan: Plan, repetitions: int) -> list[Row]:
@@ -336,14 +365,7 @@ def run_workload(bootstrap: str, workload: str, plan: Plan, repetitions: int) ->
     out = list(rows.values())
     top = rows[STREAMPROC].median_rate()
     if top:
-        for load, seconds in zip(LOADS, plan.paced_s, strict=True):
-            for contender in ("streamproc", "floor") if plan.light else ("streamproc",):
-                out.append(_paced(ctx, contender, load, top * load, seconds))
-                print(
-                    f"  {workload} paced {contender} @ {int(load * 100)}%",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        out += _paced(ctx, top)
     return out
 
 
