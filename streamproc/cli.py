@@ -218,7 +218,9 @@ def bench_cmd(
     quick: Annotated[
         bool,
         typer.Option(
-            "--quick", help="A quarter of the messages and shorter paced runs (development)."
+            "--quick",
+            help="Development: fewer serial, Quix and video messages, one round of 2-second "
+            "paced runs.",
         ),
     ] = False,
 ) -> None:

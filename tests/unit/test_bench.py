@@ -187,7 +187,14 @@ def test_table_prints_ratios_against_streamproc_and_the_floors() -> None:
         Row("trades", "floor", [Run(100, 80_000.0, 7.0), Run(100, 82_000.0, 7.2)]),
         Row("trades", "floor + work", [Run(100, 34_000.0, 20.0), Run(100, 30_000.0, 21.0)]),
         Row("trades", "streamproc", [Run(100, 25_000.0, 30.0), Run(100, 24_000.0, 31.5)]),
-        Row("trades", "floor @ 50%", [Run(100, 12_000.0, 9.0)], paced=True, p50_ms=8, p99_ms=20),
+        Row(
+            "trades",
+            "floor @ 50%",
+            [Run(100, 12_000.0, 9.0), Run(100, 12_000.0, 11.0)],
+            paced=True,
+            p50_ms=8,
+            p99_ms=20,
+        ),
         Row(
             "trades",
             "streamproc @ 50%",
@@ -206,6 +213,9 @@ def test_table_prints_ratios_against_streamproc_and_the_floors() -> None:
     assert "streamproc / floor + work  CPU-µs/msg 1.5 [1.5-1.5]" in table
     assert "P99 at 50 % load: streamproc 400 ms, floor 20 ms" in table
     assert "= 24.0 ms" in table
+    paced = next(line for line in table.splitlines() if line.startswith("  floor @ 50%"))
+    assert "12,000 " in paced and "[12,000" not in paced  # the target rate, once
+    assert "10.0 [9.0-11.0]" in paced
 
 
 def test_thread_profile_groups_roles_and_takes_the_median_per_message() -> None:

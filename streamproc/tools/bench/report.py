@@ -113,8 +113,10 @@ def render(rows: list[Row]) -> str:
             cpu_ratio = "" if r.paced else _ratio(sp_cpu, r.median_cpu())
             p50 = f"{r.p50_ms:.0f}" if r.p50_ms is not None else ""
             p99 = f"{r.p99_ms:.0f}" if r.p99_ms is not None else ""
+            # a paced row's rate is its target, the same in every round
+            rates = format_spread(r.rates[:1] if r.paced else r.rates)
             lines.append(
-                f"  {r.contender:<24} {r.messages:>6} {format_spread(r.rates):>31} "
+                f"  {r.contender:<24} {r.messages:>6} {rates:>31} "
                 f"{rate_ratio:>11} {format_spread(r.cpus):>22} {cpu_ratio:>9} {p50:>7} "
                 f"{p99:>7}  {r.note}"
             )
