@@ -2,14 +2,20 @@
 configured as Quix's docs recommend (Application + StreamingDataFrame, at-least-once).
 
 Run by ``streamproc bench`` with the Quix virtual environment's Python:
-``quix_app.py BOOTSTRAP SOURCE SINK WORKLOAD COUNT``; exits after COUNT messages.
+``quix_app.py BOOTSTRAP SOURCE SINK WORKLOAD COUNT [TORCH_THREADS]``; exits after COUNT
+messages. TORCH_THREADS (default: torch's own choice) is what the bench gives every contender.
+Its last output line is ``BENCH-TRACE {json}``: its CPU window from the first message to the
+last one processed (:class:`streamproc.tools.bench.cpu.CpuTrace`), from which the bench takes
+CPU-µs per message as for every other contender.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -17,12 +23,16 @@ from quixstreams import Application
 
 from streamproc.errors import RecordError
 from streamproc.records import Record, TopicPartition
+from streamproc.tools.bench.cpu import CpuMeter
 from streamproc.workloads import load_workload
 
 
 def main() -> None:
     bootstrap, source, sink, workload_name, count = sys.argv[1:6]
     limit = int(count)
+    if len(sys.argv) > 6:
+        torch.set_num_threads(int(sys.argv[6]))
+    meter = CpuMeter()
     workload = load_workload(workload_name)
     model = workload.build_model(torch.device("cpu"))
     row = np.zeros((1, *workload.item_shape), dtype=workload.item_dtype)
@@ -32,6 +42,7 @@ def main() -> None:
     def processed(topic: str, partition: int, offset: int) -> None:
         done["n"] += 1
         if done["n"] >= limit:
+            meter.mark_end()
             holder["app"].stop()
 
     app = Application(
@@ -45,6 +56,7 @@ def main() -> None:
     holder["app"] = app
 
     def infer(value: bytes, key: bytes, timestamp: int, headers: object) -> bytes | None:
+        meter.mark_start()  # the first call opens the CPU window
         record = Record(
             TopicPartition(source, 0),
             0,
@@ -66,10 +78,9 @@ def main() -> None:
     sdf = app.dataframe(inp)
     sdf = sdf.apply(infer, metadata=True)
     sdf = sdf.filter(lambda value: value is not None)
-    # stamp outputs with processing time, as the other contenders' producers do
-    sdf = sdf.set_timestamp(lambda value, key, timestamp, headers: int(time.time() * 1000))
-    sdf.to_topic(out)
+    sdf.to_topic(out)  # the bench's topics stamp records with the broker's append time
     app.run()
+    print("BENCH-TRACE " + json.dumps(asdict(meter.trace)), flush=True)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ from streamproc import logs
 from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline
-from streamproc.tools import bench
+from streamproc.tools.bench.contenders import pipeline_config
+from streamproc.tools.bench.measure import rate_from_output
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
 
@@ -46,7 +47,7 @@ def main(workload: str, messages: int, extra: dict[str, dict[str, object]]) -> N
         source, sink = f"cpu.in.{uuid.uuid4().hex[:6]}", f"cpu.out.{uuid.uuid4().hex[:6]}"
         ensure_topics(bootstrap, {source: 4, sink: 4})
         produce(workload, source, bootstrap, 4, messages, None, progress=False)
-        data = bench._config(bootstrap, source, sink, workload, "cpu").model_dump()
+        data = pipeline_config(bootstrap, source, sink, workload, "cpu").model_dump()
         for section, values in extra.items():
             data[section].update(values)
         threads: dict[str, float] = {}
@@ -69,7 +70,7 @@ def main(workload: str, messages: int, extra: dict[str, dict[str, object]]) -> N
         sampler.join()
         after = resource.getrusage(resource.RUSAGE_SELF)
         broker_cpu = cpu_s(f"/proc/{broker._proc.pid}/stat") - broker_before  # type: ignore[union-attr]
-        count, rate = bench._rate_from_output(bootstrap, sink)
+        count, rate = rate_from_output(bootstrap, sink)
         print(
             f"{workload}: {count} results, {rate or 0:.0f} msg/s, batch sizes {summary.batch_sizes}"
         )

@@ -52,6 +52,7 @@ def ensure_topics(
     bootstrap_or_config: str | Mapping[str, Scalar],
     partitions: dict[str, int],
     timeout_s: float = 30,
+    topic_config: dict[str, str] | None = None,
     admin_factory: AdminFactory = build_admin,
 ) -> list[str]:
     """Create each topic with the given partition count unless it exists. Replication factor:
@@ -60,6 +61,8 @@ def ensure_topics(
     Args:
         bootstrap_or_config: ``host:port`` or AdminClient settings (with security settings).
         partitions: topic -> partition count (-1: the broker default).
+        topic_config: topic-level settings for the topics created (e.g. the bench's
+            ``message.timestamp.type=LogAppendTime``); existing topics are left as they are.
 
     Raises:
         BrokerError: the cluster is unreachable, or creation failed for a reason other than
@@ -69,7 +72,12 @@ def ensure_topics(
     admin, where = _admin(bootstrap_or_config, admin_factory)
     replication = min(len(metadata.brokers), 3) or -1
     todo = [
-        NewTopic(name, num_partitions=count, replication_factor=replication)
+        NewTopic(
+            name,
+            num_partitions=count,
+            replication_factor=replication,
+            config=dict(topic_config or {}),
+        )
         for name, count in partitions.items()
         if name not in metadata.topics
     ]

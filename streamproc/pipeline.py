@@ -421,7 +421,7 @@ class Pipeline:
             for spec in self.config.pipelines:
                 wanted[spec.output_topic] = partition_count(metadata, spec.input_topic) or -1
                 wanted[spec.dead_letter_topic] = 1
-            created = ensure_topics(admin_config, wanted, timeout_s, factory)
+            created = ensure_topics(admin_config, wanted, timeout_s, admin_factory=factory)
             if created:
                 log.info("created topics", topics=created)
         dead_letter_topics = [spec.dead_letter_topic for spec in self.config.pipelines]

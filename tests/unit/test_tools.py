@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.tools import bench
+from streamproc.tools.bench import report
 from streamproc.tools.replay import messages, recording_size
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
@@ -52,7 +52,7 @@ def test_bench_without_matplotlib_says_how_to_install_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
-    bench._plot([], tmp_path / "bench.png")
+    report.plot([], tmp_path / "bench.png")
     assert not (tmp_path / "bench.png").exists()
     assert "pip install 'streamproc[bench]'" in capsys.readouterr().err
 
