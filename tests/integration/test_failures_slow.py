@@ -216,7 +216,9 @@ def test_pause_rebalance_resume_leaves_no_partition_paused(
     runner = threading.Thread(target=lambda: summary.append(pipeline.run(exit_when_idle_s=4)))
     runner.start()
     wait_for(
-        lambda: any(lane.buffers.paused for lane in pipeline.lanes.values()),
+        lambda: (
+            (pipeline.metrics.registry.get_sample_value("streamproc_paused_partitions") or 0) > 0
+        ),
         60,
         "a partition paused at the high watermark",
     )
