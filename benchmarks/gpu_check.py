@@ -422,16 +422,6 @@ def print_devices(name: str, size: int, one: dict[str, Any], many: dict[str, Any
 
 
 # -- precision: fp32 vs bf16 vs fp16 on the GPU (issue 16) -----------------------------------
-def require_cuda(device: torch.device) -> None:
-    """Stop with one clear line where the check cannot run (no GPU visible)."""
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(
-            "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False, "
-            f"torch {torch.__version__}); run it on a GPU machine, or pass --device cpu for a "
-            "smoke run"
-        )
-
-
 def precision_check(
     workload: VideoWorkload,
     frames: list[Record],

@@ -21,11 +21,12 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.edges import ConsumerClient
+from streamproc.edges import ConsumerClient, ktp
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
@@ -246,8 +247,21 @@ class OffsetTracker:
             self._cond.notify_all()
 
 
-def _ktp(tp: TopicPartition, offset: int) -> KafkaTopicPartition:
-    return KafkaTopicPartition(tp.topic, tp.partition, offset)
+class Committer(Protocol):
+    """Turns the tracker's watermarks into commits; called on the source thread only."""
+
+    def commit(
+        self,
+        consumer: ConsumerClient,
+        synchronous: bool,
+        only: set[TopicPartition] | None = None,
+    ) -> bool:
+        """Commit; False when the caller must rewind (an aborted transaction)."""
+        ...
+
+    def on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
+        """The consumer's ``on_commit`` callback."""
+        ...
 
 
 class AtLeastOnceCommitter:
@@ -281,7 +295,7 @@ class AtLeastOnceCommitter:
             candidates = {tp: o for tp, o in candidates.items() if tp in only}
         if not candidates:
             return True
-        offsets = [_ktp(tp, offset) for tp, offset in candidates.items()]
+        offsets = [ktp(tp, offset) for tp, offset in candidates.items()]
         self._tracker.mark_committed(candidates)
         try:
             if synchronous:

@@ -19,6 +19,16 @@ from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import ClusterMetadata
 
+from streamproc.records import TopicPartition
+
+
+def ktp(tp: TopicPartition, offset: int | None = None) -> KafkaTopicPartition:
+    """Our partition as a ``confluent_kafka.TopicPartition`` (with ``offset`` when given)."""
+    if offset is None:
+        return KafkaTopicPartition(tp.topic, tp.partition)
+    return KafkaTopicPartition(tp.topic, tp.partition, offset)
+
+
 RebalanceCallback = Callable[[Any, list[KafkaTopicPartition]], None]
 """``(consumer, partitions)``: librdkafka's assign/revoke/lost callback signature."""
 DeliveryCallback = Callable[[KafkaError | None, Any], None]

@@ -102,10 +102,6 @@ class Lane:
         self._clock = clock
         self._cond = threading.Condition()
 
-    @property
-    def max_batch_size(self) -> int:
-        return self._batcher.max_batch_size
-
     # -- source thread ---------------------------------------------------------------------
     def offer(self, records: Sequence[Record]) -> Offered:
         """Push one poll's records of this lane into their rings (one lock acquisition).

@@ -26,22 +26,14 @@ from collections.abc import Callable, Iterable, Mapping
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.commit import OffsetTracker
-from streamproc.edges import ConsumerClient
-from streamproc.guarantees import Committer
+from streamproc.commit import Committer, OffsetTracker
+from streamproc.edges import ConsumerClient, ktp
 from streamproc.lane import Lane
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
 
 log = get_logger(__name__)
-
-
-def ktp(tp: TopicPartition, offset: int | None = None) -> KafkaTopicPartition:
-    """Our partition as a ``confluent_kafka.TopicPartition`` (with ``offset`` when given)."""
-    if offset is None:
-        return KafkaTopicPartition(tp.topic, tp.partition)
-    return KafkaTopicPartition(tp.topic, tp.partition, offset)
 
 
 def _names(tps: Iterable[TopicPartition]) -> list[str]:

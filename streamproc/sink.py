@@ -434,9 +434,8 @@ class Sink:
         Returns:
             False when nothing was produced (the input's assignment is gone: exactly-once).
         """
-        producer = self._producer
         return self._guarantee.send(
-            record, lambda: _produce_waiting(producer, topic, key, value, headers, on_delivery)
+            record, _produce_waiting, self._producer, topic, key, value, headers, on_delivery
         )
 
     def flush(self, timeout_s: float) -> int:

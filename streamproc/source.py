@@ -31,12 +31,12 @@ from streamproc.buffers import FlowControl
 from streamproc.clients import build_client
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config
-from streamproc.edges import ConsumerClient, ConsumerFactory, MessageLike
+from streamproc.edges import ConsumerClient, ConsumerFactory, MessageLike, ktp
 from streamproc.guarantees import Guarantee
 from streamproc.lane import Lane
 from streamproc.logs import get_logger, kafka_logger, redact
 from streamproc.metrics import Metrics
-from streamproc.rebalance import Assignment, RebalanceHandler, ktp
+from streamproc.rebalance import Assignment, RebalanceHandler
 from streamproc.records import Priority, Record, TopicPartition
 
 log = get_logger(__name__)

@@ -27,9 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.edges import ProducerClient
+from streamproc.edges import ProducerClient, ktp
 from streamproc.errors import FatalPipelineError
 from streamproc.logs import get_logger
 from streamproc.records import TopicPartition
@@ -58,13 +57,13 @@ class Transactions:
         self.aborts = 0
         producer.init_transactions(timeout_s)  # fences older instances, aborts their txn
 
-    def produce(self, produce: Callable[[], None]) -> None:
+    def produce(self, produce: Callable[..., None], *args: Any) -> None:
         """Run ``produce`` inside the open transaction (beginning one if needed)."""
         with self.lock:
             if not self._open:
                 self._producer.begin_transaction()
                 self._open = True
-            produce()
+            produce(*args)
 
     def commit(self, offsets: dict[TopicPartition, int], group_metadata: Any) -> bool:
         """Commit the open transaction with ``offsets``; False when it had to be aborted.
@@ -80,9 +79,7 @@ class Transactions:
                     self._producer.begin_transaction()
                     self._open = True
                 if offsets:
-                    positions = [
-                        KafkaTopicPartition(tp.topic, tp.partition, o) for tp, o in offsets.items()
-                    ]
+                    positions = [ktp(tp, o) for tp, o in offsets.items()]
                     self._retrying(
                         "send_offsets_to_transaction",
                         lambda: self._producer.send_offsets_to_transaction(
