@@ -86,9 +86,9 @@ class ProducerClient(Protocol):
     def produce(
         self,
         topic: str,
-        *,
         value: bytes | None = None,
         key: bytes | None = None,
+        *,
         # Any: the client takes a list of (str, str | bytes | None) pairs or a dict; a list is
         # invariant, so our list[tuple[str, bytes]] would not match its declared type
         headers: Any = None,

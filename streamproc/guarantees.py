@@ -57,6 +57,21 @@ class Guarantee(Protocol):
         """
         ...
 
+    def send_batch(
+        self, records: Sequence[Record], produce: Callable[[Sequence[int]], Sequence[int]]
+    ) -> Sequence[int]:
+        """Produce the output records of a batch of inputs with one call,
+        ``produce(rows)``: it produces the output record of each ``records[row]`` for ``row``
+        in ``rows`` and returns the rows the producer refused before sending (their delivery
+        is already reported). One call per batch, not per record: the light workloads' produce
+        loop has no layer per message.
+
+        Returns:
+            The rows not produced because their input's assignment is gone (exactly-once; it
+            will be consumed again by its next owner); empty for at-least-once.
+        """
+        ...
+
     def acknowledged(self, records: Sequence[Record]) -> None:
         """The broker acknowledged the records produced for these inputs."""
         ...
@@ -86,6 +101,12 @@ class AtLeastOnce:
     def send(self, record: Record, produce: Callable[..., None], *args: Any) -> bool:
         produce(*args)
         return True
+
+    def send_batch(
+        self, records: Sequence[Record], produce: Callable[[Sequence[int]], Sequence[int]]
+    ) -> Sequence[int]:
+        produce(range(len(records)))
+        return ()
 
     def acknowledged(self, records: Sequence[Record]) -> None:
         self._tracker.done_many(records)
@@ -121,6 +142,29 @@ class ExactlyOnce:
             self.transactions.produce(produce, *args)
             self._tracker.done(record.tp, record.offset, record.generation)
             return True
+
+    def send_batch(
+        self, records: Sequence[Record], produce: Callable[[Sequence[int]], Sequence[int]]
+    ) -> Sequence[int]:
+        """Produce the rows whose assignment is current inside the open transaction (one lock
+        hold for the batch) and mark them done; count the others late."""
+        tracker = self._tracker
+        with self.transactions.lock:
+            current: list[int] = []
+            gone: list[int] = []
+            for row, record in enumerate(records):
+                if tracker.is_current(record.tp, record.generation):
+                    current.append(row)
+                else:
+                    tracker.late(record.tp, record.generation)
+                    gone.append(row)
+            if current:
+                refused = set(self.transactions.produce_many(produce, current))
+                for row in current:
+                    if row not in refused:
+                        record = records[row]
+                        tracker.done(record.tp, record.offset, record.generation)
+        return gone
 
     def acknowledged(self, records: Sequence[Record]) -> None:
         """Nothing to do: inputs were done when their records joined the transaction."""

@@ -19,13 +19,7 @@ from streamproc.config import PipelineConfig
 from streamproc.errors import RecordError
 from streamproc.metrics import Metrics
 from streamproc.records import Record
-from streamproc.sink import (
-    H_INFERENCE_MS,
-    H_PROCESSING_MS,
-    H_QUEUE_MS,
-    Sink,
-    source_headers,
-)
+from streamproc.sink import H_OFFSET, H_PARTITION, H_TIMING, H_TOPIC, TIMING_FORMAT, Sink
 from streamproc.worker import DeviceResult
 from streamproc.workloads import Encoded, Workload
 
@@ -59,6 +53,8 @@ class ResultHandler:
         self._workload = workload
         self._sink = sink
         self._metrics = metrics
+        # per input partition, its two source-coordinate headers, built once (results thread)
+        self._coordinates: dict[int, tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
 
     def __call__(self, result: DeviceResult) -> None:
         """Encode and produce one batch's results (dead-letter what failed)."""
@@ -67,7 +63,7 @@ class ResultHandler:
         self._metrics.inference.labels(topic).observe(result.inference_s)
         if self._observe is not None and result.error is None:
             self._observe(len(result.batch), result.inference_s)
-        inference_ms = b"%.3f" % (result.inference_s * 1000)
+        inference_ms = result.inference_s * 1000
         cut_at_s = result.batch.cut_at_s
         records = result.batch.records
         failed = result.failed
@@ -77,14 +73,17 @@ class ResultHandler:
                 self._dead_letter(record, dlq, error.stage, error)
             return
         encoded = self._encode_many(records, result.outputs, failed)
-        results: list[tuple[Record, bytes, list[tuple[str, bytes]]]] = []
+        kept: list[Record] = []
+        values: list[bytes] = []
+        headers: list[list[tuple[str, bytes]]] = []
+        coordinates = self._coordinates
         now_s = time.monotonic()
         for row, (record, value) in enumerate(zip(records, encoded, strict=True)):
-            if value is None:  # its decode failed
-                error = failed[row]
-                self._dead_letter(record, dlq, error.stage, error)
-                continue
-            if isinstance(value, Exception):
+            if not isinstance(value, Encoded):
+                if value is None:  # its decode failed
+                    error = failed[row]
+                    self._dead_letter(record, dlq, error.stage, error)
+                    continue
                 try:
                     value = self._retry_encode(
                         record, tuple(out[row] for out in result.outputs), value
@@ -92,21 +91,33 @@ class ResultHandler:
                 except Exception as exc:
                     self._dead_letter(record, dlq, "encode", exc)
                     continue
-            consumed_at_s = record.consumed_at_s
-            results.append(
-                (
-                    record,
-                    value.value,
-                    [
-                        *source_headers(record),
-                        *value.headers,
-                        (H_INFERENCE_MS, inference_ms),
-                        (H_QUEUE_MS, b"%.3f" % ((cut_at_s - consumed_at_s) * 1000)),
-                        (H_PROCESSING_MS, b"%.3f" % ((now_s - consumed_at_s) * 1000)),
-                    ],
+            partition = record.tp.partition
+            prefix = coordinates.get(partition)
+            if prefix is None:
+                prefix = coordinates[partition] = (
+                    (H_TOPIC, topic.encode()),
+                    (H_PARTITION, b"%d" % partition),
                 )
-            )
-        self._sink.send_results(self._pipeline.output_topic, results, dlq)
+            consumed_at_s = record.consumed_at_s
+            row_headers = [
+                *prefix,
+                (H_OFFSET, b"%d" % record.offset),
+                (
+                    H_TIMING,
+                    TIMING_FORMAT
+                    % (
+                        (cut_at_s - consumed_at_s) * 1000,
+                        inference_ms,
+                        (now_s - consumed_at_s) * 1000,
+                    ),
+                ),
+            ]
+            if value.headers:
+                row_headers.extend(value.headers)
+            kept.append(record)
+            values.append(value.value)
+            headers.append(row_headers)
+        self._sink.send_results(self._pipeline.output_topic, kept, values, headers, dlq)
 
     def _encode_many(
         self,

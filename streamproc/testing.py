@@ -237,6 +237,36 @@ class Produced:
     headers: list[tuple[str, bytes]]
     on_delivery: DeliveryCallback | None
 
+    def report(self, error: KafkaError | None = None) -> None:
+        """Call its delivery callback as librdkafka would: with a :class:`DeliveryReport`."""
+        if self.on_delivery is not None:
+            self.on_delivery(error, DeliveryReport(self, error))
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    """The message a delivery report carries (confluent-kafka's ``Message`` methods): topic,
+    key and value always; headers only on success (a failed report from the real client has
+    none, measured against the broker)."""
+
+    produced: Produced
+    failure: KafkaError | None
+
+    def topic(self) -> str:
+        return self.produced.topic
+
+    def key(self) -> bytes | None:
+        return self.produced.key
+
+    def value(self) -> bytes | None:
+        return self.produced.value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return None if self.failure is not None else self.produced.headers
+
+    def error(self) -> KafkaError | None:
+        return self.failure
+
 
 @dataclass
 class FakeProducer:
@@ -266,8 +296,7 @@ class FakeProducer:
         for record in batch:
             if error is None:
                 self.delivered.append(record)
-            if record.on_delivery is not None:
-                record.on_delivery(error, None)
+            record.report(error)
         return take
 
     def _call(self, name: str) -> None:
@@ -279,9 +308,9 @@ class FakeProducer:
     def produce(
         self,
         topic: str,
-        *,
         value: bytes | None = None,
         key: bytes | None = None,
+        *,
         headers: Any = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> None:

@@ -23,7 +23,7 @@ restarted instance fences its predecessor and aborts the predecessor's open tran
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -60,10 +60,23 @@ class Transactions:
     def produce(self, produce: Callable[..., None], *args: Any) -> None:
         """Run ``produce`` inside the open transaction (beginning one if needed)."""
         with self.lock:
-            if not self._open:
-                self._producer.begin_transaction()
-                self._open = True
+            self._begin()
             produce(*args)
+
+    def produce_many(
+        self, produce: Callable[[Sequence[int]], Sequence[int]], rows: Sequence[int]
+    ) -> Sequence[int]:
+        """Run ``produce(rows)`` inside the open transaction (beginning one if needed); return
+        what it returns (the rows the producer refused)."""
+        with self.lock:
+            self._begin()
+            return produce(rows)
+
+    def _begin(self) -> None:
+        """Begin a transaction unless one is open (the caller holds the lock)."""
+        if not self._open:
+            self._producer.begin_transaction()
+            self._open = True
 
     def commit(self, offsets: dict[TopicPartition, int], group_metadata: Any) -> bool:
         """Commit the open transaction with ``offsets``; False when it had to be aborted.
@@ -75,9 +88,7 @@ class Transactions:
             if not self._open and not offsets:
                 return True
             try:
-                if not self._open:
-                    self._producer.begin_transaction()
-                    self._open = True
+                self._begin()
                 if offsets:
                     positions = [ktp(tp, o) for tp, o in offsets.items()]
                     self._retrying(

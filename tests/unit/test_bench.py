@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamproc.sink import H_OFFSET, H_PARTITION, H_PROCESSING_MS
+from streamproc.sink import H_OFFSET, H_PARTITION, H_TIMING, TIMING_FORMAT
 from streamproc.tools.bench.cpu import TICK_S, CpuTrace, parse_stat, read_stat, thread_deltas
 from streamproc.tools.bench.floor import DeliveredOffsets
 from streamproc.tools.bench.measure import (
@@ -137,7 +137,11 @@ def test_end_to_end_matches_results_to_inputs_by_source_headers() -> None:
     outputs = _dump(
         {
             (p, o): (
-                {H_PARTITION: b"%d" % p, H_OFFSET: b"%d" % o, H_PROCESSING_MS: b"0.500"},
+                {
+                    H_PARTITION: b"%d" % p,
+                    H_OFFSET: b"%d" % o,
+                    H_TIMING: TIMING_FORMAT % (0.1, 0.2, 0.5),
+                },
                 1000 + o + (5 if p == 0 else 50),
             )
             for p in (0, 1)

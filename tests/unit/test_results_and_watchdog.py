@@ -23,10 +23,15 @@ class MemorySink:
         self.dead: list[tuple[int, str, str]] = []
 
     def send_results(
-        self, topic: str, results: list[tuple[Record, bytes, list[tuple[str, bytes]]]], dlq: str
+        self,
+        topic: str,
+        records: list[Record],
+        values: list[bytes],
+        headers: list[list[tuple[str, bytes]]],
+        dlq: str,
     ) -> None:
-        for record, value, headers in results:
-            assert dict(headers)["streamproc.source.offset"] == b"%d" % record.offset
+        for record, value, row_headers in zip(records, values, headers, strict=True):
+            assert dict(row_headers)["streamproc.source.offset"] == b"%d" % record.offset
             self.results.append((record.offset, value))
 
     def dead_letter(self, record: Record, dlq: str, stage: str, cls: str, msg: str) -> None:

@@ -12,7 +12,7 @@ from streamproc.commit import OffsetTracker
 from streamproc.guarantees import AtLeastOnce
 from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
-from streamproc.sink import H_STAGE, Sink
+from streamproc.sink import H_OFFSET, H_STAGE, Sink, source_headers
 from streamproc.testing import FakeProducer, factory
 
 TP = TopicPartition("in", 0)
@@ -36,8 +36,11 @@ class Harness:
             producer_factory=factory(self.alone),
         )
 
-    def send(self) -> None:
-        self.sink.send_results("out", [(r, b"r%d" % r.offset, []) for r in self.records], "in.dlq")
+    def send(self, values: list[bytes] | None = None) -> None:
+        if values is None:
+            values = [b"r%d" % r.offset for r in self.records]
+        headers = [list(source_headers(r)) for r in self.records]
+        self.sink.send_results("out", self.records, values, headers, "in.dlq")
 
     def report(self, index: int, error: KafkaError | None = None) -> None:
         """Deliver the pending record of input ``index`` (results producer)."""
@@ -45,8 +48,7 @@ class Harness:
         record = self.producer.pending.pop(pos)
         if error is None:
             self.producer.delivered.append(record)
-        assert record.on_delivery is not None
-        record.on_delivery(error, None)
+        record.report(error)
 
     @property
     def watermark(self) -> int | None:
@@ -95,10 +97,41 @@ def test_a_record_batch_refused_as_too_large_is_judged_record_by_record() -> Non
     first, second, third = h.alone.pending
     h.alone.pending.clear()
     for produced, error in ((first, None), (second, too_large), (third, None)):
-        assert produced.on_delivery is not None
-        produced.on_delivery(error, None)
+        produced.report(error)
     dead = [p for p in h.producer.pending if p.topic == "in.dlq"]
     assert len(dead) == 1 and (("streamproc.source.offset", b"1") in dead[0].headers)
     assert h.watermark == 1
+    h.producer.deliver()
+    assert h.watermark == 3 and not h.fatal
+
+
+def test_one_delivery_callback_serves_a_batch_and_finds_a_failed_row_by_its_value() -> None:
+    h = Harness(4)
+    h.send()
+    assert len({id(p.on_delivery) for p in h.producer.pending}) == 1  # no closure per record
+    h.report(2, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))  # a report without headers
+    (dead,) = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert (H_OFFSET, b"2") in dead.headers and (H_STAGE, b"produce") in dead.headers
+    for index in (0, 1, 3):
+        h.report(index)
+    assert h.watermark == 2  # offset 2 waits for its dead-letter record
+    h.producer.deliver()
+    assert h.watermark == 4 and not h.fatal
+
+
+def test_identical_results_get_a_callback_each_so_a_failure_blames_the_right_input() -> None:
+    # A failed report carries the value but no headers: with two byte-identical results the
+    # value cannot tell them apart, so such a batch falls back to one callback per record.
+    h = Harness(3)
+    h.send([b"same", b"same", b"other"])
+    assert len({id(p.on_delivery) for p in h.producer.pending}) == 3
+    first, second, third = h.producer.pending
+    h.producer.pending.clear()
+    first.report(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    second.report()
+    third.report()
+    (dead,) = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert (H_OFFSET, b"0") in dead.headers  # the first input, not its twin
+    assert h.watermark == 0
     h.producer.deliver()
     assert h.watermark == 3 and not h.fatal

@@ -54,10 +54,11 @@ def pipeline_config(
     group: str,
     decode_mode: str = "thread",
     fixed_batch_size: int | None = None,
+    linger_ms: float | None = None,
 ) -> Config:
     """The bench's streamproc config (also the floor's: its consumer and producer settings and
     commit interval). ``fixed_batch_size`` turns the adaptive batch size off and cuts batches of
-    that size."""
+    that size. ``linger_ms`` overrides the results producer's ``linger.ms``."""
     batching: dict[str, Any] = {
         # the adaptive batch size measures and picks the best size up to this cap
         "max_batch_size": 16 if workload == "video" else 256
@@ -66,7 +67,11 @@ def pipeline_config(
         batching = {"max_batch_size": fixed_batch_size, "adaptive_batch_size": False}
     return load_config(
         overrides={
-            "kafka": {"bootstrap_servers": bootstrap, "group_id": group},
+            "kafka": {
+                "bootstrap_servers": bootstrap,
+                "group_id": group,
+                "producer": {} if linger_ms is None else {"linger.ms": linger_ms},
+            },
             "pipelines": [
                 {
                     "name": workload,

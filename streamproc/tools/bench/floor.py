@@ -5,8 +5,8 @@ What it does per message is what streamproc must do at the least for the same pr
 * the results producer streamproc builds (:func:`streamproc.sink.producer_settings`: idempotent,
   ``acks=all``, ``linger.ms`` 5, lz4) and the consumer settings of its source
   (:func:`streamproc.source.consumer_settings`: no auto commit, ``fetch.wait.max.ms`` 20);
-* the result headers streamproc writes: source topic, partition and offset, and the three
-  timing headers (``streamproc.timing.inference_ms``, ``queue_wait_ms``, ``processing_ms``);
+* the result headers streamproc writes: source topic, partition and offset, and the timing
+  header (``streamproc.timing``: queue wait, inference and processing milliseconds);
 * a delivery callback per message; an input offset counts as done only from its result's
   delivery report;
 * asynchronous commits, every ``kafka.commit_interval_ms`` (streamproc's default 1 s), of the
@@ -43,14 +43,13 @@ from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
 from streamproc.sink import (
     H_CLASS,
-    H_INFERENCE_MS,
     H_MESSAGE,
     H_OFFSET,
     H_PARTITION,
-    H_PROCESSING_MS,
-    H_QUEUE_MS,
     H_STAGE,
+    H_TIMING,
     H_TOPIC,
+    TIMING_FORMAT,
     producer_settings,
 )
 from streamproc.source import consumer_settings
@@ -336,8 +335,7 @@ def _produce_bare(
 ) -> None:
     """The bare floor: the input value as the result, with streamproc's headers. One consume
     call shares one consume time, so the timing headers are formatted once per call."""
-    queue_ms = b"0.000"
-    processing_ms = b"%.3f" % ((time.monotonic() - consumed_s) * 1000)
+    timing = TIMING_FORMAT % (0.0, 0.0, (time.monotonic() - consumed_s) * 1000)
     for message in batch:
         partition, offset = message.partition(), message.offset()
         offsets.consumed(partition, offset)
@@ -350,9 +348,7 @@ def _produce_bare(
                 (H_TOPIC, topic_b),
                 (H_PARTITION, _partition_bytes(partition_b, partition)),
                 (H_OFFSET, b"%d" % offset),
-                (H_INFERENCE_MS, b"0.000"),
-                (H_QUEUE_MS, queue_ms),
-                (H_PROCESSING_MS, processing_ms),
+                (H_TIMING, timing),
             ],
             partial(report, partition, offset),
         )
@@ -386,9 +382,7 @@ def _produce_worked(
         for m in batch
     ]
     results, inference_s = work(records)
-    inference_ms = b"%.3f" % (inference_s * 1000)
-    queue_ms = b"0.000"
-    processing_ms = b"%.3f" % ((time.monotonic() - consumed_s) * 1000)
+    timing = TIMING_FORMAT % (0.0, inference_s * 1000, (time.monotonic() - consumed_s) * 1000)
     dead = 0
     for record, result in zip(records, results, strict=True):
         partition, offset = record.tp.partition, record.offset
@@ -408,9 +402,7 @@ def _produce_worked(
                 [
                     *source_headers,
                     *result.headers,
-                    (H_INFERENCE_MS, inference_ms),
-                    (H_QUEUE_MS, queue_ms),
-                    (H_PROCESSING_MS, processing_ms),
+                    (H_TIMING, timing),
                 ],
                 on_delivery,
             )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamproc.admin import ensure_topics
-from streamproc.sink import H_OFFSET, H_PARTITION, H_PROCESSING_MS
+from streamproc.sink import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
 from streamproc.tools.verify import TopicDump, read_topic
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
@@ -66,7 +66,7 @@ class Latency:
         p50_ms, p99_ms: quantiles of output append - input append.
         count: inputs matched with a result.
         quantiles_ms: the 0th to 100th percentiles (101 values; the CDF plot).
-        p99_processing_ms: P99 of the ``streamproc.timing.processing_ms`` header (consumed ->
+        p99_processing_ms: P99 of ``processing_ms`` in the ``streamproc.timing`` header (consumed ->
             result produced, inside the consumer).
     """
 
@@ -92,8 +92,8 @@ def end_to_end(inputs: TopicDump, outputs: TopicDump) -> Latency | None:
         if appended_ms is None:
             continue
         latencies.append(float(ts - appended_ms))
-        if H_PROCESSING_MS in headers:
-            processing.append(float(headers[H_PROCESSING_MS]))
+        if H_TIMING in headers:
+            processing.append(parse_timing(headers[H_TIMING])["processing_ms"])
     if not latencies:
         return None
     values = np.asarray(latencies, dtype=float)
