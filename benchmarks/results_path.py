@@ -4,13 +4,13 @@ Usage (from a checkout's root, with its .venv; a broker at ``--bootstrap``)::
 
     .venv/bin/python benchmarks/results_path.py --bootstrap 127.0.0.1:9092 --label new
 
-Builds 100 batches of 256 real trade records (the workload's replay data) with the model's
-real outputs (then ``gc.freeze()``, as the pipeline does after start-up), then hands them, one
-batch after the other, to a :class:`ResultHandler` over a real :class:`Sink` (idempotent
-``acks=all`` producer; the sink thread polls delivery reports). Prints one JSON line: CPU-µs per result of the calling thread (the lane's ``results`` thread in
-the pipeline), of the whole process (the sink thread's delivery reports and librdkafka's
-threads included), over ``--repetitions`` passes (median and range). Run two checkouts
-alternately to compare them.
+Builds 100 batches of 256 real trade records (the workload's replay data) with the model's real
+outputs (then ``gc.freeze()``, as the pipeline does after start-up), then hands them, one batch
+after the other, to a :class:`ResultHandler` over a real :class:`Sink` (idempotent ``acks=all``
+producer; the sink thread polls delivery reports). Prints one JSON line: CPU-µs per result of
+the calling thread (the lane's ``results`` thread in the pipeline), of the whole process (the
+sink thread's delivery reports and librdkafka's threads included), over ``--repetitions``
+passes (median and range). Run two checkouts alternately to compare them.
 """
 
 from __future__ import annotations
