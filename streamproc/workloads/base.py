@@ -18,7 +18,6 @@ dead-letter topic. ``model`` must be pure per row (row ``i`` of each output depe
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar, overload
 
@@ -81,12 +80,33 @@ def parse_json(record: Record, schema: type[BaseModel] | TypeAdapter[Any]) -> An
         raise DecodeError(f"schema: {first['msg']} at {where}") from exc
 
 
-@dataclass(frozen=True)
 class Encoded:
-    """An output message body: value bytes plus extra headers."""
+    """An output message body: value bytes plus extra headers. Treated as immutable.
 
-    value: bytes
-    headers: Headers = ()
+    A plain class with slots, not a frozen dataclass: one is built per result, and a frozen
+    dataclass costs 320 ns to build against 120 ns (``timeit`` on this machine, issue 15).
+
+    Attributes:
+        value: the result's value bytes.
+        headers: extra ``(name, value bytes)`` headers of the result (after streamproc's own).
+    """
+
+    __slots__ = ("headers", "value")
+
+    def __init__(self, value: bytes, headers: Headers = ()) -> None:
+        self.value = value
+        self.headers = headers
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Encoded):
+            return NotImplemented
+        return self.value == other.value and self.headers == other.headers
+
+    def __hash__(self) -> int:
+        return hash((self.value, self.headers))
+
+    def __repr__(self) -> str:
+        return f"Encoded({self.value!r}, {self.headers!r})"
 
 
 class Workload:
