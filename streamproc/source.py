@@ -242,14 +242,23 @@ class Source:
         floors = self.assignment.seek_floors
         lanes = self._lanes
         by_lane: dict[str, list[Record]] = {}
+        # per topic and partition of this poll: its TopicPartition and generation, looked up
+        # once per poll instead of building and hashing a TopicPartition per message
+        known: dict[str, dict[int, tuple[TopicPartition, int | None]]] = {}
         for message in messages:
             if message.error() is not None:
                 self._on_message_error(message)
                 continue
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             assert topic is not None and partition is not None and offset is not None
-            tp = TopicPartition(topic, partition)
-            generation = generations.get(tp)
+            partitions = known.get(topic)
+            if partitions is None:
+                partitions = known[topic] = {}
+            entry = partitions.get(partition)
+            if entry is None:
+                tp = TopicPartition(topic, partition)
+                entry = partitions[partition] = (tp, generations.get(tp))
+            tp, generation = entry
             if generation is None:
                 continue  # not ours (revoked between fetch and delivery)
             if floors:
