@@ -33,8 +33,8 @@ import torch
 
 from streamproc.errors import DecodeError, EncodeError, RecordError
 from streamproc.records import Headers, Record
-from streamproc.workloads.base import Encoded, source_coordinates
-from streamproc.workloads.codecs import INT64, StrictJsonDecoder
+from streamproc.workloads.base import Encoded
+from streamproc.workloads.codecs import INT64, RESULT_ENCODER, Source, StrictJsonDecoder
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 from streamproc.workloads.scorer import CheckpointScorer
@@ -76,8 +76,22 @@ class IotHead(msgspec.Struct, gc=False):
     window_id: int | None = None
 
 
+class IotResult(msgspec.Struct, gc=False):
+    """One result document (output value, JSON, in this field order)."""
+
+    device_id: str
+    ts_ms: int
+    window_id: int | None
+    score: float  # reconstruction error
+    anomaly: bool  # score > threshold
+    threshold: float
+    model: str
+    source: Source
+
+
 IOT_MESSAGE = StrictJsonDecoder(IotMessage)
 IOT_HEAD = msgspec.json.Decoder(IotHead)
+MODEL_NAME = "iot autoencoder (cycling recording)"
 _SAMPLE_LENGTH = f"Expected `array` of length {CHANNELS} - at `$.window["
 
 
@@ -195,7 +209,8 @@ class IotWorkload(CheckpointScorer):
     ) -> list[Encoded | Exception]:
         """One result document per window; outputs become Python numbers once per batch.
 
-        ``outputs``: score (n,) float32, anomaly (n,) bool. The echoed ``device_id``, ``ts_ms``
+        ``outputs``: score (n,) float32, anomaly (n,) bool; each value is an
+        :class:`IotResult` serialised by ``RESULT_ENCODER``. The echoed ``device_id``, ``ts_ms``
         and ``window_id`` are read back from the value with :class:`IotHead` (the window is
         skipped, not parsed); a value that does not hold them gives an :class:`EncodeError` in
         its place.
@@ -203,22 +218,22 @@ class IotWorkload(CheckpointScorer):
         scores, flags = (out.tolist() for out in outputs)
         threshold = self.threshold
         read_head = IOT_HEAD.decode
+        encode = RESULT_ENCODER.encode
         results: list[Encoded | Exception] = []
         for record, value_score, flag in zip(records, scores, flags, strict=True):
             try:
                 head = read_head(record.value or b"")
-                value = orjson.dumps(
-                    {
-                        "device_id": head.device_id,
-                        "ts_ms": head.ts_ms,
-                        "window_id": head.window_id,
-                        "score": value_score,
-                        "anomaly": flag,
-                        "threshold": threshold,
-                        "model": "iot autoencoder (cycling recording)",
-                        "source": source_coordinates(record),
-                    }
+                result = IotResult(
+                    head.device_id,
+                    head.ts_ms,
+                    head.window_id,
+                    value_score,
+                    flag,
+                    threshold,
+                    MODEL_NAME,
+                    Source.of(record),
                 )
+                value = encode(result)
             except msgspec.DecodeError as exc:
                 results.append(EncodeError(f"cannot read back the echoed fields: {exc}"))
                 continue

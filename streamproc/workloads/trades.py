@@ -40,8 +40,8 @@ import torch
 
 from streamproc.errors import DecodeError, EncodeError, RecordError
 from streamproc.records import Headers, Record
-from streamproc.workloads.base import Encoded, source_coordinates
-from streamproc.workloads.codecs import INT64, StrictJsonDecoder
+from streamproc.workloads.base import Encoded
+from streamproc.workloads.codecs import INT64, RESULT_ENCODER, Source, StrictJsonDecoder
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
 from streamproc.workloads.scorer import CheckpointScorer
@@ -84,8 +84,31 @@ class TradeHead(msgspec.Struct, gc=False):
     trade_id: str | None = None
 
 
+class TradeFeatures(msgspec.Struct, gc=False):
+    """The ``features`` of a result: from the model's raw feature row."""
+
+    log_return_vs_prev_close: float
+    log_size_vs_adv: float
+    side: int  # 1 buy, -1 sell
+
+
+class TradeResult(msgspec.Struct, gc=False):
+    """One result document (output value, JSON, in this field order)."""
+
+    trade_id: str | None
+    symbol: str
+    ts_ms: int
+    score: float  # reconstruction error
+    anomaly: bool  # score > threshold
+    threshold: float
+    features: TradeFeatures
+    model: str
+    source: Source
+
+
 TRADE_MESSAGE = StrictJsonDecoder(TradeMessage)
 TRADE_HEAD = msgspec.json.Decoder(TradeHead)
+MODEL_NAME = "trades autoencoder (daily OHLCV 2000-2010)"
 
 
 def features(price: float, size: float, side: str, prev_close: float, adv_20: float) -> list[float]:
@@ -272,7 +295,8 @@ class TradesWorkload(CheckpointScorer):
     ) -> list[Encoded | Exception]:
         """One result document per trade; outputs become Python numbers once per batch.
 
-        ``outputs``: score (n,) float32, anomaly (n,) bool, features (n, 4) float32. The echoed
+        ``outputs``: score (n,) float32, anomaly (n,) bool, features (n, 4) float32; each value
+        is a :class:`TradeResult` serialised by ``RESULT_ENCODER``. The echoed
         ``trade_id``, ``symbol`` and ``ts_ms`` are read back from the value with
         :class:`TradeHead` (other fields skipped, not parsed); a value that does not hold them
         gives an :class:`EncodeError` in its place.
@@ -280,27 +304,24 @@ class TradesWorkload(CheckpointScorer):
         scores, flags, feats = (out.tolist() for out in outputs)
         threshold = self.threshold
         read_head = TRADE_HEAD.decode
+        encode = RESULT_ENCODER.encode
         results: list[Encoded | Exception] = []
         for record, value_score, flag, row in zip(records, scores, flags, feats, strict=True):
             try:
                 head = read_head(record.value or b"")
-                value = orjson.dumps(
-                    {
-                        "trade_id": head.trade_id,
-                        "symbol": head.symbol,
-                        "ts_ms": head.ts_ms,
-                        "score": value_score,
-                        "anomaly": flag,
-                        "threshold": threshold,
-                        "features": {
-                            "log_return_vs_prev_close": row[0],
-                            "log_size_vs_adv": row[1],
-                            "side": int(row[2]),
-                        },
-                        "model": "trades autoencoder (daily OHLCV 2000-2010)",
-                        "source": source_coordinates(record),
-                    }
+                features = TradeFeatures(row[0], row[1], int(row[2]))
+                result = TradeResult(
+                    head.trade_id,
+                    head.symbol,
+                    head.ts_ms,
+                    value_score,
+                    flag,
+                    threshold,
+                    features,
+                    MODEL_NAME,
+                    Source.of(record),
                 )
+                value = encode(result)
             except msgspec.DecodeError as exc:
                 results.append(EncodeError(f"cannot read back the echoed fields: {exc}"))
                 continue
