@@ -33,12 +33,13 @@ serves every decode and results thread.
 from __future__ import annotations
 
 import types
+from collections.abc import Sequence
 from typing import Annotated, Generic, TypeVar, cast
 
 import msgspec
 import orjson
 
-from streamproc.errors import DecodeError
+from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Record
 from streamproc.workloads.base import require_value
 
@@ -96,7 +97,45 @@ class StrictJsonDecoder(Generic[S]):
         try:
             return self._closed.decode(value)
         except (msgspec.DecodeError, RecursionError):
-            pass  # an extra field, or a bad message: the open decoder says which
+            return self._decode_open(value)  # an extra field, or a bad message
+
+    def decode_record(self, record: Record) -> S:
+        """:meth:`decode` of the record's value.
+
+        Raises:
+            DecodeError: tombstone (null value), empty value, or as :meth:`decode`.
+        """
+        return self.decode(require_value(record))
+
+    def decode_records(
+        self, records: Sequence[Record]
+    ) -> tuple[list[int], list[S], dict[int, RecordError]]:
+        """:meth:`decode_record` of every record (what a workload's ``decode_many`` calls).
+
+        Returns:
+            The indexes into ``records`` that decoded (ascending), their messages (same
+            order), and per refused index its :class:`DecodeError`.
+        """
+        closed = self._closed.decode
+        indexes: list[int] = []
+        messages: list[S] = []
+        failed: dict[int, RecordError] = {}
+        for index, record in enumerate(records):
+            try:
+                value = require_value(record)
+                try:
+                    message = closed(value)
+                except (msgspec.DecodeError, RecursionError):
+                    message = self._decode_open(value)  # an extra field, or a bad message
+            except DecodeError as exc:
+                failed[index] = exc
+                continue
+            indexes.append(index)
+            messages.append(message)
+        return indexes, messages, failed
+
+    def _decode_open(self, value: bytes) -> S:
+        """:meth:`decode` of a value the closed decoder refused: extra fields, or bad."""
         try:
             message = self._open.decode(value)
         except msgspec.ValidationError as exc:
@@ -112,14 +151,6 @@ class StrictJsonDecoder(Generic[S]):
         except orjson.JSONDecodeError as exc:
             raise DecodeError(f"malformed JSON: {exc}") from exc
         return message
-
-    def decode_record(self, record: Record) -> S:
-        """:meth:`decode` of the record's value.
-
-        Raises:
-            DecodeError: tombstone (null value), empty value, or as :meth:`decode`.
-        """
-        return self.decode(require_value(record))
 
 
 def _schema_error(exc: msgspec.ValidationError) -> DecodeError:

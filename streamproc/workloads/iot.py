@@ -162,16 +162,22 @@ class IotWorkload(CheckpointScorer):
             ``schema: ...``, ``wrong window length: ...``, or a value beyond float32); its row
             is left unwritten.
         """
-        failed: dict[int, RecordError] = {}
+        decoded, messages, failed = IOT_MESSAGE.decode_records(records)
         parsed: list[int] = []
         windows: list[list[Sample]] = []
-        for index, record in enumerate(records):
+        for index, message in zip(decoded, messages, strict=True):
             try:
-                windows.append(_window(record))
+                windows.append(_window(message))
             except DecodeError as exc:
                 failed[index] = exc
                 continue
             parsed.append(index)
+        for index, error in failed.items():
+            if _SAMPLE_LENGTH in str(error):  # msgspec checks the length of each sample tuple
+                where = str(error).removeprefix("schema: ")
+                failed[index] = DecodeError(
+                    f"schema: every sample needs {CHANNELS} values ({where})"
+                )
         if not windows:
             return failed
         flat = np.fromiter(
@@ -244,19 +250,12 @@ class IotWorkload(CheckpointScorer):
         return results
 
 
-def _window(record: Record) -> list[Sample]:
-    """The checked window of one record (WINDOW samples of 4 values).
+def _window(message: IotMessage) -> list[Sample]:
+    """The window of a decoded message, once its channels and length are checked.
 
     Raises:
-        DecodeError: as :meth:`StrictJsonDecoder.decode`, or wrong channels or window length.
+        DecodeError: wrong channels or window length.
     """
-    try:
-        message = IOT_MESSAGE.decode_record(record)
-    except DecodeError as exc:
-        if _SAMPLE_LENGTH in str(exc):  # msgspec checks the length of each sample tuple
-            where = str(exc).removeprefix("schema: ")
-            raise DecodeError(f"schema: every sample needs {CHANNELS} values ({where})") from exc
-        raise
     if message.channels != _CHANNEL_LIST:
         raise DecodeError(f"schema: channels {message.channels}, expected {_CHANNEL_LIST}")
     if len(message.window) != WINDOW:

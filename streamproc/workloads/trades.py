@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
@@ -243,24 +244,15 @@ class TradesWorkload(CheckpointScorer):
             Per refused index, its :class:`DecodeError` (``malformed JSON: ...``,
             ``schema: ...``, or a feature that is not finite); its row is left unwritten.
         """
-        failed: dict[int, RecordError] = {}
-        parsed: list[int] = []
-        fields: list[tuple[float, int, bool, float, float]] = []
-        decode = TRADE_MESSAGE.decode_record
-        for index, record in enumerate(records):
-            try:
-                trade = decode(record)
-            except DecodeError as exc:
-                failed[index] = exc
-                continue
-            parsed.append(index)
-            fields.append(
-                (trade.price, trade.size, trade.side == "buy", trade.prev_close, trade.adv_20)
-            )
-        if not fields:
+        parsed, trades, failed = TRADE_MESSAGE.decode_records(records)
+        if not trades:
             return failed
+        fields = [(t.price, t.size, t.side == "buy", t.prev_close, t.adv_20) for t in trades]
+        # np.fromiter over the flattened tuples: a third of the time of np.array(fields)
+        flat = np.fromiter(chain.from_iterable(fields), np.float64, 5 * len(fields))
+        columns = flat.reshape(len(fields), 5)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            feats = feature_rows(np.array(fields, dtype=np.float64)).astype(rows.dtype)
+            feats = feature_rows(columns).astype(rows.dtype)
         finite = np.isfinite(feats).all(axis=1)
         if not finite.all():  # e.g. price/prev_close underflows to 0, or size/adv_20 overflows
             for position in np.flatnonzero(~finite).tolist():
