@@ -21,17 +21,20 @@ threshold being the 99th percentile of the scores on the held-out last 30 %.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import chain
 from pathlib import Path
+from typing import get_args
 
+import msgspec
 import numpy as np
 import orjson
 import torch
-from pydantic import BaseModel
 
-from streamproc.errors import DecodeError
+from streamproc.errors import DecodeError, EncodeError, RecordError
 from streamproc.records import Headers, Record
-from streamproc.workloads.base import Encoded, parse_json, source_coordinates
+from streamproc.workloads.base import Encoded
+from streamproc.workloads.codecs import INT64, RESULT_ENCODER, Source, StrictJsonDecoder
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 from streamproc.workloads.scorer import CheckpointScorer
@@ -42,14 +45,54 @@ DEVICES = 4
 WEIGHTS = Path(__file__).parent / "weights" / "iot_autoencoder.pt"
 
 
-class IotMessage(BaseModel):
-    """The IoT message schema (validated with pydantic)."""
+CHANNELS = len(CYCLING_CHANNELS)
+Sample = tuple[float, float, float, float]  # one value per channel (msgspec checks the length)
+assert len(get_args(Sample)) == CHANNELS
+
+
+class IotMessage(msgspec.Struct):
+    """The IoT message schema (a message value holds one JSON object; decoded with
+    :data:`IOT_MESSAGE`; other fields are allowed and ignored).
+
+    Strict: a timestamp of ``"1"`` or ``1.0``, or a sample value of ``true`` or ``"1.5"``, is
+    refused, not coerced (an integer is still a valid sample value). Integers are bounded to
+    int64 (the echoed ``ts_ms`` and ``window_id`` must serialise again); a sample value beyond
+    the float range (``1e999``) is refused. ``channels`` and the window length are checked by
+    :meth:`IotWorkload.decode_many`.
+    """
+
+    device_id: str
+    ts_ms: INT64
+    channels: list[str]
+    window: list[Sample]
+    window_id: INT64 | None = None
+
+
+class IotHead(msgspec.Struct, gc=False):
+    """The fields a result echoes, read back from a window that decoded (the rest skipped)."""
 
     device_id: str
     ts_ms: int
     window_id: int | None = None
-    channels: list[str]
-    window: list[list[float]]
+
+
+class IotResult(msgspec.Struct, gc=False):
+    """One result document (output value, JSON, in this field order)."""
+
+    device_id: str
+    ts_ms: int
+    window_id: int | None
+    score: float  # reconstruction error
+    anomaly: bool  # score > threshold
+    threshold: float
+    model: str
+    source: Source
+
+
+IOT_MESSAGE = StrictJsonDecoder(IotMessage)
+IOT_HEAD = msgspec.json.Decoder(IotHead)
+MODEL_NAME = "iot autoencoder (cycling recording)"
+_SAMPLE_LENGTH = f"Expected `array` of length {CHANNELS} - at `$.window["
 
 
 class Autoencoder(torch.nn.Module):
@@ -106,21 +149,55 @@ class IotWorkload(CheckpointScorer):
     model_class = Autoencoder
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        message = parse_json(record, IotMessage)
-        if tuple(message.channels) != CYCLING_CHANNELS:
-            raise DecodeError(
-                f"schema: channels {message.channels}, expected {list(CYCLING_CHANNELS)}"
-            )
-        if len(message.window) != WINDOW:
-            raise DecodeError(
-                f"wrong window length: {len(message.window)} samples, expected {WINDOW}"
-            )
-        if any(len(sample) != len(CYCLING_CHANNELS) for sample in message.window):
-            raise DecodeError(f"schema: every sample needs {len(CYCLING_CHANNELS)} values")
-        values = np.asarray(message.window, dtype=np.float32)
-        if not np.isfinite(values).all():
-            raise DecodeError("schema: window holds a non-finite value")
-        out[...] = values
+        failed = self.decode_many([record], out[None])
+        if failed:
+            raise failed[0]
+
+    def decode_many(self, records: Sequence[Record], rows: np.ndarray) -> dict[int, RecordError]:
+        """Decode each message (:data:`IOT_MESSAGE`), then convert every window of the slice
+        with numpy: ``rows`` (len(records), WINDOW, 4) float32.
+
+        Returns:
+            Per refused index, its :class:`DecodeError` (``malformed JSON: ...``,
+            ``schema: ...``, ``wrong window length: ...``, or a value beyond float32); its row
+            is left unwritten.
+        """
+        decoded, messages, failed = IOT_MESSAGE.decode_records(records)
+        parsed: list[int] = []
+        windows: list[list[Sample]] = []
+        for index, message in zip(decoded, messages, strict=True):
+            try:
+                windows.append(_window(message))
+            except DecodeError as exc:
+                failed[index] = exc
+                continue
+            parsed.append(index)
+        for index, error in failed.items():
+            if _SAMPLE_LENGTH in str(error):  # msgspec checks the length of each sample tuple
+                where = str(error).removeprefix("schema: ")
+                failed[index] = DecodeError(
+                    f"schema: every sample needs {CHANNELS} values ({where})"
+                )
+        if not windows:
+            return failed
+        flat = np.fromiter(
+            chain.from_iterable(chain.from_iterable(windows)),
+            np.float64,
+            len(windows) * WINDOW * CHANNELS,
+        )
+        with np.errstate(over="ignore"):
+            values = flat.reshape(len(windows), WINDOW, CHANNELS).astype(rows.dtype)
+        finite = np.isfinite(values).all(axis=(1, 2))
+        if not finite.all():  # finite float64, beyond float32
+            for position in np.flatnonzero(~finite).tolist():
+                failed[parsed[position]] = DecodeError("schema: window holds a non-finite value")
+            parsed = [i for i, ok in zip(parsed, finite.tolist(), strict=True) if ok]
+            values = values[finite]
+        if len(parsed) == len(records):
+            rows[...] = values
+        else:
+            rows[parsed] = values
+        return failed
 
     def score(
         self, model: torch.nn.Module, batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
@@ -128,24 +205,65 @@ class IotWorkload(CheckpointScorer):
         return reconstruction_error(model, batch, mean, std)
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
-        score, flag = outputs
-        try:
-            head = orjson.loads(record.value or b"{}")
-        except orjson.JSONDecodeError:
-            head = {}
-        value = orjson.dumps(
-            {
-                "device_id": head.get("device_id"),
-                "ts_ms": head.get("ts_ms"),
-                "window_id": head.get("window_id"),
-                "score": float(score),
-                "anomaly": bool(flag),
-                "threshold": self.threshold,
-                "model": "iot autoencoder (cycling recording)",
-                "source": source_coordinates(record),
-            }
-        )
-        return Encoded(value)
+        result = self.encode_many([record], tuple(np.asarray(out)[None] for out in outputs))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def encode_many(
+        self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
+    ) -> list[Encoded | Exception]:
+        """One result document per window; outputs become Python numbers once per batch.
+
+        ``outputs``: score (n,) float32, anomaly (n,) bool; each value is an
+        :class:`IotResult` serialised by ``RESULT_ENCODER``. The echoed ``device_id``, ``ts_ms``
+        and ``window_id`` are read back from the value with :class:`IotHead` (the window is
+        skipped, not parsed); a value that does not hold them gives an :class:`EncodeError` in
+        its place.
+        """
+        scores, flags = (out.tolist() for out in outputs)
+        threshold = self.threshold
+        read_head = IOT_HEAD.decode
+        encode = RESULT_ENCODER.encode
+        results: list[Encoded | Exception] = []
+        for record, value_score, flag in zip(records, scores, flags, strict=True):
+            try:
+                head = read_head(record.value or b"")
+                result = IotResult(
+                    head.device_id,
+                    head.ts_ms,
+                    head.window_id,
+                    value_score,
+                    flag,
+                    threshold,
+                    MODEL_NAME,
+                    Source.of(record),
+                )
+                value = encode(result)
+            except msgspec.DecodeError as exc:
+                results.append(EncodeError(f"cannot read back the echoed fields: {exc}"))
+                continue
+            except Exception as exc:
+                results.append(exc)
+                continue
+            results.append(Encoded(value))
+        return results
+
+
+def _window(message: IotMessage) -> list[Sample]:
+    """The window of a decoded message, once its channels and length are checked.
+
+    Raises:
+        DecodeError: wrong channels or window length.
+    """
+    if message.channels != _CHANNEL_LIST:
+        raise DecodeError(f"schema: channels {message.channels}, expected {_CHANNEL_LIST}")
+    if len(message.window) != WINDOW:
+        raise DecodeError(f"wrong window length: {len(message.window)} samples, expected {WINDOW}")
+    return message.window
+
+
+_CHANNEL_LIST = list(CYCLING_CHANNELS)
 
 
 def iot_messages() -> Iterator[tuple[bytes, bytes]]:

@@ -29,19 +29,20 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 import orjson
 import torch
-from pydantic import ConfigDict, Field, TypeAdapter, with_config
-from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
-from streamproc.errors import DecodeError, RecordError
+from streamproc.errors import DecodeError, EncodeError, RecordError
 from streamproc.records import Headers, Record
-from streamproc.workloads.base import Encoded, parse_json, source_coordinates
+from streamproc.workloads.base import Encoded
+from streamproc.workloads.codecs import INT64, RESULT_ENCODER, Source, StrictJsonDecoder
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
 from streamproc.workloads.scorer import CheckpointScorer
@@ -52,30 +53,63 @@ WEIGHTS = Path(__file__).parent / "weights" / "trades_autoencoder.pt"
 SPLIT_DATE = "2010-07-01"
 
 
+Positive = Annotated[float, msgspec.Meta(gt=0)]
 INT64_MAX = 2**63 - 1
 
 
-@with_config(ConfigDict(strict=True))
-class TradeMessage(TypedDict):
-    """The trade message schema (validated with pydantic; a ``TypedDict`` rather than a model
-    class because building a model object per message doubled the decode time).
+class TradeMessage(msgspec.Struct, gc=False):
+    """The trade message schema (a message value holds one JSON object; decoded with
+    :data:`TRADE_MESSAGE`; other fields are allowed and ignored).
 
     Strict: a price of ``true`` or a timestamp of ``"1"`` is refused, not coerced (an integer
-    is still a valid price). Integers are bounded to int64: the features are float64 and the
-    echoed ``ts_ms`` must serialise again.
+    is still a valid price; ``3.0`` is not a size). Integers are bounded to int64: the
+    features are float64 and the echoed ``ts_ms`` must serialise again. Prices, size and
+    ``adv_20`` are > 0 and finite (``1e999`` is refused).
     """
 
-    trade_id: NotRequired[str | None]
-    symbol: Annotated[str, Field(min_length=1)]
-    ts_ms: Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
-    price: Annotated[float, Field(gt=0)]
-    size: Annotated[int, Field(gt=0, le=INT64_MAX)]
+    symbol: Annotated[str, msgspec.Meta(min_length=1)]
+    ts_ms: INT64
+    price: Positive
+    size: Annotated[int, msgspec.Meta(gt=0, le=INT64_MAX)]
     side: Literal["buy", "sell"]
-    prev_close: Annotated[float, Field(gt=0)]
-    adv_20: Annotated[float, Field(gt=0)]
+    prev_close: Positive
+    adv_20: Positive
+    trade_id: str | None = None
 
 
-TRADE_MESSAGE = TypeAdapter(TradeMessage)
+class TradeHead(msgspec.Struct, gc=False):
+    """The fields a result echoes, read back from a trade that decoded (the rest skipped)."""
+
+    symbol: str
+    ts_ms: int
+    trade_id: str | None = None
+
+
+class TradeFeatures(msgspec.Struct, gc=False):
+    """The ``features`` of a result: from the model's raw feature row."""
+
+    log_return_vs_prev_close: float
+    log_size_vs_adv: float
+    side: int  # 1 buy, -1 sell
+
+
+class TradeResult(msgspec.Struct, gc=False):
+    """One result document (output value, JSON, in this field order)."""
+
+    trade_id: str | None
+    symbol: str
+    ts_ms: int
+    score: float  # reconstruction error
+    anomaly: bool  # score > threshold
+    threshold: float
+    features: TradeFeatures
+    model: str
+    source: Source
+
+
+TRADE_MESSAGE = StrictJsonDecoder(TradeMessage)
+TRADE_HEAD = msgspec.json.Decoder(TradeHead)
+MODEL_NAME = "trades autoencoder (daily OHLCV 2000-2010)"
 
 
 def features(price: float, size: float, side: str, prev_close: float, adv_20: float) -> list[float]:
@@ -203,30 +237,22 @@ class TradesWorkload(CheckpointScorer):
             raise failed[0]
 
     def decode_many(self, records: Sequence[Record], rows: np.ndarray) -> dict[int, RecordError]:
-        """Validate each message, then compute every feature row of the slice with numpy."""
-        failed: dict[int, RecordError] = {}
-        parsed: list[int] = []
-        fields: list[tuple[float, int, bool, float, float]] = []
-        for index, record in enumerate(records):
-            try:
-                trade = parse_json(record, TRADE_MESSAGE)
-            except DecodeError as exc:
-                failed[index] = exc
-                continue
-            parsed.append(index)
-            fields.append(
-                (
-                    trade["price"],
-                    trade["size"],
-                    trade["side"] == "buy",
-                    trade["prev_close"],
-                    trade["adv_20"],
-                )
-            )
-        if not fields:
+        """Decode each message (:data:`TRADE_MESSAGE`), then compute every feature row of the
+        slice with numpy: ``rows`` (len(records), 4) float32, see :class:`TradesWorkload`.
+
+        Returns:
+            Per refused index, its :class:`DecodeError` (``malformed JSON: ...``,
+            ``schema: ...``, or a feature that is not finite); its row is left unwritten.
+        """
+        parsed, trades, failed = TRADE_MESSAGE.decode_records(records)
+        if not trades:
             return failed
+        fields = [(t.price, t.size, t.side == "buy", t.prev_close, t.adv_20) for t in trades]
+        # np.fromiter over the flattened tuples: a third of the time of np.array(fields)
+        flat = np.fromiter(chain.from_iterable(fields), np.float64, 5 * len(fields))
+        columns = flat.reshape(len(fields), 5)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            feats = feature_rows(np.array(fields, dtype=np.float64)).astype(rows.dtype)
+            feats = feature_rows(columns).astype(rows.dtype)
         finite = np.isfinite(feats).all(axis=1)
         if not finite.all():  # e.g. price/prev_close underflows to 0, or size/adv_20 overflows
             for position in np.flatnonzero(~finite).tolist():
@@ -259,30 +285,38 @@ class TradesWorkload(CheckpointScorer):
     def encode_many(
         self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
     ) -> list[Encoded | Exception]:
-        """One result document per trade; outputs become Python numbers once per batch."""
+        """One result document per trade; outputs become Python numbers once per batch.
+
+        ``outputs``: score (n,) float32, anomaly (n,) bool, features (n, 4) float32; each value
+        is a :class:`TradeResult` serialised by ``RESULT_ENCODER``. The echoed
+        ``trade_id``, ``symbol`` and ``ts_ms`` are read back from the value with
+        :class:`TradeHead` (other fields skipped, not parsed); a value that does not hold them
+        gives an :class:`EncodeError` in its place.
+        """
         scores, flags, feats = (out.tolist() for out in outputs)
         threshold = self.threshold
+        read_head = TRADE_HEAD.decode
+        encode = RESULT_ENCODER.encode
         results: list[Encoded | Exception] = []
         for record, value_score, flag, row in zip(records, scores, flags, feats, strict=True):
             try:
-                head = orjson.loads(record.value or b"{}")
-                value = orjson.dumps(
-                    {
-                        "trade_id": head.get("trade_id"),
-                        "symbol": head.get("symbol"),
-                        "ts_ms": head.get("ts_ms"),
-                        "score": value_score,
-                        "anomaly": flag,
-                        "threshold": threshold,
-                        "features": {
-                            "log_return_vs_prev_close": row[0],
-                            "log_size_vs_adv": row[1],
-                            "side": int(row[2]),
-                        },
-                        "model": "trades autoencoder (daily OHLCV 2000-2010)",
-                        "source": source_coordinates(record),
-                    }
+                head = read_head(record.value or b"")
+                features = TradeFeatures(row[0], row[1], int(row[2]))
+                result = TradeResult(
+                    head.trade_id,
+                    head.symbol,
+                    head.ts_ms,
+                    value_score,
+                    flag,
+                    threshold,
+                    features,
+                    MODEL_NAME,
+                    Source.of(record),
                 )
+                value = encode(result)
+            except msgspec.DecodeError as exc:
+                results.append(EncodeError(f"cannot read back the echoed fields: {exc}"))
+                continue
             except Exception as exc:
                 results.append(exc)
                 continue
