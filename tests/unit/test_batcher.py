@@ -348,7 +348,7 @@ def test_interference_in_stretches_keeps_the_target_at_the_optimum() -> None:
     # batches a floor of 1-4 ms (runs of 8+ batches all above 1 ms are in the recording: another
     # thread or process held the cores). 256 is the optimum throughout: the interference is
     # the same at every size. Today's code ratcheted down to batches of 1 in every seed, with
-    # 2-10 % of all batches at 16 or fewer rows. Tolerated now: a size whose only fast times
+    # 1.6-9.2 % of all batches at 16 or fewer rows. Tolerated now: a size whose only fast times
     # are old (calibration) gets single batches to be re-measured when the size in use is
     # interfered with (< 1 % of the batches), and 128 and 256 trade places on noise (both
     # within one power of two of the optimum: a few percent of CPU per message here).
