@@ -74,6 +74,25 @@ class AdaptiveBatchSize:
     and model, and the window (not all history) lets the estimate follow a real slowdown (a
     shared GPU, thermal limits) within ``window`` batches of that size.
 
+    Why sizes are compared only on fresh measurements: the fastest batch of a size depends on
+    *when* it ran, not only on the size. Calibration times every size on an idle process
+    (trades: 0.07-0.11 ms at any size from 1 to 256); once the stream runs, the size in use is
+    timed while the source, decode and result threads compete for the cores and the GIL (256
+    rows: 0.3-0.6 ms at best, up to 38 ms), and every other size keeps its idle-time best. The
+    size in use therefore always looked worse than the sizes not in use, and the target
+    ratcheted down (a recorded trades run at 80 % load, ``tests/unit/data/``: 256 -> 128 -> 16
+    -> 8 -> 4 -> 2 -> 1 within 200 batches; bench iot runs that ended at batches of 1-2 cost 461
+    CPU-µs per message), because (a) a stale fast time beat the fresh times of the size in use,
+    and (b) the scan for the best size stopped at the first size below ``give_up_below`` x a
+    smaller one's (stale) rate, so an interfered small size hid every larger one, 256 included,
+    however good its own recent measurements were. Now a size's throughput counts towards the
+    target only from its batches among the last ``fresh_for`` observations (of any size), so the
+    sizes compared were measured under the same conditions; the best is the fastest of all fresh
+    sizes (``give_up_below`` only stops *exploring* past the peak); and a size measured only
+    long ago whose old rate would clearly win (beyond ``near_best``) is re-measured, one batch,
+    before it is trusted. That keeps the recovery the window gave: a size that really got faster
+    (or one dropped in a slow second) comes back after one fresh batch.
+
     Args:
         max_batch_size: the cap.
         window: batches per size kept for the estimate.
@@ -84,6 +103,8 @@ class AdaptiveBatchSize:
         explore_every: every this many observations, re-measure a neighbour of the best size
             (alternately the one below and the one above: the device or model may have warmed
             up, or be shared).
+        fresh_for: a batch's time counts towards the target for this many observations (of
+            any size) after it, then the size is stale: compared again only once re-measured.
     """
 
     max_batch_size: int
@@ -92,14 +113,17 @@ class AdaptiveBatchSize:
     give_up_below: float = 0.8
     near_best: float = 0.95
     explore_every: int = 50
-    _service_s: dict[int, deque[float]] = field(default_factory=dict)
+    fresh_for: int = 16
+    # per size: (observation number, seconds) of its last ``window`` batches
+    _service_s: dict[int, deque[tuple[int, float]]] = field(default_factory=dict)
     _observations: int = 0
+    _target: int | None = None  # target() until the next observation (decide() asks often)
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.min_observations < 1:
+        if self.window < 1 or self.min_observations < 1 or self.fresh_for < 1:
             raise ValueError(
-                f"window ({self.window}) and min_observations ({self.min_observations}) must "
-                "be >= 1"
+                f"window ({self.window}), min_observations ({self.min_observations}) and "
+                f"fresh_for ({self.fresh_for}) must be >= 1"
             )
 
     @property
@@ -115,15 +139,26 @@ class AdaptiveBatchSize:
         recent = self._service_s.get(size)
         if recent is None:
             recent = self._service_s[size] = deque(maxlen=self.window)
-        recent.append(service_s)
+        recent.append((self._observations, service_s))
         self._observations += 1
+        self._target = None
 
     def throughput(self, size: int) -> float | None:
-        """Measured messages per second at ``size``, or None if not measured enough yet."""
+        """Measured messages per second at ``size`` (its fastest batch in the window, fresh
+        or not), or None if not measured enough yet."""
         recent = self._service_s.get(size)
         if recent is None or len(recent) < min(self.min_observations, self.window):
             return None
-        return size / min(recent)
+        return size / min(seconds for _, seconds in recent)
+
+    def _fresh_throughput(self, size: int) -> float | None:
+        """Messages per second at ``size`` from its batches among the last ``fresh_for``
+        observations, or None (none of them, or ``size`` not measured enough yet)."""
+        if self.throughput(size) is None:
+            return None
+        since = self._observations - self.fresh_for
+        fresh = [seconds for seen, seconds in self._service_s[size] if seen >= since]
+        return size / min(fresh) if fresh else None
 
     def unmeasured(self) -> int | None:
         """The size to measure next before the target is known (None: none left). Used to
@@ -139,46 +174,60 @@ class AdaptiveBatchSize:
         does not end the exploration).
         """
         need = min(self.min_observations, self.window)
-        best_rate = 0.0
-        in_play: list[int] = []
-        for size in self.candidates:
-            in_play.append(size)
-            recent = self._service_s.get(size)
-            if not recent:
-                break
-            rate = size / min(recent)
-            if rate < self.give_up_below * best_rate:
-                break  # past the peak, as far as is known yet
-            best_rate = max(best_rate, rate)
+        in_play = [size for size, _ in self._scan()]
         counts = [len(self._service_s.get(size, ())) for size in in_play]
         fewest = min(counts)
         return in_play[counts.index(fewest)] if fewest < need else None
 
-    def target(self) -> int:
-        """The batch size to aim for now."""
-        candidates = self.candidates
-        best: int | None = None
+    def _scan(self) -> list[tuple[int, float | None]]:
+        """Candidates in increasing order with the rate of their fastest batch in the window
+        (None: never measured), up to the first never measured or the first past the peak
+        (below ``give_up_below`` x the best before it), that one included."""
+        scanned: list[tuple[int, float | None]] = []
         best_rate = 0.0
-        for size in candidates:
-            rate = self.throughput(size)
-            if rate is None:
-                return size  # explore: the next size up
-            if rate < self.give_up_below * best_rate:
-                break  # past the peak
-            if rate > best_rate:
-                best, best_rate = size, rate
-        assert best is not None
+        for size in self.candidates:
+            recent = self._service_s.get(size)
+            rate = size / min(seconds for _, seconds in recent) if recent else None
+            scanned.append((size, rate))
+            if rate is None or rate < self.give_up_below * best_rate:
+                break  # never measured, or past the peak as far as is known yet
+            best_rate = max(best_rate, rate)
+        return scanned
+
+    def target(self) -> int:
+        """The batch size to aim for now (changes only with :meth:`observe`)."""
+        if self._target is None:
+            self._target = self._choose()
+        return self._target
+
+    def _choose(self) -> int:
+        need = min(self.min_observations, self.window)
+        candidates = self.candidates
+        # explore: the first size up to the peak not measured ``need`` times yet
+        for size, _ in self._scan():
+            if len(self._service_s.get(size, ())) < need:
+                return size
+        # the fastest size by fresh measurements only (all of them: an interfered small size
+        # must not hide a larger one measured just as recently)
+        fresh = {size: rate for size in candidates if (rate := self._fresh_throughput(size))}
+        if not fresh:  # lately only sizes not measured enough (past the peak, cut by deadline)
+            fresh = {size: rate for size in candidates if (rate := self.throughput(size))}
+        best = max(fresh, key=fresh.__getitem__)
+        best_rate = fresh[best]
+        # a size measured only long ago that would clearly win: measure it again first
+        stale = {
+            size: rate
+            for size in candidates
+            if size not in fresh and (rate := self.throughput(size)) is not None
+        }
+        recheck = max(stale, key=stale.__getitem__, default=None)
+        if recheck is not None and self.near_best * stale[recheck] > best_rate:
+            return recheck
         # Latency tie-break: the smallest size within ``near_best`` of the best throughput.
         # On a CPU the curve is flat around its peak (EfficientNet-Lite0 here: 4, 8 and 16
         # within noise), and a batch twice the size makes every message in it wait twice as
         # long for its result.
-        for size in candidates:
-            rate = self.throughput(size)
-            if size >= best or rate is None:
-                break
-            if rate >= self.near_best * best_rate:
-                best = size
-                break
+        best = min(size for size, rate in fresh.items() if rate >= self.near_best * best_rate)
         if self.explore_every and self._observations % self.explore_every == 0:
             index = candidates.index(best)
             below = (self._observations // self.explore_every) % 2 == 1

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import csv
 import math
+import random
+from pathlib import Path
 
 import pytest
 
@@ -304,3 +307,69 @@ def test_a_burst_after_idle_forms_one_batch() -> None:
             now_s = max(now_s, min(wake))
         cuts.append(sizes)
     assert all(sizes == [8] for sizes in cuts[1:]), cuts
+
+
+TRADES_80PCT = Path(__file__).parent / "data" / "adaptive_batch_trades_80pct.csv"
+CALIBRATION = 27  # the recording's first rows: start-up calibration, 3 rounds over 1..256
+
+
+def _recorded(path: Path) -> list[tuple[int, float]]:
+    """(batch size, device seconds) per batch, as the results thread reported them."""
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    rows = list(csv.DictReader(lines))
+    return [(int(row["size"]), float(row["device_us"]) / 1e6) for row in rows]
+
+
+def test_a_recorded_trades_run_does_not_ratchet_down_to_tiny_batches() -> None:
+    # The drift of issue 15, as recorded: trades at 80 % load. Calibration (idle process) timed
+    # every size from 1 to 256 at 70-110 µs; the stream then timed the size in use at 0.3-0.6
+    # ms at best (up to 38 ms) while every other size kept its idle-time best. Today's code
+    # went 256 -> 128 -> 16 -> 8 -> 4 -> 2 -> 1 and cut batches of 1-8 for ~90 batches
+    # (observations 417-505), although each fresh batch of 1-8 cost >= 4x more device time per
+    # message than the run's fresh batches of 256. The replay is open loop (the recorded run
+    # fed only the sizes today's code asked for), so where it fed a hundred batches of 32 the
+    # freshest evidence is of 32 alone: the tolerance is "never below 16", and 256 once fresh
+    # batches of 256 arrive or are due for a re-measurement.
+    sizer = AdaptiveBatchSize(256)
+    targets = []
+    for size, service_s in _recorded(TRADES_80PCT):
+        sizer.observe(size, service_s)
+        targets.append(sizer.target())
+    live = targets[CALIBRATION:]
+    assert min(live) >= 16, f"the target fell to {min(live)}"
+    assert targets[505] == 256  # where today's code aimed for batches of 2
+
+
+def test_interference_in_stretches_keeps_the_target_at_the_optimum() -> None:
+    # A closed-loop model of the same run (seeded, no clocks): device time of the trades model
+    # at n rows is 80 µs + 0.1 µs x n on an idle process (calibration); on the live stream add
+    # 100 µs and interference not proportional to the work, as recorded for batches of 256
+    # (60 % up to 0.4 ms, 30 % 0.4-3 ms, 10 % 3-20 ms), and in 30 % of the stretches of 40
+    # batches a floor of 1-4 ms (runs of 8+ batches all above 1 ms are in the recording: another
+    # thread or process held the cores). 256 is the optimum throughout: the interference is
+    # the same at every size. Today's code ratcheted down to batches of 1 in every seed, with
+    # 1.6-9.2 % of all batches at 16 or fewer rows. Tolerated now: a size whose only fast times
+    # are old (calibration) gets single batches to be re-measured when the size in use is
+    # interfered with (< 1 % of the batches), and 128 and 256 trade places on noise (both
+    # within one power of two of the optimum: a few percent of CPU per message here).
+    def device_s(n: int) -> float:
+        return 80e-6 + 0.1e-6 * n
+
+    for seed in range(5):
+        rng = random.Random(seed)
+        sizer = AdaptiveBatchSize(256)
+        while (size := sizer.unmeasured()) is not None:
+            sizer.observe(size, device_s(size) * rng.uniform(1.0, 1.3))
+        floor_s = 0.0
+        sizes = []
+        for i in range(3000):
+            if i % 40 == 0:
+                floor_s = rng.uniform(1e-3, 4e-3) if rng.random() < 0.3 else 0.0
+            size = sizer.target()
+            sizes.append(size)
+            u = rng.random()
+            spread = (0.0, 0.4e-3) if u < 0.6 else (0.4e-3, 3e-3) if u < 0.9 else (3e-3, 20e-3)
+            sizer.observe(size, device_s(size) + 100e-6 + rng.uniform(*spread) + floor_s)
+        small = sum(size <= 16 for size in sizes) / len(sizes)
+        assert min(sizes) >= 8 and small < 0.01, (seed, min(sizes), small)
+        assert sizes[-100:].count(256) >= 90, (seed, sizes[-100:])
