@@ -335,8 +335,6 @@ def test_decode_threads_grow_and_shrink_without_dropping_a_task() -> None:
     import threading
     import time
 
-    from streamproc.decode_sizing import DecodeSample
-
     before = _decode_threads()
     threads = DecodeThreads(2)
     assert _decode_threads() == before  # started on the first task, not at construction
