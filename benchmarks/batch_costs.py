@@ -69,8 +69,10 @@ def main() -> None:
         tracker,
     )
     lane.assign([tp])
-    values = [v for _, v, _ in itertools.islice(BUILTIN_WORKLOADS[args.workload].messages(),
-                                                args.messages)]
+    values = [
+        v
+        for _, v, _ in itertools.islice(BUILTIN_WORKLOADS[args.workload].messages(), args.messages)
+    ]
     pool = StagingPool(8, args.batch, workload.item_shape, workload.item_dtype, pin=False)
     load = DeviceLoad("in", ["cpu:0"], 2, 30.0, metrics)
     done = threading.Event()
@@ -91,14 +93,20 @@ def main() -> None:
     model = build_model(workload, torch.device("cpu"), "fp32", "worker.precision")
     worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 1, completed, fatal.append)
     threads = DecodeThreads(2)
-    decoder = ThreadDecoder(workload, threads, 1 << 20, lane="in", route=args.inline == "always"
-                            and "inline" or "pool")
-    dispatcher = Dispatcher(lane, decoder, pool, [worker], load, lambda flow: None, metrics,
-                            fatal.append)
+    decoder = (
+        ThreadDecoder(workload, threads, 1 << 20, lane="in")  # the pool (any checkout)
+        if args.inline == "never"
+        else ThreadDecoder(workload, threads, 1 << 20, lane="in", route="inline")
+    )
+    )
+    dispatcher = Dispatcher(
+        lane, decoder, pool, [worker], load, lambda flow: None, metrics, fatal.append
+    )
     worker.start()
     resequencer.start()
-    records = [Record(tp, o, None, v, (), 0, time.monotonic(), generation)
-               for o, v in enumerate(values)]
+    records = [
+        Record(tp, o, None, v, (), 0, time.monotonic(), generation) for o, v in enumerate(values)
+    ]
     lane.offer(records)
     before = thread_cpu_s()
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -112,9 +120,11 @@ def main() -> None:
     threads.shutdown(wait=True)
     assert not fatal, fatal
     batches = args.messages / args.batch
-    print(f"{args.workload} batch {args.batch} inline={args.inline}: {batches:.0f} batches, "
-          f"{1e6 * cpu_s / batches:.1f} CPU-us/batch, {1e6 * cpu_s / args.messages:.2f} "
-          f"CPU-us/msg, {args.messages / wall_s:,.0f} msg/s")
+    print(
+        f"{args.workload} batch {args.batch} inline={args.inline}: {batches:.0f} batches, "
+        f"{1e6 * cpu_s / batches:.1f} CPU-us/batch, {1e6 * cpu_s / args.messages:.2f} "
+        f"CPU-us/msg, {args.messages / wall_s:,.0f} msg/s"
+    )
     for name, seconds in sorted(after.items(), key=lambda kv: -kv[1]):
         used = seconds - before.get(name, 0.0)
         if used > 0:

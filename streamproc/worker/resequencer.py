@@ -55,6 +55,7 @@ class Resequencer:
         metrics: Metrics | None = None,
     ) -> None:
         self._waiting = None if metrics is None else metrics.results_waiting.labels(topic)
+        self._reported = -1  # the gauge's value (set on the first report)
         self.topic = topic
         self._on_result = on_result
         self._on_released = on_released
@@ -118,7 +119,9 @@ class Resequencer:
         return len(self._held) - (first_missing - self._next)
 
     def _report(self, waiting: int) -> None:
-        if self._waiting is not None:
+        """Set the waiting gauge when the count changed (twice per batch it mostly did not)."""
+        if self._waiting is not None and waiting != self._reported:
+            self._reported = waiting
             self._waiting.set(waiting)
 
     def _run(self) -> None:
