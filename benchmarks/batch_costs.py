@@ -98,7 +98,6 @@ def main() -> None:
         if args.inline == "never"
         else ThreadDecoder(workload, threads, 1 << 20, lane="in", route="inline")
     )
-    )
     dispatcher = Dispatcher(
         lane, decoder, pool, [worker], load, lambda flow: None, metrics, fatal.append
     )
