@@ -56,14 +56,16 @@ iot 18.9 against 24.3; video (JPEG + resize, Pillow releases the GIL) 2.3 ms/fra
 and the free cores, so the policy measures instead of guessing::
 
     probe (both ways, alternating batch by     the dispatcher's decode seconds per record of
-      batch, until each way has                each way; the lane switches only when the other
-      probe_batches (16) batches)              way is cheaper by margin (10 %): ties keep the
-                                               current way (the pool at start)
+      batch, until each way has                each way (the median batch's); the lane switches
+      probe_batches (16) batches)              only when the other way is cheaper by margin
+                                               (10 %): ties keep the current way (the pool at
+                                               start)
     settled (the chosen way only)              probe again after recheck_s (30 s, doubling after
                                                each probe that kept the way, at most 600 s;
                                                back to 30 s after a switch), or at once when
                                                the way's cost per record reaches drift (2x) the
-                                               cost it was chosen at (over drift_batches, 64)
+                                               cost it was chosen at (median of drift_batches,
+                                               64)
 
 Why it does not flap: a switch needs the other way cheaper by the margin over a whole probe,
 and equal costs keep the current way; a lane that keeps its way is probed ever less often
@@ -80,7 +82,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from streamproc.logs import get_logger
@@ -422,18 +424,22 @@ class RouteChange:
 
 @dataclass(slots=True)
 class _Cost:
-    seconds: float = 0.0
-    items: int = 0
-    batches: int = 0
+    """Per-record seconds of the batches decoded one way (one value per batch)."""
+
+    per_item_s: list[float] = field(default_factory=list)
 
     def add(self, items: int, seconds: float) -> None:
-        self.seconds += max(0.0, seconds)
-        self.items += items
-        self.batches += 1
+        self.per_item_s.append(max(0.0, seconds) / items)
 
     @property
-    def per_item_s(self) -> float:
-        return self.seconds / self.items if self.items else math.inf
+    def batches(self) -> int:
+        return len(self.per_item_s)
+
+    @property
+    def median_s(self) -> float:
+        """The median batch's seconds per record: a batch the OS preempted (several ms on a
+        busy host) moves it far less than it moves a mean."""
+        return statistics.median(self.per_item_s) if self.per_item_s else math.inf
 
 
 class DecodeRoutePolicy:
@@ -518,7 +524,7 @@ class DecodeRoutePolicy:
             if route == self._settled:
                 self._recent.add(items, decode_s)
                 if self._recent.batches >= self.drift_batches:
-                    if self._recent.per_item_s >= self.drift * self._chosen_at_s:
+                    if self._recent.median_s >= self.drift * self._chosen_at_s:
                         self._next_probe_s = -math.inf  # probe from the next batch
                     self._recent = _Cost()
             return None
@@ -531,7 +537,7 @@ class DecodeRoutePolicy:
         self._probe = None
         self._recent = _Cost()
         current, other = self._settled, _other(self._settled)
-        here, there = probe[current].per_item_s, probe[other].per_item_s
+        here, there = probe[current].median_s, probe[other].median_s
         switch = there <= here * (1.0 - self.margin)
         if switch:
             self._settled = other

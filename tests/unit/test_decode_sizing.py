@@ -330,3 +330,22 @@ def test_route_policy_refuses_bad_settings() -> None:
         DecodeRoutePolicy(margin=1.0)
     with pytest.raises(ValueError):
         DecodeRoutePolicy(drift=1.0)
+
+
+def test_one_preempted_batch_in_a_probe_does_not_decide_it() -> None:
+    """Trades-like costs, but the OS took the core for 10 ms during two inline batches of the
+    probe (20x the whole batch's decode): the median per record still shows inline cheaper."""
+    clock = FakeClock()
+    policy = DecodeRoutePolicy(clock)
+    costs = Costs()
+    inline_batches = 0
+    while policy.probing:
+        route = policy.route()
+        decode_s = costs.seconds(route)
+        if route == "inline":
+            inline_batches += 1
+            if inline_batches in (2, 9):
+                decode_s += 0.010
+        clock.advance(decode_s)
+        policy.observe(route, costs.batch, decode_s)
+    assert policy.settled == "inline"
