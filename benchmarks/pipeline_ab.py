@@ -91,6 +91,11 @@ def main() -> None:
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--label", default="")
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--worker",
+        default="{}",
+        help='JSON merged into the worker section, e.g. \'{"decode_inline": "never"}\'',
+    )
     args = parser.parse_args()
     source = _ensure_input(args.bootstrap, args.workload, args.messages)
     run_id = uuid.uuid4().hex[:8]
@@ -108,7 +113,7 @@ def main() -> None:
             "metrics": {"port": 0},
             "batching": {"max_batch_size": 16 if args.workload == "video" else 256},
             "buffers": {"ring_capacity": 256 if args.workload == "video" else 16384},
-            "worker": {"torch_threads": 1},
+            "worker": {"torch_threads": 1, **json.loads(args.worker)},
         },
         bootstrap=args.bootstrap,
     )
@@ -147,6 +152,7 @@ def main() -> None:
     produced, rate = _output_rate(args.bootstrap, f"ab-out-{run_id}", args.messages)
     row = {
         "label": args.label,
+        "worker": json.loads(args.worker),
         "workload": args.workload,
         "messages": produced,
         "exit_code": summary.exit_code,

@@ -47,31 +47,33 @@ batches decoded on the pool.
 
 Inline or pool (:class:`DecodeRoutePolicy`, one per lane, owned by the lane's
 :class:`~streamproc.decoders.ThreadDecoder` on its dispatcher thread). The dispatcher waits for
-its batch's decode either way; the pool only pays where splitting a batch over several threads
-shortens that wait by more than the hand-offs cost (a submit, a future and a wake-up per slice,
-and GIL contention between slices). Measured on this machine (decode only, 2 threads): trades
-2.15 us/msg inline against 2.54 on the pool at batches of 256 and 6.2 against 22 at batches of 4;
-iot 18.9 against 24.3; video (JPEG + resize, Pillow releases the GIL) 2.3 ms/frame inline against
-2.3 (1.6 CPU) on the pool. Which one wins depends on the decoder (GIL or not), the batch size
-and the free cores, so the policy measures instead of guessing::
+its batch's decode either way; the pool costs a submit, a future and a wake-up per slice, and
+GIL contention between slices, and pays only where splitting a batch shortens that wait (a
+decoder that releases the GIL, on free cores). Measured on this machine (decode only, 2
+threads, per record): trades 2.15 us inline against 2.54 on the pool at batches of 256 and 6.2
+against 22 at batches of 4; iot 18.9 against 24.3; video (JPEG + resize; Pillow releases the
+GIL) 2.3 ms inline against 2.3 ms on the pool here, where the model holds the other core. Which
+way wins depends on the decoder, the batch size and the free cores, so the policy measures
+both, per batch, the dispatcher's wait (wall) and the CPU of every thread that decoded::
 
-    probe (both ways, alternating batch by     the dispatcher's decode seconds per record of
-      batch, until each way has                each way (the median batch's); the lane switches
-      probe_batches (16) batches)              only when the other way is cheaper by margin
-                                               (10 %): ties keep the current way (the pool at
-                                               start)
+    probe (both ways, alternating batch by     per record, the median batch's wall and CPU
+      batch, until each way has                of each way: the pool if its wait is shorter by
+      probe_batches (8) batches)               margin (10 %: the split pays); else inline if
+                                               its CPU is lower by the margin (the pool only
+                                               adds hand-offs); else the current way (the
+                                               pool at start)
     settled (the chosen way only)              probe again after recheck_s (30 s, doubling after
                                                each probe that kept the way, at most 600 s;
                                                back to 30 s after a switch), or at once when
-                                               the way's cost per record reaches drift (2x) the
-                                               cost it was chosen at (median of drift_batches,
-                                               64)
+                                               the way's CPU per record reaches drift (2x)
+                                               what it was when chosen (median of
+                                               drift_batches, 64)
 
-Why it does not flap: a switch needs the other way cheaper by the margin over a whole probe,
-and equal costs keep the current way; a lane that keeps its way is probed ever less often
-(one probe costs at most ``probe_batches`` batches the other way). A lane whose decode turns
-expensive (its inline cost per record doubles) is probed at once and goes back to the pool if
-the pool is cheaper there, where the sizer can give it more workers.
+Why it does not flap: a switch needs the other way better by the margin over a whole probe,
+and a tie keeps the current way; a lane that keeps its way is probed ever less often (one probe
+costs at most ``probe_batches`` batches the other way). A lane whose decode turns expensive
+(its CPU per record doubles) is probed at once and goes back to the pool where the split
+shortens its wait; there the sizer can give it more workers.
 """
 
 from __future__ import annotations
@@ -424,27 +426,35 @@ class RouteChange:
 
 @dataclass(slots=True)
 class _Cost:
-    """Per-record seconds of the batches decoded one way (one value per batch)."""
+    """Per-record seconds of the batches decoded one way (one value per batch): the
+    dispatcher's wall time and the CPU time of every thread that worked on the batch."""
 
-    per_item_s: list[float] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
 
-    def add(self, items: int, seconds: float) -> None:
-        self.per_item_s.append(max(0.0, seconds) / items)
+    def add(self, items: int, wall_s: float, cpu_s: float) -> None:
+        self.wall_s.append(max(0.0, wall_s) / items)
+        self.cpu_s.append(max(0.0, cpu_s) / items)
 
     @property
     def batches(self) -> int:
-        return len(self.per_item_s)
+        return len(self.cpu_s)
 
     @property
-    def median_s(self) -> float:
-        """The median batch's seconds per record: a batch the OS preempted (several ms on a
-        busy host) moves it far less than it moves a mean."""
-        return statistics.median(self.per_item_s) if self.per_item_s else math.inf
+    def wall_median_s(self) -> float:
+        """The median batch's wall seconds per record: a batch the OS preempted (several ms on
+        a busy host) moves it far less than it moves a mean."""
+        return statistics.median(self.wall_s) if self.wall_s else math.inf
+
+    @property
+    def cpu_median_s(self) -> float:
+        """The median batch's CPU seconds per record."""
+        return statistics.median(self.cpu_s) if self.cpu_s else math.inf
 
 
 class DecodeRoutePolicy:
     """Whether one lane decodes inline (on its dispatcher thread) or on the decode pool, by the
-    measured decode seconds per record of each way (see the module docstring for the rules).
+    measured CPU and wall seconds per record of each way (see the module docstring).
 
     Not thread-safe: its one owner (the lane's decoder, on the lane's dispatcher thread) calls
     :meth:`route` before each batch and :meth:`observe` after it.
@@ -452,12 +462,12 @@ class DecodeRoutePolicy:
     Args:
         clock: monotonic seconds (injected; tests pass a
             :class:`~streamproc.testing.FakeClock`).
-        start: the way at start, kept until a probe shows the other cheaper.
+        start: the way at start, kept until a probe shows the other better.
         probe_batches: batches each way per probe (>= 1).
-        margin: how much cheaper per record (0..1) the other way must be to switch.
+        margin: how much cheaper (CPU) or faster (wall) per record, 0..1, a way must be to win.
         recheck_s, max_recheck_s: seconds between probes (doubling while the way holds).
-        drift: probe at once when the settled way's cost per record reaches this multiple
-            (> 1) of the cost it was chosen at.
+        drift: probe at once when the settled way's CPU per record reaches this multiple
+            (> 1) of what it was when chosen.
         drift_batches: batches over which that cost is measured (>= 1).
 
     Raises:
@@ -469,7 +479,7 @@ class DecodeRoutePolicy:
         clock: Callable[[], float] = time.monotonic,
         *,
         start: Route = "pool",
-        probe_batches: int = 16,
+        probe_batches: int = 8,
         margin: float = 0.1,
         recheck_s: float = 30.0,
         max_recheck_s: float = 600.0,
@@ -491,7 +501,7 @@ class DecodeRoutePolicy:
         self._probe: dict[Route, _Cost] | None = {"inline": _Cost(), "pool": _Cost()}
         self._recheck_s = recheck_s
         self._next_probe_s = math.inf
-        self._chosen_at_s = math.inf  # the settled way's cost per record at the last probe
+        self._chosen_at_s = math.inf  # the settled way's CPU per record at the last probe
         self._recent = _Cost()  # the settled way since the last drift check
 
     @property
@@ -515,20 +525,21 @@ class DecodeRoutePolicy:
             return other
         return self._settled
 
-    def observe(self, route: Route, items: int, decode_s: float) -> RouteChange | None:
-        """Count one batch of ``items`` records decoded ``route`` in ``decode_s`` seconds (the
-        dispatcher's wait: wall time); returns a change of the settled way, or None."""
+    def observe(self, route: Route, items: int, wall_s: float, cpu_s: float) -> RouteChange | None:
+        """Count one batch of ``items`` records decoded ``route``: ``wall_s`` the dispatcher
+        waited for it, ``cpu_s`` the CPU seconds it took (the dispatcher's, plus the decode
+        threads' on the pool). Returns a change of the settled way, or None."""
         if items < 1:
             return None
         if self._probe is None:
             if route == self._settled:
-                self._recent.add(items, decode_s)
+                self._recent.add(items, wall_s, cpu_s)
                 if self._recent.batches >= self.drift_batches:
-                    if self._recent.median_s >= self.drift * self._chosen_at_s:
+                    if self._recent.cpu_median_s >= self.drift * self._chosen_at_s:
                         self._next_probe_s = -math.inf  # probe from the next batch
                     self._recent = _Cost()
             return None
-        self._probe[route].add(items, decode_s)
+        self._probe[route].add(items, wall_s, cpu_s)
         if min(cost.batches for cost in self._probe.values()) < self.probe_batches:
             return None
         return self._end_probe(self._probe)
@@ -536,23 +547,29 @@ class DecodeRoutePolicy:
     def _end_probe(self, probe: dict[Route, _Cost]) -> RouteChange | None:
         self._probe = None
         self._recent = _Cost()
-        current, other = self._settled, _other(self._settled)
-        here, there = probe[current].median_s, probe[other].median_s
-        switch = there <= here * (1.0 - self.margin)
+        inline, pool = probe["inline"], probe["pool"]
+        keep = 1.0 - self.margin
+        if pool.wall_median_s <= inline.wall_median_s * keep:
+            best: Route = "pool"  # the split shortens the dispatcher's wait: worth its CPU
+        elif inline.cpu_median_s <= pool.cpu_median_s * keep:
+            best = "inline"  # the pool costs CPU and is not faster
+        else:
+            best = self._settled  # within the margin both ways: keep
+        switch = best != self._settled
         if switch:
-            self._settled = other
+            self._settled = best
             self._recheck_s = self.base_recheck_s
-        self._chosen_at_s = there if switch else here
+        self._chosen_at_s = probe[best].cpu_median_s
         self._next_probe_s = self._clock() + self._recheck_s
         if not switch:
             self._recheck_s = min(2.0 * self._recheck_s, self.max_recheck_s)
-        if not switch:
             return None
         return RouteChange(
-            other,
-            f"decode {other}: {there * 1e6:.2f} us per record against {here * 1e6:.2f} "
-            f"{current} over {probe[other].batches} + {probe[current].batches} batches "
-            f"(needed {self.margin:.0%} less)",
+            best,
+            f"decode {best}: per record inline {inline.cpu_median_s * 1e6:.2f} us CPU, "
+            f"{inline.wall_median_s * 1e6:.2f} us wait; pool {pool.cpu_median_s * 1e6:.2f} "
+            f"us CPU, {pool.wall_median_s * 1e6:.2f} us wait (medians of {inline.batches} + "
+            f"{pool.batches} batches; a way wins by {self.margin:.0%})",
         )
 
 

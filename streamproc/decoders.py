@@ -16,7 +16,7 @@ Two interchangeable implementations, selected by ``worker.decode_mode``:
     slice instead of killing the consumer.
 
 With ``thread``, each lane decodes either on the pool or **inline**, on its own dispatcher
-thread, whichever its measured decode seconds per record say is cheaper
+thread, as its measured decode costs per record say (CPU, and the dispatcher's wait)
 (:class:`~streamproc.decode_sizing.DecodeRoutePolicy`; ``worker.decode_inline``): for light
 payloads the pool adds only hand-offs (a submit, a future, a wake-up per slice, and GIL
 contention between slices), while JPEG decode, which releases the GIL, gains from the split.
@@ -315,9 +315,11 @@ class ThreadDecoder:
 
     def decode(self, records: Sequence[Record], slab: Slab) -> Failures:
         started_s = time.perf_counter()
+        cpu_start_s = time.thread_time()
         route = self._fixed if self._policy is None else self._policy.route()
         failed = oversized(records, self._max_message_bytes)
         workers = 0  # inline: no pool worker
+        pool_cpu_s = 0.0  # CPU of the decode threads on this batch
         if route == "inline":
             if failed:
                 failed.update(decode_rows(self._workload, records, slab.array, 0, failed))
@@ -327,17 +329,25 @@ class ThreadDecoder:
             workers = self._threads.workers
             futures = [
                 self._threads.submit(
-                    decode_rows, self._workload, records[start:stop], slab.array, start, failed
+                    _timed_decode_rows,
+                    self._workload,
+                    records[start:stop],
+                    slab.array,
+                    start,
+                    failed,
                 )
                 for start, stop in _slices(len(records), workers)
             ]
             for future in futures:
-                failed.update(future.result())
+                found, cpu_s = future.result()
+                failed.update(found)
+                pool_cpu_s += cpu_s
         decode_s = time.perf_counter() - started_s
         if route == "pool" and self._on_sample is not None:
             self._on_sample(DecodeSample(self._lane, len(records), decode_s, workers))
         if self._policy is not None:
-            change = self._policy.observe(route, len(records), decode_s)
+            cpu_s = time.thread_time() - cpu_start_s + pool_cpu_s
+            change = self._policy.observe(route, len(records), decode_s, cpu_s)
             if change is not None:
                 log.info(
                     "decode route changed", topic=self._lane, to=change.route, reason=change.reason
@@ -345,6 +355,19 @@ class ThreadDecoder:
                 if self._on_route is not None:
                     self._on_route(change.route)
         return failed
+
+
+def _timed_decode_rows(
+    workload: Workload,
+    records: Sequence[Record],
+    rows: np.ndarray,
+    start: int,
+    skip: Collection[int],
+) -> tuple[Failures, float]:
+    """:func:`decode_rows` on a decode thread, with the CPU seconds it took there."""
+    cpu_start_s = time.thread_time()
+    failed = decode_rows(workload, records, rows, start, skip)
+    return failed, time.thread_time() - cpu_start_s
 
 
 # -- worker processes -------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Threads of one process (docs/architecture.md lists what each owns and the lock order)::
 
-    source (consumer, rebalances, commits) -> lane rings -> dispatch-<topic> (cut, decode,
-      place on a device) -> device-<d> -> completion-<d> (events), per device
+    source (consumer, rebalances, commits) -> lane rings -> dispatch-<topic> (cut, decode inline
+      or on the decode pool, place on a device) -> device-<d> -> completion-<d> (CUDA events;
+      on CPU the device thread completes its batches), per device
       -> results-<topic> (back in cut order; encode, produce)
       -> sink (producer poll, delivery reports) -> offset tracker -> source (commits)
 

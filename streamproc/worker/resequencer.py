@@ -5,7 +5,7 @@ results must still be produced in offset order, and the batcher cuts a partition
 offset order into batches with increasing ids (``1, 2, 3, ...`` per lane). So the lane hands
 results to its result handler in batch-id order, which is offset order within every partition::
 
-    completion-<device> threads --put(result, release)--> held {batch id: result}
+    completion-<device> threads (device-<cpu:K> on CPU) --put(result, release)--> held {id: result}
         results-<topic> thread: waits for the next id -> on_result (encode, produce)
                                 -> release (output buffers back) -> on_released (in-flight slot)
 
