@@ -503,6 +503,7 @@ class DecodeRoutePolicy:
         self._next_probe_s = math.inf
         self._chosen_at_s = math.inf  # the settled way's CPU per record at the last probe
         self._recent = _Cost()  # the settled way since the last drift check
+        self.last_probe = ""  # the verdict of the latest probe, with both ways' costs
 
     @property
     def settled(self) -> Route:
@@ -561,16 +562,16 @@ class DecodeRoutePolicy:
             self._recheck_s = self.base_recheck_s
         self._chosen_at_s = probe[best].cpu_median_s
         self._next_probe_s = self._clock() + self._recheck_s
-        if not switch:
-            self._recheck_s = min(2.0 * self._recheck_s, self.max_recheck_s)
-            return None
-        return RouteChange(
-            best,
+        self.last_probe = (
             f"decode {best}: per record inline {inline.cpu_median_s * 1e6:.2f} us CPU, "
             f"{inline.wall_median_s * 1e6:.2f} us wait; pool {pool.cpu_median_s * 1e6:.2f} "
             f"us CPU, {pool.wall_median_s * 1e6:.2f} us wait (medians of {inline.batches} + "
-            f"{pool.batches} batches; a way wins by {self.margin:.0%})",
+            f"{pool.batches} batches; a way wins by {self.margin:.0%})"
         )
+        if not switch:
+            self._recheck_s = min(2.0 * self._recheck_s, self.max_recheck_s)
+            return None
+        return RouteChange(best, self.last_probe)
 
 
 def _other(route: Route) -> Route:

@@ -347,7 +347,10 @@ class ThreadDecoder:
             self._on_sample(DecodeSample(self._lane, len(records), decode_s, workers))
         if self._policy is not None:
             cpu_s = time.thread_time() - cpu_start_s + pool_cpu_s
+            probing = self._policy.probing
             change = self._policy.observe(route, len(records), decode_s, cpu_s)
+            if change is None and probing and not self._policy.probing:
+                log.debug("decode route kept", topic=self._lane, reason=self._policy.last_probe)
             if change is not None:
                 log.info(
                     "decode route changed", topic=self._lane, to=change.route, reason=change.reason
