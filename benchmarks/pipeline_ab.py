@@ -12,13 +12,18 @@ throughput from the output records' timestamps (``(n - 1) / (last - first)``, th
 ``streamproc bench``) and the process CPU seconds per message of the run (``time.process_time``
 between the start of the run and its end, model loading excluded), which the shared cores
 disturb far less than wall time. Run the two checkouts alternately (A B A B ...) and compare
-medians.
+medians. The row also holds each Python thread's CPU-µs per message (``threads``: from
+``/proc/self/task/<tid>/stat`` in 10 ms ticks, read every 0.2 s so a thread that ends at close
+keeps its last reading; decode threads summed as ``decode_*``), printed one line per thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import threading
 import time
 import uuid
 
@@ -62,6 +67,23 @@ def _output_rate(bootstrap: str, topic: str, expected: int) -> tuple[int, float 
     return len(stamps), (len(stamps) - 1) / max(1e-3, (stamps[-1] - stamps[0]) / 1000.0)
 
 
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of every live Python thread, by name (decode threads as ``decode_*``)."""
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = re.sub(r"^decode_\d+$", "decode_*", thread.name)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * TICK_S
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="trades")
@@ -69,6 +91,11 @@ def main() -> None:
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--label", default="")
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--worker",
+        default="{}",
+        help='JSON merged into the worker section, e.g. \'{"decode_inline": "never"}\'',
+    )
     args = parser.parse_args()
     source = _ensure_input(args.bootstrap, args.workload, args.messages)
     run_id = uuid.uuid4().hex[:8]
@@ -86,24 +113,57 @@ def main() -> None:
             "metrics": {"port": 0},
             "batching": {"max_batch_size": 16 if args.workload == "video" else 256},
             "buffers": {"ring_capacity": 256 if args.workload == "video" else 16384},
-            "worker": {"torch_threads": 1},
+            "worker": {"torch_threads": 1, **json.loads(args.worker)},
         },
         bootstrap=args.bootstrap,
     )
     pipeline = streamproc.Pipeline(config)
     pipeline.start()  # model load, warm-up and calibration are not counted
+    before = _thread_cpu_s()
+    last: dict[int, tuple[str, float]] = {}  # per thread id: name and its latest CPU seconds
+    done = threading.Event()
+
+    def sample() -> None:  # a thread's counters vanish with it: keep its last reading
+        while not done.wait(0.2):
+            for thread in threading.enumerate():
+                if thread.name != "ab-sampler" and thread.native_id is not None:
+                    try:
+                        with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+                            fields = stat.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    cpu = (int(fields[11]) + int(fields[12])) * TICK_S
+                    last[thread.native_id] = (thread.name, cpu)
+
+    sampler = threading.Thread(target=sample, name="ab-sampler", daemon=True)
+    sampler.start()
     cpu_start_s = time.process_time()
     summary = pipeline.run(exit_when_idle_s=2.0)
     cpu_s = time.process_time() - cpu_start_s
+    done.set()
+    sampler.join()
+    threads: dict[str, float] = {}
+    for name, seconds in last.values():
+        key = re.sub(r"^decode_\d+$", "decode_*", name)
+        threads[key] = threads.get(key, 0.0) + seconds
+    for key, seconds in before.items():
+        if key in threads:
+            threads[key] -= seconds
     produced, rate = _output_rate(args.bootstrap, f"ab-out-{run_id}", args.messages)
     row = {
         "label": args.label,
+        "worker": json.loads(args.worker),
         "workload": args.workload,
         "messages": produced,
         "exit_code": summary.exit_code,
         "msg_s": rate,
         "cpu_us_per_msg": 1e6 * cpu_s / max(1, produced),
         "batch_sizes": next(iter(summary.batch_sizes.values()), {}),
+        "threads": {
+            name: round(1e6 * seconds / max(1, produced), 2)
+            for name, seconds in sorted(threads.items(), key=lambda kv: -kv[1])
+            if seconds > 0
+        },
     }
     with open(args.out, "a") as out:
         out.write(json.dumps(row) + "\n")

@@ -197,6 +197,11 @@ class WorkerConfig(_Section):
     it grows while waiting for decode dominates a pipeline's dispatch time and shrinks while
     decode is idle. An unset bound defaults to 1 (min) or to ``decode_workers`` (max); a
     ``decode_workers`` left at its default is moved into the bounds.
+
+    ``decode_inline`` (``decode_mode: thread`` only): ``auto`` lets each pipeline decode on its
+    dispatcher thread instead of the decode threads wherever that measures cheaper per record
+    (light JSON payloads; ``DecodeRoutePolicy`` in ``decode_sizing.py``); ``never`` always uses
+    the decode threads; ``always`` always decodes inline. Decode processes are never bypassed.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -209,6 +214,7 @@ class WorkerConfig(_Section):
     decode_workers_min: int | None = Field(default=None, ge=1, le=64)
     decode_workers_max: int | None = Field(default=None, ge=1, le=64)
     decode_mode: Literal["thread", "process"] = "thread"
+    decode_inline: Literal["auto", "never", "always"] = "auto"
     cuda_streams: int = Field(default=2, ge=1, le=16)
     torch_threads: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)

@@ -15,6 +15,14 @@ Two interchangeable implementations, selected by ``worker.decode_mode``:
     decoder that crashes its process (a hostile JPEG hitting a native bug) dead-letters that
     slice instead of killing the consumer.
 
+With ``thread``, each lane decodes either on the pool or **inline**, on its own dispatcher
+thread, as its measured decode costs per record say (CPU, and the dispatcher's wait)
+(:class:`~streamproc.decode_sizing.DecodeRoutePolicy`; ``worker.decode_inline``): for light
+payloads the pool adds only hand-offs (a submit, a future, a wake-up per slice, and GIL
+contention between slices), while JPEG decode, which releases the GIL, gains from the split.
+``process`` always decodes in the processes: a decoder that crashes must not take the consumer
+with it.
+
 Both check ``worker.max_message_bytes`` in this process first, so an oversized value is never
 decoded (nor shipped to a worker). Both split a batch into as many slices as the pool has workers
 at that moment, and report each batch's decode time (:class:`DecodeSample`) to the decode sizer,
@@ -42,7 +50,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from streamproc.decode_sizing import DecodeSample
+from streamproc.decode_sizing import DecodeRoutePolicy, DecodeSample, Route
 from streamproc.errors import DecodeError, RecordError
 from streamproc.logs import get_logger
 from streamproc.records import Record
@@ -258,15 +266,25 @@ class DecodeThreads:
 
 
 class ThreadDecoder:
-    """Decodes on the shared :class:`DecodeThreads`, one task per worker over a contiguous
-    slice of rows (as many slices as the pool has threads when the batch is split).
+    """Decodes one lane's batches inline (on the calling dispatcher thread) or on the shared
+    :class:`DecodeThreads`, one task per worker over a contiguous slice of rows (as many slices
+    as the pool has threads when the batch is split).
+
+    Which way is ``route``'s: a fixed way, or a :class:`DecodeRoutePolicy` that this decoder
+    owns from now on (only the lane's dispatcher calls :meth:`decode`, so it needs no lock).
+    Both ways fill the same rows and report the same per-row errors (oversized values are
+    never decoded); only batches decoded on the pool are reported to the decode sizer (inline
+    ones do not use the pool).
 
     Args:
         workload: the pipeline's decoder.
         threads: the process-wide decode threads.
         max_message_bytes: larger values fail with a :class:`DecodeError` without decoding.
-        lane: this pipeline's input topic (names its samples).
-        on_sample: called with each batch's :class:`DecodeSample` (the decode sizer).
+        lane: this pipeline's input topic (names its samples and logs).
+        on_sample: called with each pool-decoded batch's :class:`DecodeSample` (the sizer).
+        route: ``"pool"`` (the default), ``"inline"``, or a policy choosing per batch.
+        on_route: called with the way the lane now decodes, at start and after each change
+            (the ``streamproc_decode_inline`` gauge).
     """
 
     def __init__(
@@ -276,30 +294,83 @@ class ThreadDecoder:
         max_message_bytes: int,
         lane: str = "",
         on_sample: OnSample | None = None,
+        route: Route | DecodeRoutePolicy = "pool",
+        on_route: Callable[[Route], None] | None = None,
     ) -> None:
         self._workload = workload
         self._threads = threads
         self._max_message_bytes = max_message_bytes
         self._lane = lane
         self._on_sample = on_sample
+        self._policy = route if isinstance(route, DecodeRoutePolicy) else None
+        self._fixed: Route = route if isinstance(route, str) else route.settled
+        self._on_route = on_route
+        if on_route is not None:
+            on_route(self._fixed)
+
+    @property
+    def route(self) -> Route:
+        """The way this lane decodes outside probes."""
+        return self._fixed if self._policy is None else self._policy.settled
 
     def decode(self, records: Sequence[Record], slab: Slab) -> Failures:
-        started_s = time.monotonic()
-        workers = self._threads.workers
+        started_s = time.perf_counter()
+        cpu_start_s = time.thread_time()
+        route = self._fixed if self._policy is None else self._policy.route()
         failed = oversized(records, self._max_message_bytes)
-        futures = [
-            self._threads.submit(
-                decode_rows, self._workload, records[start:stop], slab.array, start, failed
-            )
-            for start, stop in _slices(len(records), workers)
-        ]
-        for future in futures:
-            failed.update(future.result())
-        if self._on_sample is not None:
-            self._on_sample(
-                DecodeSample(self._lane, len(records), time.monotonic() - started_s, workers)
-            )
+        workers = 0  # inline: no pool worker
+        pool_cpu_s = 0.0  # CPU of the decode threads on this batch
+        if route == "inline":
+            if failed:
+                failed.update(decode_rows(self._workload, records, slab.array, 0, failed))
+            else:
+                failed = decode_rows(self._workload, records, slab.array, 0, ())
+        else:
+            workers = self._threads.workers
+            futures = [
+                self._threads.submit(
+                    _timed_decode_rows,
+                    self._workload,
+                    records[start:stop],
+                    slab.array,
+                    start,
+                    failed,
+                )
+                for start, stop in _slices(len(records), workers)
+            ]
+            for future in futures:
+                found, cpu_s = future.result()
+                failed.update(found)
+                pool_cpu_s += cpu_s
+        decode_s = time.perf_counter() - started_s
+        if route == "pool" and self._on_sample is not None:
+            self._on_sample(DecodeSample(self._lane, len(records), decode_s, workers))
+        if self._policy is not None:
+            cpu_s = time.thread_time() - cpu_start_s + pool_cpu_s
+            probing = self._policy.probing
+            change = self._policy.observe(route, len(records), decode_s, cpu_s)
+            if change is None and probing and not self._policy.probing:
+                log.debug("decode route kept", topic=self._lane, reason=self._policy.last_probe)
+            if change is not None:
+                log.info(
+                    "decode route changed", topic=self._lane, to=change.route, reason=change.reason
+                )
+                if self._on_route is not None:
+                    self._on_route(change.route)
         return failed
+
+
+def _timed_decode_rows(
+    workload: Workload,
+    records: Sequence[Record],
+    rows: np.ndarray,
+    start: int,
+    skip: Collection[int],
+) -> tuple[Failures, float]:
+    """:func:`decode_rows` on a decode thread, with the CPU seconds it took there."""
+    cpu_start_s = time.thread_time()
+    failed = decode_rows(workload, records, rows, start, skip)
+    return failed, time.thread_time() - cpu_start_s
 
 
 # -- worker processes -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ results.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from streamproc.buffers import FlowControl
@@ -29,6 +30,10 @@ from streamproc.lane import Lane
 from streamproc.metrics import Metrics
 from streamproc.records import Batch
 from streamproc.worker import DeviceJob, DeviceWorker, StagingPool
+
+STALL_CHECK_PERIOD_S = 0.5
+"""The dispatcher checks for stalled devices at most this often (it did per batch: a lock and a
+scan of every device's batches, for a report whose timeout is ``device_stall_timeout_s``)."""
 
 
 class Dispatcher:
@@ -75,6 +80,7 @@ class Dispatcher:
         self._pool_in_use = metrics.pool_in_use.labels(topic)
         self._stop = threading.Event()
         self._next_batch_id = 0
+        self._next_stall_check_s = 0.0
         self.batch_sizes: dict[int, int] = {}
         self._thread = threading.Thread(target=self._run, name=f"dispatch-{topic}", daemon=True)
 
@@ -97,7 +103,10 @@ class Dispatcher:
                 job = self._decode(batch)
                 device = self._load.place(batch.batch_id, len(batch))
                 self._workers[device].submit(job)
-                self._load.check_stalls()
+                now_s = time.monotonic()
+                if now_s >= self._next_stall_check_s:  # the lag thread checks every tick too
+                    self._next_stall_check_s = now_s + STALL_CHECK_PERIOD_S
+                    self._load.check_stalls()
         except BaseException as exc:
             self._on_fatal(exc)
 

@@ -276,6 +276,12 @@ class Metrics:
             ["topic"],
             registry=reg,
         )
+        self.decode_inline = Gauge(
+            "streamproc_decode_inline",
+            "1 while the topic decodes on its dispatcher thread, 0 while on the decode workers",
+            ["topic"],
+            registry=reg,
+        )
 
         self.consumer_lag = Gauge(
             "streamproc_consumer_lag_messages",

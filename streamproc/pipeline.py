@@ -2,8 +2,9 @@
 
 Threads of one process (docs/architecture.md lists what each owns and the lock order)::
 
-    source (consumer, rebalances, commits) -> lane rings -> dispatch-<topic> (cut, decode,
-      place on a device) -> device-<d> -> completion-<d> (events), per device
+    source (consumer, rebalances, commits) -> lane rings -> dispatch-<topic> (cut, decode inline
+      or on the decode pool, place on a device) -> device-<d> -> completion-<d> (CUDA events;
+      on CPU the device thread completes its batches), per device
       -> results-<topic> (back in cut order; encode, produce)
       -> sink (producer poll, delivery reports) -> offset tracker -> source (commits)
 
@@ -30,7 +31,7 @@ from streamproc.buffers import PartitionBuffers
 from streamproc.clients import build_admin
 from streamproc.commit import OffsetTracker
 from streamproc.config import Config, PipelineConfig, Scalar
-from streamproc.decode_sizing import DecodeSizer, DecodeSizingPolicy
+from streamproc.decode_sizing import DecodeRoutePolicy, DecodeSizer, DecodeSizingPolicy
 from streamproc.decoders import (
     DecodeProcesses,
     Decoder,
@@ -262,12 +263,20 @@ class Pipeline:
             )
         else:
             assert self._decode_threads is not None
+            inline = cfg.worker.decode_inline
+            gauge = self.metrics.decode_inline.labels(topic)
             decoder = ThreadDecoder(
                 workload,
                 self._decode_threads,
                 cfg.worker.max_message_bytes,
                 lane=topic,
                 on_sample=self.decode_sizer.observe,
+                route=(
+                    DecodeRoutePolicy()
+                    if inline == "auto"
+                    else ("inline" if inline == "always" else "pool")
+                ),
+                on_route=lambda route: gauge.set(route == "inline"),
             )
         self.metrics.pool_capacity.labels(topic).set(pool.capacity)
         self.metrics.pool_allocations.labels(topic).set(pool.allocations)

@@ -14,7 +14,11 @@ calls the result handler in cut order on its own thread, then ``release``. No th
 synchronises a stream, and event polling and slab release never wait on a slow encode or a
 full producer queue: only the output buffers (``max_in_flight`` sets) wait for the result
 thread. On CPU the same code runs with ``device="cpu"``: the "copy" is a view,
-the model runs synchronously on the device thread and the events are already complete.
+the model runs synchronously on the device thread and the events are already complete, so the
+device thread completes each batch itself (slab back, ``on_complete``) and no completion thread
+is started: handing a finished batch to a second thread only cost a notify, a wake-up and a
+thread switch per batch (issue 15). Tests that pass controllable copy events keep the
+completion thread.
 
 In-flight batches are bounded by the caller (the lane's
 :class:`~streamproc.devices.DeviceLoad` counts a batch from placement until ``release``), and by
@@ -150,26 +154,34 @@ class DeviceWorker:
         self.on_fatal = on_fatal
         self.cuda = device.type == "cuda"
         self._streams = [_cuda_stream(device) for _ in range(streams)] if self.cuda else []
-        self._jobs: queue.Queue[DeviceJob | None] = queue.Queue(maxsize=max_in_flight)
+        # Unbounded and C-level (no Python condition per put/get): the caller bounds what is
+        # queued (DeviceLoad counts a batch from placement to release, <= max_in_flight).
+        self._jobs: queue.SimpleQueue[DeviceJob | None] = queue.SimpleQueue()
         self._inflight: deque[_InFlight] = deque()
         self._cond = threading.Condition()
         self._out_bufs: list[tuple[torch.Tensor, ...] | None] = [None] * max_in_flight
+        self._out_arrays: list[tuple[np.ndarray, ...]] = [()] * max_in_flight  # numpy views
         self._out_free = list(range(max_in_flight))
         self._out_held: dict[int, int] = {}  # output slot -> batch id holding it (under _cond)
         self._unfinished = 0  # batches submitted and not yet released (under _cond)
         self.output_allocations = 0
         self.batches = 0
         self._stopping = False
+        # CPU without test events: every event has fired when the launch returns
+        self._completes_inline = not self.cuda and event_factory is None
         self._threads = [
             threading.Thread(
                 target=self._guard(self._launch_loop), name=f"device-{self.label}", daemon=True
-            ),
-            threading.Thread(
-                target=self._guard(self._completion_loop),
-                name=f"completion-{self.label}",
-                daemon=True,
-            ),
+            )
         ]
+        if not self._completes_inline:
+            self._threads.append(
+                threading.Thread(
+                    target=self._guard(self._completion_loop),
+                    name=f"completion-{self.label}",
+                    daemon=True,
+                )
+            )
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -239,7 +251,10 @@ class DeviceWorker:
             self.pool.release(slab)
 
     def submit(self, job: DeviceJob) -> None:
-        """Queue a decoded batch for the device (blocks while ``max_in_flight`` are queued)."""
+        """Queue a decoded batch for the device (never blocks: the caller keeps at most
+        ``max_in_flight`` batches between submit and ``release``, as
+        :class:`~streamproc.devices.DeviceLoad` does; the device thread waits for a free
+        output buffer set before it launches one)."""
         with self._cond:
             self._unfinished += 1
         self._jobs.put(job)
@@ -253,7 +268,13 @@ class DeviceWorker:
                 self._cond.wait_for(lambda: bool(self._out_free))
                 slot = self._out_free.pop()
                 self._out_held[slot] = job.batch.batch_id
-            self._inflight_append(self._launch(job, slot))
+            item = self._launch(job, slot)
+            if self._completes_inline:
+                self.pool.release(job.slab)
+                item.slab_released = True
+                self._complete(item)
+            else:
+                self._inflight_append(item)
 
     def _launch(self, job: DeviceJob, slot: int) -> _InFlight:
         item = self._launch_on_device(job, slot)
@@ -316,6 +337,7 @@ class DeviceWorker:
             )
             self.output_allocations += len(bufs)
             self._out_bufs[slot] = bufs
+            self._out_arrays[slot] = tuple(b.numpy() for b in bufs)
         return bufs
 
     def _inflight_append(self, item: _InFlight) -> None:
@@ -342,17 +364,23 @@ class DeviceWorker:
             if not head.slab_released or not head.done_event.query():
                 time.sleep(0.0002)  # event polling period: never a stream synchronize
                 continue
-            n = len(head.job.batch)
-            result = DeviceResult(
-                batch=head.job.batch,
-                outputs=tuple(out[:n].numpy() for out in head.outputs),
-                failed=head.job.failed,
-                error=head.error,
-                inference_s=_service_s(head),
-            )
             with self._cond:
                 self._inflight.popleft()
-            self.on_complete(result, self._releaser(head.out_slot))
+            self._complete(head)
+
+    def _complete(self, item: _InFlight) -> None:
+        """Hand a finished batch (events fired, slab back) to ``on_complete``: numpy views of
+        its rows in the slot's output buffers (made once per buffer set, sliced per batch)."""
+        n = len(item.job.batch)
+        arrays = self._out_arrays[item.out_slot] if item.outputs else ()
+        result = DeviceResult(
+            batch=item.job.batch,
+            outputs=tuple(array[:n] for array in arrays),
+            failed=item.job.failed,
+            error=item.error,
+            inference_s=_service_s(item),
+        )
+        self.on_complete(result, self._releaser(item.out_slot))
 
     def _releaser(self, slot: int) -> Release:
         """The ``release`` of one completed batch: its output buffer set goes back (once)."""

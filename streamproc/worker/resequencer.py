@@ -5,7 +5,7 @@ results must still be produced in offset order, and the batcher cuts a partition
 offset order into batches with increasing ids (``1, 2, 3, ...`` per lane). So the lane hands
 results to its result handler in batch-id order, which is offset order within every partition::
 
-    completion-<device> threads --put(result, release)--> held {batch id: result}
+    completion-<device> threads (device-<cpu:K> on CPU) --put(result, release)--> held {id: result}
         results-<topic> thread: waits for the next id -> on_result (encode, produce)
                                 -> release (output buffers back) -> on_released (in-flight slot)
 
@@ -55,6 +55,7 @@ class Resequencer:
         metrics: Metrics | None = None,
     ) -> None:
         self._waiting = None if metrics is None else metrics.results_waiting.labels(topic)
+        self._reported = -1  # the gauge's value (set on the first report)
         self.topic = topic
         self._on_result = on_result
         self._on_released = on_released
@@ -118,7 +119,9 @@ class Resequencer:
         return len(self._held) - (first_missing - self._next)
 
     def _report(self, waiting: int) -> None:
-        if self._waiting is not None:
+        """Set the waiting gauge when the count changed (twice per batch it mostly did not)."""
+        if self._waiting is not None and waiting != self._reported:
+            self._reported = waiting
             self._waiting.set(waiting)
 
     def _run(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 import torch
 from confluent_kafka import Producer
 
@@ -50,9 +51,12 @@ def test_all_frames_once_then_nothing_new_on_rerun(bootstrap_servers: str, topic
     assert again.results == total and again.duplicates == 0
 
 
+@pytest.mark.parametrize("decode_inline", ["auto", "always"])
 def test_bad_records_go_to_the_dead_letter_topic_and_offsets_advance(
-    bootstrap_servers: str, topics: Topics
+    bootstrap_servers: str, topics: Topics, decode_inline: str
 ) -> None:
+    """``always``: every batch decoded on the dispatcher thread dead-letters exactly the same
+    records with the same headers as ``auto`` (which starts on the decode threads)."""
     from streamproc.workloads.video import video_frames
 
     frames = video_frames()[:6]
@@ -76,7 +80,13 @@ def test_bad_records_go_to_the_dead_letter_topic_and_offsets_advance(
     assert producer.flush(30) == 0
 
     config = make_config(
-        bootstrap_servers, topics, worker={"max_message_bytes": 200_000, "torch_threads": 1}
+        bootstrap_servers,
+        topics,
+        worker={
+            "max_message_bytes": 200_000,
+            "torch_threads": 1,
+            "decode_inline": decode_inline,
+        },
     )
     threads_before = torch.get_num_threads()
     torch.set_num_threads(2)

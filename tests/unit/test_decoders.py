@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from streamproc.decode_sizing import DecodeRoutePolicy, DecodeSample
 from streamproc.decoders import (
     DecodeProcesses,
     DecodeThreads,
@@ -21,6 +22,7 @@ from streamproc.decoders import (
 )
 from streamproc.errors import DecodeError
 from streamproc.records import Record, TopicPartition
+from streamproc.testing import FakeClock
 from streamproc.worker import StagingPool
 from streamproc.workloads import load_workload
 from streamproc.workloads.trades import trade_messages
@@ -82,6 +84,69 @@ def test_process_decoder_matches_thread_decoder(shared_pool: StagingPool) -> Non
     assert shared_pool.allocations == 3  # nothing allocated per batch
 
 
+def test_an_inline_lane_dead_letters_bad_rows_and_oversized_values_like_the_pool() -> None:
+    records = _batch()
+    workload = load_workload("trades")
+    pool = StagingPool(2, ROWS, workload.item_shape, workload.item_dtype, pin=False)
+    threads = DecodeThreads(2)
+    samples: list[DecodeSample] = []
+    routes: list[str] = []
+    try:
+        on_pool, inline = pool.lease(), pool.lease()
+        assert on_pool is not None and inline is not None
+        on_pool.array[:] = np.nan
+        inline.array[:] = np.nan
+        expected = ThreadDecoder(workload, threads, 4000).decode(records, on_pool)
+        decoder = ThreadDecoder(
+            workload,
+            threads,
+            4000,
+            on_sample=samples.append,
+            route="inline",
+            on_route=routes.append,
+        )
+        failed = decoder.decode(records, inline)
+    finally:
+        threads.shutdown(wait=True)
+    assert routes == ["inline"]
+    assert samples == []  # inline batches never reach the sizer: they do not use the pool
+    assert sorted(failed) == sorted(expected) == [3, 7, 9]
+    for row in failed:
+        assert type(failed[row]) is type(expected[row]) is DecodeError
+        assert str(failed[row]) == str(expected[row])
+        assert failed[row].stage == expected[row].stage == "decode"
+    assert "exceeds worker.max_message_bytes=4000" in str(failed[7])
+    good = [r for r in range(len(records)) if r not in failed]
+    np.testing.assert_array_equal(inline.array[good], on_pool.array[good])
+    assert not np.isnan(inline.array[good]).any()
+
+
+def test_a_route_policy_sends_probe_batches_both_ways_and_settles_where_cheaper() -> None:
+    """The decoder follows its policy batch by batch and reports the change; the slabs come out
+    the same either way. (The costs are the real ones of this machine, so only the mechanics
+    are asserted, not which way wins: tests/unit/test_decode_sizing.py has the rule.)"""
+    records = _batch()
+    workload = load_workload("trades")
+    pool = StagingPool(1, ROWS, workload.item_shape, workload.item_dtype, pin=False)
+    threads = DecodeThreads(1)
+    policy = DecodeRoutePolicy(FakeClock(), probe_batches=2, margin=0.0)
+    samples: list[DecodeSample] = []
+    routes: list[str] = []
+    decoder = ThreadDecoder(
+        workload, threads, 4000, on_sample=samples.append, route=policy, on_route=routes.append
+    )
+    slab = pool.lease()
+    assert slab is not None
+    try:
+        results = [decoder.decode(records, slab) for _ in range(4)]
+    finally:
+        threads.shutdown(wait=True)
+    assert not policy.probing
+    assert len(samples) == 2  # the two pool batches of the probe
+    assert routes[0] == "pool" and routes[-1] == decoder.route == policy.settled
+    assert all(sorted(failed) == [3, 7, 9] for failed in results)
+
+
 def test_a_slice_that_kills_its_process_twice_is_dead_lettered_others_are_retried(
     shared_pool: StagingPool,
 ) -> None:
@@ -111,6 +176,7 @@ _ORPHAN_SCRIPT = """
 import sys
 from streamproc.decoders import DecodeProcesses, LaneSpec, ProcessDecoder
 from streamproc.records import Record, TopicPartition
+from streamproc.testing import FakeClock
 from streamproc.worker import StagingPool
 from streamproc.workloads import load_workload
 
@@ -268,8 +334,6 @@ def _decode_threads() -> list[str]:
 def test_decode_threads_grow_and_shrink_without_dropping_a_task() -> None:
     import threading
     import time
-
-    from streamproc.decode_sizing import DecodeSample
 
     before = _decode_threads()
     threads = DecodeThreads(2)

@@ -92,6 +92,43 @@ def test_results_arrive_in_order_with_one_row_per_record() -> None:
     assert pool.in_use == 0  # every slab went back
 
 
+def test_on_cpu_the_device_thread_completes_its_batches_without_a_completion_thread() -> None:
+    """The events of a CPU launch have fired when it returns: the device thread returns the
+    slab and calls ``on_complete`` itself, in order, and no completion thread is started."""
+    pool = StagingPool(3, rows=4, item_shape=(2,), dtype=np.dtype(np.float32), pin=False)
+    seen: list[tuple[int, str]] = []
+    done = threading.Event()
+
+    def on_complete(result: DeviceResult, release: Release) -> None:
+        seen.append((result.batch.batch_id, threading.current_thread().name))
+        release()
+        if len(seen) == 5:
+            done.set()
+
+    worker = DeviceWorker(
+        lambda x: (x.sum(dim=1),),
+        torch.device("cpu"),
+        pool,
+        2,
+        2,
+        on_complete,
+        print,
+        label="cpu:7",
+    )
+    worker.start()
+    names = {thread.name for thread in threading.enumerate()}
+    assert "device-cpu:7" in names and "completion-cpu:7" not in names
+    for batch_id in range(1, 6):
+        slab = pool.lease()
+        assert slab is not None
+        worker.submit(DeviceJob(batch(batch_id, 2), slab))
+    assert done.wait(30)
+    worker.close()
+    assert [batch_id for batch_id, _ in seen] == [1, 2, 3, 4, 5]
+    assert {name for _, name in seen} == {"device-cpu:7"}
+    assert pool.in_use == 0 and worker.output_leak().missing == 0
+
+
 def test_model_errors_and_wrong_row_counts_fail_the_batch_not_the_worker() -> None:
     calls = threading.local()
 
