@@ -94,7 +94,7 @@ PARTITIONS = 4
 REPO = Path(__file__).resolve().parents[3]
 
 PASSTHROUGH_NOTE = "no headers, no delivery callback, not idempotent, no commits"
-FLOOR_NOTE = "idempotent acks=all lz4 linger 5; 4 headers; callback per msg; async commit"
+FLOOR_NOTE = "idempotent acks=all lz4 linger 2; 4 headers; callback per msg; async commit"
 
 
 @dataclass
