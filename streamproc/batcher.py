@@ -329,7 +329,6 @@ class Batcher:
         self.max_wait_s: tuple[float, ...] = tuple(waits.get(p, normal) for p in Priority)
         self.sizer = AdaptiveBatchSize(max_batch_size) if adaptive else None
         self.arrivals = ArrivalGaps()
-        self._last_done_s: float | None = None  # the previous batch's hand-over
 
     @property
     def target(self) -> int:
@@ -340,36 +339,8 @@ class Batcher:
         :meth:`AdaptiveBatchSize.unmeasured`; always None without the adaptive model)."""
         return self.sizer.unmeasured() if self.sizer is not None else None
 
-    def observe(
-        self,
-        size: int,
-        device_s: float,
-        cut_at_s: float | None = None,
-        done_s: float | None = None,
-    ) -> None:
-        """Feed back one batch (used by the adaptive size model).
-
-        Args:
-            size: its messages.
-            device_s: its device time (seconds).
-            cut_at_s, done_s: when it was cut and when its results were handed over
-                (monotonic seconds; None at calibration, where only the device runs).
-
-        The model is fed the larger of the device time and the batch's **pipeline time**: from
-        its cut, or from the previous batch's hand-over if that came later, to its own
-        hand-over. With a backlog that is the interval between hand-overs, the time the whole
-        lane (dispatch, decode, device, results) spent per batch; the slowest of device and
-        pipeline sets the throughput. Device time alone misjudges light lanes, whose per-batch
-        pipeline cost dwarfs a model call of 0.1 ms: on trades the device rate of 128 came
-        within 5 % of 256's, the latency tie-break chose 128, and the lane paid 17 % more CPU
-        per message than at 256 (`make bench`, issue 15). A device-bound lane (video) has a
-        pipeline time near its device time and is judged as before.
-        """
-        service_s = device_s
-        if cut_at_s is not None and done_s is not None:
-            previous_s, self._last_done_s = self._last_done_s, done_s
-            if previous_s is not None:
-                service_s = max(device_s, done_s - max(previous_s, cut_at_s))
+    def observe(self, size: int, service_s: float) -> None:
+        """Feed back one batch's device time (used by the adaptive size model)."""
         if self.sizer is not None:
             self.sizer.observe(size, service_s)
 

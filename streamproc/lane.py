@@ -178,13 +178,10 @@ class Lane:
             self._cond.notify_all()
 
     # -- result thread / start-up ------------------------------------------------------------
-    def observe(self, size: int, device_s: float, cut_at_s: float | None = None) -> None:
-        """One batch of ``size`` messages took ``device_s`` device seconds; with ``cut_at_s``
-        (when it was cut) its results are being handed over now (see :meth:`Batcher.observe`:
-        the model also weighs the batch's pipeline time)."""
-        done_s = None if cut_at_s is None else self._clock()
+    def observe(self, size: int, service_s: float) -> None:
+        """One batch of ``size`` messages took ``service_s`` device seconds."""
         with self._cond:
-            self._batcher.observe(size, device_s, cut_at_s, done_s)
+            self._batcher.observe(size, service_s)
 
     def calibrate(self, time_batch: Callable[[int], float], max_batches: int = 64) -> int:
         """Start-up: time the batch sizes the adaptive model needs measured (until it knows

@@ -35,8 +35,7 @@ class ResultHandler:
         attempts: tries per record (the batch's ``workload.encode_many``, then
             ``workload.encode`` alone with backoff 5 ms doubling, at most 100 ms) before the
             record is dead-lettered with stage ``encode``.
-        observe: called with (batch size, device seconds, cut time) per batch as its results
-            are handed over (the adaptive batch size, :meth:`Lane.observe`).
+        observe: called with (batch size, device seconds) per batch (the adaptive batch size).
     """
 
     def __init__(
@@ -46,7 +45,7 @@ class ResultHandler:
         sink: Sink,
         metrics: Metrics,
         attempts: int = 3,
-        observe: Callable[[int, float, float], None] | None = None,
+        observe: Callable[[int, float], None] | None = None,
     ) -> None:
         self._attempts = attempts
         self._observe = observe
@@ -63,7 +62,7 @@ class ResultHandler:
         dlq = self._pipeline.dead_letter_topic
         self._metrics.inference.labels(topic).observe(result.inference_s)
         if self._observe is not None and result.error is None:
-            self._observe(len(result.batch), result.inference_s, result.batch.cut_at_s)
+            self._observe(len(result.batch), result.inference_s)
         inference_ms = result.inference_s * 1000
         cut_at_s = result.batch.cut_at_s
         records = result.batch.records
