@@ -33,17 +33,18 @@ their ``source`` field. One decoder or encoder instance serves every decode and 
 from __future__ import annotations
 
 import types
-from collections.abc import Sequence
-from typing import Annotated, Generic, TypeVar, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Annotated, Any, Generic, TypeVar, cast
 
 import msgspec
 import orjson
 
-from streamproc.errors import DecodeError, RecordError
+from streamproc.errors import DecodeError, EncodeError, RecordError
 from streamproc.records import Record
-from streamproc.workloads.base import require_value
+from streamproc.workloads.base import Encoded, require_value
 
 S = TypeVar("S", bound=msgspec.Struct)
+H = TypeVar("H", bound=msgspec.Struct)
 
 INT64_MAX = 2**63 - 1
 INT64 = Annotated[int, msgspec.Meta(ge=-INT64_MAX, le=INT64_MAX)]
@@ -167,3 +168,36 @@ def _schema_error(exc: msgspec.ValidationError) -> DecodeError:
             f"malformed JSON: number beyond the float range{text.removeprefix(_OUT_OF_RANGE)}"
         )
     return DecodeError(f"schema: {text}")
+
+
+def encode_results(
+    records: Sequence[Record],
+    rows: Iterable[tuple[Any, ...]],
+    head: msgspec.json.Decoder[H],
+    build: Callable[..., msgspec.Struct],
+) -> list[Encoded | Exception]:
+    """One JSON result per record, for a workload's ``encode_many``.
+
+    Per record: its echoed fields are read back from its value with ``head`` (a decoder of a
+    small Struct; the other fields are skipped, not parsed), its result Struct is
+    ``build(head_struct, record, *row)`` with the matching ``row`` of model outputs (Python
+    numbers), and :data:`RESULT_ENCODER` serialises it.
+
+    Returns:
+        Per record, its :class:`Encoded` value, or in its place an :class:`EncodeError` (the
+        value does not hold the echoed fields) or the exception ``build`` raised.
+    """
+    read_head = head.decode
+    encode = RESULT_ENCODER.encode
+    results: list[Encoded | Exception] = []
+    for record, row in zip(records, rows, strict=True):
+        try:
+            value = encode(build(read_head(record.value or b""), record, *row))
+        except msgspec.DecodeError as exc:
+            results.append(EncodeError(f"cannot read back the echoed fields: {exc}"))
+            continue
+        except Exception as exc:
+            results.append(exc)
+            continue
+        results.append(Encoded(value))
+    return results

@@ -31,10 +31,10 @@ import numpy as np
 import orjson
 import torch
 
-from streamproc.errors import DecodeError, EncodeError, RecordError
+from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded
-from streamproc.workloads.codecs import INT64, RESULT_ENCODER, Source, StrictJsonDecoder
+from streamproc.workloads.codecs import INT64, Source, StrictJsonDecoder, encode_results
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 from streamproc.workloads.scorer import CheckpointScorer
@@ -223,31 +223,20 @@ class IotWorkload(CheckpointScorer):
         """
         scores, flags = (out.tolist() for out in outputs)
         threshold = self.threshold
-        read_head = IOT_HEAD.decode
-        encode = RESULT_ENCODER.encode
-        results: list[Encoded | Exception] = []
-        for record, value_score, flag in zip(records, scores, flags, strict=True):
-            try:
-                head = read_head(record.value or b"")
-                result = IotResult(
-                    head.device_id,
-                    head.ts_ms,
-                    head.window_id,
-                    value_score,
-                    flag,
-                    threshold,
-                    MODEL_NAME,
-                    Source.of(record),
-                )
-                value = encode(result)
-            except msgspec.DecodeError as exc:
-                results.append(EncodeError(f"cannot read back the echoed fields: {exc}"))
-                continue
-            except Exception as exc:
-                results.append(exc)
-                continue
-            results.append(Encoded(value))
-        return results
+
+        def build(head: IotHead, record: Record, score: float, flag: bool) -> IotResult:
+            return IotResult(
+                head.device_id,
+                head.ts_ms,
+                head.window_id,
+                score,
+                flag,
+                threshold,
+                MODEL_NAME,
+                Source.of(record),
+            )
+
+        return encode_results(records, zip(scores, flags, strict=True), IOT_HEAD, build)
 
 
 def _window(message: IotMessage) -> list[Sample]:

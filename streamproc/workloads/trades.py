@@ -39,10 +39,10 @@ import numpy as np
 import orjson
 import torch
 
-from streamproc.errors import DecodeError, EncodeError, RecordError
+from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded
-from streamproc.workloads.codecs import INT64, RESULT_ENCODER, Source, StrictJsonDecoder
+from streamproc.workloads.codecs import INT64, Source, StrictJsonDecoder, encode_results
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
 from streamproc.workloads.scorer import CheckpointScorer
@@ -295,33 +295,24 @@ class TradesWorkload(CheckpointScorer):
         """
         scores, flags, feats = (out.tolist() for out in outputs)
         threshold = self.threshold
-        read_head = TRADE_HEAD.decode
-        encode = RESULT_ENCODER.encode
-        results: list[Encoded | Exception] = []
-        for record, value_score, flag, row in zip(records, scores, flags, feats, strict=True):
-            try:
-                head = read_head(record.value or b"")
-                features = TradeFeatures(row[0], row[1], int(row[2]))
-                result = TradeResult(
-                    head.trade_id,
-                    head.symbol,
-                    head.ts_ms,
-                    value_score,
-                    flag,
-                    threshold,
-                    features,
-                    MODEL_NAME,
-                    Source.of(record),
-                )
-                value = encode(result)
-            except msgspec.DecodeError as exc:
-                results.append(EncodeError(f"cannot read back the echoed fields: {exc}"))
-                continue
-            except Exception as exc:
-                results.append(exc)
-                continue
-            results.append(Encoded(value))
-        return results
+
+        def build(
+            head: TradeHead, record: Record, score: float, flag: bool, row: list[float]
+        ) -> TradeResult:
+            return TradeResult(
+                head.trade_id,
+                head.symbol,
+                head.ts_ms,
+                score,
+                flag,
+                threshold,
+                TradeFeatures(row[0], row[1], int(row[2])),
+                MODEL_NAME,
+                Source.of(record),
+            )
+
+        rows = zip(scores, flags, feats, strict=True)
+        return encode_results(records, rows, TRADE_HEAD, build)
 
 
 def trade_messages() -> Iterator[tuple[bytes, bytes]]:
