@@ -114,7 +114,7 @@ def build_producer(settings: dict[str, Any], factory: ProducerFactory = Producer
     return build_client(factory, settings, "kafka.producer")
 
 
-def _produce_waiting(
+def produce_waiting(
     producer: ProducerClient,
     topic: str,
     key: bytes | None,
@@ -333,7 +333,7 @@ class Sink:
                 self._alone = self._producer_factory(self._alone_settings)
             alone = self._alone
         try:
-            _produce_waiting(alone, topic, key, value, headers, on_delivery)
+            produce_waiting(alone, topic, key, value, headers, on_delivery)
         except KafkaException as exc:  # refused before sending: judged on its own already
             on_delivery(exc.args[0], None)
 
@@ -382,7 +382,7 @@ class Sink:
                             on_delivery=on_delivery,
                         )
                     except BufferError:  # the queue is full: wait for deliveries
-                        _produce_waiting(
+                        produce_waiting(
                             producer,
                             topic,
                             records[row].key,
@@ -524,7 +524,7 @@ class Sink:
             False when nothing was produced (the input's assignment is gone: exactly-once).
         """
         return self._guarantee.send(
-            record, _produce_waiting, self._producer, topic, key, value, headers, on_delivery
+            record, produce_waiting, self._producer, topic, key, value, headers, on_delivery
         )
 
     def flush(self, timeout_s: float) -> int:

@@ -32,7 +32,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.commit import OffsetTracker
@@ -50,6 +50,7 @@ from streamproc.sink import (
     H_TIMING,
     H_TOPIC,
     TIMING_FORMAT,
+    produce_waiting,
     producer_settings,
 )
 from streamproc.source import consumer_settings
@@ -57,8 +58,6 @@ from streamproc.tools.bench.cpu import CpuMeter
 from streamproc.workloads import Encoded, load_workload
 
 K = TypeVar("K", bound=Hashable)
-OutHeaders = list[tuple[str, str | bytes | None]]
-"""Output headers as ``Producer.produce`` takes them."""
 
 
 class _Message(Protocol):
@@ -197,23 +196,6 @@ class Work:
         return [by_row[i] for i in range(count)], inference_s
 
 
-def _produce(
-    producer: Producer,
-    topic: str,
-    key: bytes | None,
-    value: bytes | None,
-    headers: OutHeaders,
-    on_delivery: Callable[[KafkaError | None, Message | None], None],
-) -> None:
-    """``producer.produce``; while its queue is full, serve delivery reports and try again."""
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
-            return
-        except BufferError:
-            producer.poll(0.05)
-
-
 def run_floor(
     config: Config,
     messages: int,
@@ -339,7 +321,7 @@ def _produce_bare(
     for message in batch:
         partition, offset = message.partition(), message.offset()
         offsets.consumed(partition, offset)
-        _produce(
+        produce_waiting(
             producer,
             sink,
             message.key(),
@@ -387,14 +369,14 @@ def _produce_worked(
     for record, result in zip(records, results, strict=True):
         partition, offset = record.tp.partition, record.offset
         offsets.consumed(partition, offset)
-        source_headers: OutHeaders = [
+        source_headers: list[tuple[str, bytes]] = [
             (H_TOPIC, topic_b),
             (H_PARTITION, _partition_bytes(partition_b, partition)),
             (H_OFFSET, b"%d" % offset),
         ]
         on_delivery = partial(report, partition, offset)
         if isinstance(result, Encoded):
-            _produce(
+            produce_waiting(
                 producer,
                 sink,
                 record.key,
@@ -409,7 +391,7 @@ def _produce_worked(
             continue
         dead += 1
         stage = result.stage if isinstance(result, RecordError) else "encode"
-        _produce(
+        produce_waiting(
             producer,
             dlq,
             record.key,
