@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import threading
 import time
 
@@ -28,25 +27,17 @@ from streamproc.dispatch import Dispatcher
 from streamproc.lane import Lane
 from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
+from streamproc.tools.bench.cpu import thread_cpu
 from streamproc.worker import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
 from streamproc.worker.precision import build_model
 from streamproc.workloads import load_workload
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
-TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
 
 def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds of every live Python thread, by name."""
-    out: dict[str, float] = {}
-    for thread in threading.enumerate():
-        try:
-            with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[thread.name] = (int(fields[11]) + int(fields[12])) * TICK_S
-    return out
+    """CPU seconds of every live Python thread, by name (``/proc``, see ``tools/bench/cpu``)."""
+    stats = thread_cpu()
+    return {t.name: stats[t.native_id].cpu_s for t in threading.enumerate() if t.native_id in stats}
 
 
 def main() -> None:

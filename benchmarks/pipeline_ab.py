@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import threading
 import time
@@ -32,6 +31,7 @@ from confluent_kafka.admin import AdminClient
 
 import streamproc
 from streamproc.config import load_config
+from streamproc.tools.bench.cpu import thread_cpu
 
 try:  # the tools moved under streamproc.tools (issue 14); older checkouts have them at the top
     from streamproc.tools.replay import produce
@@ -67,21 +67,14 @@ def _output_rate(bootstrap: str, topic: str, expected: int) -> tuple[int, float 
     return len(stamps), (len(stamps) - 1) / max(1e-3, (stamps[-1] - stamps[0]) / 1000.0)
 
 
-TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def _thread_cpu_s() -> dict[str, float]:
-    """CPU seconds of every live Python thread, by name (decode threads as ``decode_*``)."""
-    out: dict[str, float] = {}
-    for thread in threading.enumerate():
-        try:
-            with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        name = re.sub(r"^decode_\d+$", "decode_*", thread.name)
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * TICK_S
-    return out
+def _thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """Per live Python thread id: its name (decode threads as ``decode_*``) and CPU seconds."""
+    stats = thread_cpu()
+    return {
+        t.native_id: (re.sub(r"^decode_\d+$", "decode_*", t.name), stats[t.native_id].cpu_s)
+        for t in threading.enumerate()
+        if t.native_id in stats and t.name != "ab-sampler"
+    }
 
 
 def main() -> None:
@@ -125,15 +118,7 @@ def main() -> None:
 
     def sample() -> None:  # a thread's counters vanish with it: keep its last reading
         while not done.wait(0.2):
-            for thread in threading.enumerate():
-                if thread.name != "ab-sampler" and thread.native_id is not None:
-                    try:
-                        with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
-                            fields = stat.read().rsplit(")", 1)[1].split()
-                    except OSError:
-                        continue
-                    cpu = (int(fields[11]) + int(fields[12])) * TICK_S
-                    last[thread.native_id] = (thread.name, cpu)
+            last.update(_thread_cpu_s())
 
     sampler = threading.Thread(target=sample, name="ab-sampler", daemon=True)
     sampler.start()
@@ -143,12 +128,9 @@ def main() -> None:
     done.set()
     sampler.join()
     threads: dict[str, float] = {}
-    for name, seconds in last.values():
-        key = re.sub(r"^decode_\d+$", "decode_*", name)
-        threads[key] = threads.get(key, 0.0) + seconds
-    for key, seconds in before.items():
-        if key in threads:
-            threads[key] -= seconds
+    for tid, (name, seconds) in last.items():
+        earlier = before.get(tid, (name, 0.0))[1]  # a thread born later counts from zero
+        threads[name] = threads.get(name, 0.0) + seconds - earlier
     produced, rate = _output_rate(args.bootstrap, f"ab-out-{run_id}", args.messages)
     row = {
         "label": args.label,
