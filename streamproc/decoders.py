@@ -321,10 +321,7 @@ class ThreadDecoder:
         workers = 0  # inline: no pool worker
         pool_cpu_s = 0.0  # CPU of the decode threads on this batch
         if route == "inline":
-            if failed:
-                failed.update(decode_rows(self._workload, records, slab.array, 0, failed))
-            else:
-                failed = decode_rows(self._workload, records, slab.array, 0, ())
+            failed.update(decode_rows(self._workload, records, slab.array, 0, failed))
         else:
             workers = self._threads.workers
             futures = [
