@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, Generic, TypeVar, cast
 
 import msgspec
+import numpy as np
 import orjson
 
 from streamproc.errors import DecodeError, EncodeError, RecordError
@@ -201,3 +202,54 @@ def encode_results(
             continue
         results.append(Encoded(value))
     return results
+
+
+def store_finite(
+    rows: np.ndarray,
+    values: np.ndarray,
+    parsed: list[int],
+    count: int,
+    failed: dict[int, RecordError],
+    reason: str,
+) -> dict[int, RecordError]:
+    """Write the decoded ``values`` into the slab ``rows`` and refuse the non-finite ones.
+
+    Args:
+        rows: the slice's slab rows, (count, *item_shape), the workload's dtype.
+        values: one row per decoded record, (len(parsed), *item_shape), already in that dtype
+            (a value beyond its range is inf here).
+        parsed: the slice index of each row of ``values``, ascending.
+        count: records in the slice.
+        failed: the slice's failures so far; a row with a non-finite value is added with
+            ``DecodeError(reason)`` and its slab row is left unwritten.
+
+    Returns:
+        ``failed``.
+    """
+    finite = np.isfinite(values).all(axis=tuple(range(1, values.ndim)))
+    if not finite.all():
+        for position in np.flatnonzero(~finite).tolist():
+            failed[parsed[position]] = DecodeError(reason)
+        parsed = [i for i, ok in zip(parsed, finite.tolist(), strict=True) if ok]
+        values = values[finite]
+    if len(parsed) == count:
+        rows[...] = values
+    else:
+        rows[parsed] = values
+    return failed
+
+
+def encode_one(
+    encode_many: Callable[[Sequence[Record], tuple[np.ndarray, ...]], list[Encoded | Exception]],
+    record: Record,
+    outputs: tuple[np.ndarray, ...],
+) -> Encoded:
+    """A workload's ``encode`` through its ``encode_many`` (``outputs``: one row per output).
+
+    Raises:
+        Exception: what ``encode_many`` put in the record's place.
+    """
+    result = encode_many([record], tuple(np.asarray(out)[None] for out in outputs))[0]
+    if isinstance(result, Exception):
+        raise result
+    return result

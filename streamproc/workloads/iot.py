@@ -34,7 +34,14 @@ import torch
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded
-from streamproc.workloads.codecs import INT64, Source, StrictJsonDecoder, encode_results
+from streamproc.workloads.codecs import (
+    INT64,
+    Source,
+    StrictJsonDecoder,
+    encode_one,
+    encode_results,
+    store_finite,
+)
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 from streamproc.workloads.scorer import CheckpointScorer
@@ -187,17 +194,9 @@ class IotWorkload(CheckpointScorer):
         )
         with np.errstate(over="ignore"):
             values = flat.reshape(len(windows), WINDOW, CHANNELS).astype(rows.dtype)
-        finite = np.isfinite(values).all(axis=(1, 2))
-        if not finite.all():  # finite float64, beyond float32
-            for position in np.flatnonzero(~finite).tolist():
-                failed[parsed[position]] = DecodeError("schema: window holds a non-finite value")
-            parsed = [i for i, ok in zip(parsed, finite.tolist(), strict=True) if ok]
-            values = values[finite]
-        if len(parsed) == len(records):
-            rows[...] = values
-        else:
-            rows[parsed] = values
-        return failed
+        # a finite float64 beyond float32 is inf here
+        reason = "schema: window holds a non-finite value"
+        return store_finite(rows, values, parsed, len(records), failed, reason)
 
     def score(
         self, model: torch.nn.Module, batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
@@ -205,10 +204,7 @@ class IotWorkload(CheckpointScorer):
         return reconstruction_error(model, batch, mean, std)
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
-        result = self.encode_many([record], tuple(np.asarray(out)[None] for out in outputs))[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return encode_one(self.encode_many, record, outputs)
 
     def encode_many(
         self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]

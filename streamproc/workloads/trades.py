@@ -39,10 +39,17 @@ import numpy as np
 import orjson
 import torch
 
-from streamproc.errors import DecodeError, RecordError
+from streamproc.errors import RecordError
 from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded
-from streamproc.workloads.codecs import INT64, Source, StrictJsonDecoder, encode_results
+from streamproc.workloads.codecs import (
+    INT64,
+    Source,
+    StrictJsonDecoder,
+    encode_one,
+    encode_results,
+    store_finite,
+)
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
 from streamproc.workloads.scorer import CheckpointScorer
@@ -253,20 +260,9 @@ class TradesWorkload(CheckpointScorer):
         columns = flat.reshape(len(fields), 5)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             feats = feature_rows(columns).astype(rows.dtype)
-        finite = np.isfinite(feats).all(axis=1)
-        if not finite.all():  # e.g. price/prev_close underflows to 0, or size/adv_20 overflows
-            for position in np.flatnonzero(~finite).tolist():
-                failed[parsed[position]] = DecodeError(
-                    "schema: a feature is not finite (price, size, prev_close or adv_20 out of "
-                    "range)"
-                )
-            parsed = [i for i, ok in zip(parsed, finite.tolist(), strict=True) if ok]
-            feats = feats[finite]
-        if len(parsed) == len(records):
-            rows[...] = feats
-        else:
-            rows[parsed] = feats
-        return failed
+        # e.g. price/prev_close underflows to 0, or size/adv_20 overflows
+        reason = "schema: a feature is not finite (price, size, prev_close or adv_20 out of range)"
+        return store_finite(rows, feats, parsed, len(records), failed, reason)
 
     def score(
         self, model: torch.nn.Module, batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
@@ -277,10 +273,7 @@ class TradesWorkload(CheckpointScorer):
         return (batch,)  # the raw features, echoed in the result
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
-        result = self.encode_many([record], tuple(np.asarray(out)[None] for out in outputs))[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return encode_one(self.encode_many, record, outputs)
 
     def encode_many(
         self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
