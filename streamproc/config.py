@@ -202,6 +202,12 @@ class WorkerConfig(_Section):
     dispatcher thread instead of the decode threads wherever that measures cheaper per record
     (light JSON payloads; ``DecodeRoutePolicy`` in ``decode_sizing.py``); ``never`` always uses
     the decode threads; ``always`` always decodes inline. Decode processes are never bypassed.
+
+    ``priority_admission`` (pipelines of different priorities in one process): a lane's launch
+    on a device waits while a more urgent lane's batch is pending there, at most
+    ``priority_max_defer_ms``, and on a CPU a less urgent call runs with half its intra-op
+    threads while a more urgent lane is active (``streamproc/admission.py``); ``false`` lets
+    the lanes' device threads compete as the OS schedules them.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -218,6 +224,8 @@ class WorkerConfig(_Section):
     cuda_streams: int = Field(default=2, ge=1, le=16)
     torch_threads: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    priority_admission: bool = True
+    priority_max_defer_ms: float = Field(default=250.0, ge=0, le=60_000)
 
     @field_validator("devices", mode="before")
     @classmethod

@@ -258,6 +258,20 @@ class Metrics:
             ["topic", "device"],
             registry=reg,
         )
+        self.device_deferred = Counter(
+            "streamproc_device_deferred_launches",
+            "Batches whose launch waited for a more urgent lane's batch on the same device "
+            "(device admission, worker.priority_max_defer_ms)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.device_yielded = Counter(
+            "streamproc_device_yielded_launches",
+            "Batches run with half the intra-op threads because a more urgent lane was active "
+            "on the same CPU (device admission)",
+            ["topic", "device"],
+            registry=reg,
+        )
         self.results_waiting = Gauge(
             "streamproc_results_waiting_batches",
             "Completed batches waiting for an earlier batch of their lane that is not complete "

@@ -26,6 +26,7 @@ import torch
 from confluent_kafka import Consumer, Producer
 
 from streamproc.admin import cluster_metadata, ensure_topics, max_message_bytes, partition_count
+from streamproc.admission import DeviceAdmission
 from streamproc.batcher import Batcher
 from streamproc.buffers import PartitionBuffers
 from streamproc.clients import build_admin
@@ -180,6 +181,13 @@ class Pipeline:
         )
         self.lanes: dict[str, Lane] = {}
         self.workers: list[DeviceWorker] = []
+        # One admission order per device across lanes (only where lanes share devices).
+        worker = config.worker
+        self.admission = (
+            DeviceAdmission(worker.priority_max_defer_ms / 1000.0)
+            if worker.priority_admission and len(config.pipelines) > 1
+            else None
+        )
         self.leaks: tuple[PoolLeak, ...] = ()  # what the leak check at close found missing
         self._stages = [self._build_lane(spec) for spec in config.pipelines]
         self.source = Source(
@@ -319,6 +327,11 @@ class Pipeline:
                 completed,
                 self._on_fatal,
                 label=dev.label,
+                gate=(
+                    None
+                    if self.admission is None
+                    else self.admission.gate(dev.device, topic, dev.label, self.metrics)
+                ),
             )
             for dev in self.devices
         )

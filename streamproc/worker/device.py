@@ -40,9 +40,11 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from streamproc.admission import AdmissionGate
 from streamproc.errors import ModelError, RecordError
 from streamproc.logs import get_logger
 from streamproc.records import Batch
+from streamproc.worker.intra_op import IntraOpThreads
 from streamproc.worker.pool import PoolLeak, Slab, StagingPool
 from streamproc.workloads.base import ModelFn
 
@@ -130,6 +132,10 @@ class DeviceWorker:
             controllable copy events to prove a slab is only reused after its event fired.
         label: the device's name in thread names, metrics and leak reports (``cpu:1``,
             ``cuda:0``); default ``str(device)``.
+        gate: the lane's admission to a device shared with other lanes (None: launch at
+            once): :meth:`submit` announces each batch, the device thread waits (bounded)
+            while a more urgent lane's batch is pending and, on a CPU, runs a call told to
+            yield with half its intra-op threads (see :mod:`streamproc.admission`).
     """
 
     def __init__(
@@ -143,8 +149,11 @@ class DeviceWorker:
         on_fatal: Callable[[BaseException], None],
         event_factory: Callable[[], Event] | None = None,
         label: str | None = None,
+        gate: AdmissionGate | None = None,
     ) -> None:
         self._event_factory = event_factory
+        self._gate = gate
+        self._intra_op = IntraOpThreads() if device.type == "cpu" else None
         self.model = model
         self.device = device
         self.label = label or str(device)
@@ -257,6 +266,8 @@ class DeviceWorker:
         output buffer set before it launches one)."""
         with self._cond:
             self._unfinished += 1
+        if self._gate is not None:
+            self._gate.announce(job.batch.priority)
         self._jobs.put(job)
 
     # -- device thread ---------------------------------------------------------------------
@@ -268,13 +279,27 @@ class DeviceWorker:
                 self._cond.wait_for(lambda: bool(self._out_free))
                 slot = self._out_free.pop()
                 self._out_held[slot] = job.batch.batch_id
-            item = self._launch(job, slot)
+            item = self._admitted_launch(job, slot) if self._gate else self._launch(job, slot)
             if self._completes_inline:
                 self.pool.release(job.slab)
                 item.slab_released = True
                 self._complete(item)
             else:
                 self._inflight_append(item)
+
+    def _admitted_launch(self, job: DeviceJob, slot: int) -> _InFlight:
+        """:meth:`_launch` once the admission lets this batch onto the shared device; on a
+        CPU with the intra-op threads it says (all, or half while a more urgent lane is
+        active); the batch leaves the admission when its model call returned."""
+        assert self._gate is not None
+        priority = job.batch.priority
+        admitted = self._gate.admit(priority)
+        try:
+            if self._intra_op is not None:
+                self._intra_op.use(admitted.yield_threads)
+            return self._launch(job, slot)
+        finally:
+            self._gate.finish(priority)
 
     def _launch(self, job: DeviceJob, slot: int) -> _InFlight:
         item = self._launch_on_device(job, slot)
