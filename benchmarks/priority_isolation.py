@@ -51,7 +51,7 @@ import numpy as np
 from confluent_kafka import Producer
 
 from streamproc.admin import ensure_topics
-from streamproc.sink import H_OFFSET, H_PARTITION
+from streamproc.sink import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
 from streamproc.tools.bench.measure import format_spread
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars, free_port
 from streamproc.tools.replay import Message, messages, produce
@@ -73,29 +73,44 @@ class Row:
     backlog_p99_ms: float
     backlog_max_ms: float
     ratio_p99: float
+    alone_pipeline_p99_ms: float
+    backlog_pipeline_p99_ms: float
     video_msg_s: float
     backlog_outlasted_phase: bool
     trades_matched: int
+    load_alone: float
+    load_backlog: float
 
 
-def _latencies(inputs: TopicDump, outputs: TopicDump) -> dict[tuple[int, int], tuple[int, float]]:
-    """Per input (partition, offset): its timestamp (ms) and its first result's latency (ms)."""
-    first: dict[tuple[int, int], int] = {}
+Latencies = dict[tuple[int, int], tuple[int, float, float]]
+
+
+def _latencies(inputs: TopicDump, outputs: TopicDump) -> Latencies:
+    """Per input (partition, offset): its timestamp (ms), its first result's latency (ms) and
+    that result's in-pipeline time (consumed -> produced, the ``streamproc.timing`` header)."""
+    first: dict[tuple[int, int], tuple[int, float]] = {}
     for _, _, headers, ts in outputs.records.values():
         try:
             coord = (int(headers[H_PARTITION]), int(headers[H_OFFSET]))
+            processing_ms = parse_timing(headers[H_TIMING]).get("processing_ms", float("nan"))
         except (KeyError, ValueError):
             continue
-        first[coord] = min(ts, first.get(coord, ts))
+        if coord not in first or ts < first[coord][0]:
+            first[coord] = (ts, processing_ms)
     return {
-        coord: (rec[3], float(first[coord] - rec[3]))
+        coord: (rec[3], float(first[coord][0] - rec[3]), first[coord][1])
         for coord, rec in inputs.records.items()
         if coord in first
     }
 
 
-def _window(values: dict[tuple[int, int], tuple[int, float]], start_ms: int, end_ms: int) -> list:
-    return [lat for ts, lat in values.values() if start_ms <= ts <= end_ms]
+def _window(values: Latencies, start_ms: int, end_ms: int, column: int = 1) -> list[float]:
+    return [row[column] for row in values.values() if start_ms <= row[0] <= end_ms]
+
+
+def _load() -> float:
+    """The machine's 1-minute load average (the noise of a shared machine, printed per run)."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -178,10 +193,12 @@ def _run_one(
             alone_ms = int(time.time() * 1000)
             produce("trades", trades_in, bootstrap, PARTITIONS, count, args.rate, progress=False)
             alone_end_ms = int(time.time() * 1000)
+            load_alone = _load()
             _produce_backlog(bootstrap, video_in, frames)
             backlog_ms = int(time.time() * 1000)
             produce("trades", trades_in, bootstrap, PARTITIONS, count, args.rate, progress=False)
             backlog_end_ms = int(time.time() * 1000)
+            load_backlog = _load()
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -208,9 +225,17 @@ def _run_one(
         backlog_p99_ms=b99,
         backlog_max_ms=max(backlog),
         ratio_p99=b99 / a99,
+        alone_pipeline_p99_ms=float(
+            np.percentile(_window(trades, alone_ms + skip_ms, alone_end_ms, 2), 99)
+        ),
+        backlog_pipeline_p99_ms=float(
+            np.percentile(_window(trades, backlog_ms + skip_ms, backlog_end_ms, 2), 99)
+        ),
         video_msg_s=len(during) / max(1e-3, (backlog_end_ms - backlog_ms) / 1000.0),
         backlog_outlasted_phase=any(ts > backlog_end_ms for ts in video_ts),
         trades_matched=len(trades),
+        load_alone=load_alone,
+        load_backlog=load_backlog,
     )
 
 
@@ -220,7 +245,9 @@ def _print_row(row: Row) -> None:
         f"run {row.run} {row.checkout:<8} alone P50/P99/max {row.alone_p50_ms:5.1f} "
         f"{row.alone_p99_ms:6.1f} {row.alone_max_ms:6.0f} | backlog {row.backlog_p50_ms:5.1f} "
         f"{row.backlog_p99_ms:6.1f} {row.backlog_max_ms:6.0f} | P99 ratio "
-        f"{row.ratio_p99:4.2f} | video {row.video_msg_s:5.1f} msg/s{flag}",
+        f"{row.ratio_p99:4.2f} | in-pipeline P99 {row.alone_pipeline_p99_ms:5.1f} "
+        f"{row.backlog_pipeline_p99_ms:5.1f} | video {row.video_msg_s:5.1f} msg/s{flag} | load "
+        f"{row.load_alone:.1f} {row.load_backlog:.1f}",
         flush=True,
     )
 
@@ -231,17 +258,18 @@ def _summary(rows: list[Row], names: list[str]) -> None:
     )
     header = (
         f"{'checkout':<8} {'alone P99':>18} {'backlog P99':>18} {'P99 ratio':>18} "
-        f"{'backlog max':>18} {'video msg/s':>18}"
+        f"{'in-pipeline ratio':>18} {'video msg/s':>18}"
     )
     print(header)
     print("-" * len(header))
     for name in names:
         mine = [r for r in rows if r.checkout == name]
+        in_pipeline = [r.backlog_pipeline_p99_ms / r.alone_pipeline_p99_ms for r in mine]
         print(
             f"{name:<8} {format_spread([r.alone_p99_ms for r in mine]):>18} "
             f"{format_spread([r.backlog_p99_ms for r in mine]):>18} "
             f"{format_spread([r.ratio_p99 for r in mine]):>18} "
-            f"{format_spread([r.backlog_max_ms for r in mine]):>18} "
+            f"{format_spread(in_pipeline):>18} "
             f"{format_spread([r.video_msg_s for r in mine]):>18}"
         )
     if len(names) == 2:

@@ -38,7 +38,7 @@ def _omp_set_num_threads() -> Callable[[int], None] | None:
         return None
     setter.argtypes = [ctypes.c_int]
     setter.restype = None
-    return setter  # type: ignore[no-any-return]  # ctypes function pointers are untyped
+    return setter
 
 
 class IntraOpThreads:

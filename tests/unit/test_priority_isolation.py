@@ -109,6 +109,21 @@ def test_a_lower_priority_lane_is_not_launched_while_a_high_priority_batch_is_on
         high.gate.set()
         wait_until(lambda: sorted(completed) == [1, 2], "both batches to complete")
         assert high.threads == [default]
+        sample = pipeline.metrics.registry.get_sample_value
+        lanes = {"i": "cpu:0", "t": "cpu:0"}
+        counts = {
+            (name, topic): sample(
+                f"streamproc_device_{name}_launches_total", {"topic": topic, "device": device}
+            )
+            for name in ("deferred", "yielded")
+            for topic, device in lanes.items()
+        }
+        assert counts == {
+            ("deferred", "i"): 1.0,
+            ("yielded", "i"): 1.0,
+            ("deferred", "t"): 0.0,
+            ("yielded", "t"): 0.0,
+        }
     finally:
         high.gate.set()
         for worker in (high_worker, low_worker):
