@@ -279,7 +279,8 @@ class DeviceWorker:
                 self._cond.wait_for(lambda: bool(self._out_free))
                 slot = self._out_free.pop()
                 self._out_held[slot] = job.batch.batch_id
-            item = self._admitted_launch(job, slot) if self._gate else self._launch(job, slot)
+            launch = self._launch if self._gate is None else self._admitted_launch
+            item = launch(job, slot)
             if self._completes_inline:
                 self.pool.release(job.slab)
                 item.slab_released = True

@@ -5,8 +5,6 @@ with fewer intra-op threads while the more urgent lane is active."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,15 +13,9 @@ from streamproc.admission import AdmissionPolicy, Admitted, DeviceAdmission
 from streamproc.records import Priority
 from streamproc.testing import FakeClock
 from streamproc.worker.intra_op import IntraOpThreads
+from tests.support.waiting import wait_until
 
 HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline_s = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline_s, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 # -- the rule --------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -15,13 +14,7 @@ from streamproc.pipeline import Pipeline
 from streamproc.records import Batch, Priority, Record, TopicPartition
 from streamproc.testing import FakeConsumer, FakeProducer, factory
 from streamproc.worker import DeviceJob, DeviceResult, DeviceWorker, Release
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline_s = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline_s, f"timed out waiting for {what}"
-        time.sleep(0.002)
+from tests.support.waiting import wait_until
 
 
 class ProbeModel:
