@@ -26,7 +26,9 @@ fetches). Per run and checkout it prints trades P50/P99/max alone and with the b
 P99 ratio (the isolation: 1.0 = unaffected), and the video results per second during the
 backlog phase (what isolation costs the low-priority lane); at the end, per checkout, the median
 and range over the runs. A backlog that was drained before the phase ended is flagged (``!``).
-Rows are also appended to ``--out`` as JSON lines.
+Beside the broker's view each row prints trades' in-pipeline P99 (consumed -> produced) and its
+model-call P99 (both from the ``streamproc.timing`` header), and the machine's load average at
+the end of each phase. With ``--out`` the rows are also appended to a file as JSON lines.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class Row:
     ratio_p99: float
     alone_pipeline_p99_ms: float
     backlog_pipeline_p99_ms: float
+    alone_model_p99_ms: float
+    backlog_model_p99_ms: float
     video_msg_s: float
     backlog_outlasted_phase: bool
     trades_matched: int
@@ -82,23 +86,24 @@ class Row:
     load_backlog: float
 
 
-Latencies = dict[tuple[int, int], tuple[int, float, float]]
+Latencies = dict[tuple[int, int], tuple[int, float, float, float]]
 
 
 def _latencies(inputs: TopicDump, outputs: TopicDump) -> Latencies:
-    """Per input (partition, offset): its timestamp (ms), its first result's latency (ms) and
-    that result's in-pipeline time (consumed -> produced, the ``streamproc.timing`` header)."""
-    first: dict[tuple[int, int], tuple[int, float]] = {}
+    """Per input (partition, offset): its timestamp (ms), its first result's latency (ms), that
+    result's in-pipeline time (consumed -> produced) and its batch's model time (both ms, from
+    the ``streamproc.timing`` header)."""
+    first: dict[tuple[int, int], tuple[int, float, float]] = {}
     for _, _, headers, ts in outputs.records.values():
         try:
             coord = (int(headers[H_PARTITION]), int(headers[H_OFFSET]))
-            processing_ms = parse_timing(headers[H_TIMING]).get("processing_ms", float("nan"))
+            timing = parse_timing(headers[H_TIMING])
         except (KeyError, ValueError):
             continue
         if coord not in first or ts < first[coord][0]:
-            first[coord] = (ts, processing_ms)
+            first[coord] = (ts, timing["processing_ms"], timing["inference_ms"])
     return {
-        coord: (rec[3], float(first[coord][0] - rec[3]), first[coord][1])
+        coord: (rec[3], float(first[coord][0] - rec[3]), first[coord][1], first[coord][2])
         for coord, rec in inputs.records.items()
         if coord in first
     }
@@ -231,6 +236,12 @@ def _run_one(
         backlog_pipeline_p99_ms=float(
             np.percentile(_window(trades, backlog_ms + skip_ms, backlog_end_ms, 2), 99)
         ),
+        alone_model_p99_ms=float(
+            np.percentile(_window(trades, alone_ms + skip_ms, alone_end_ms, 3), 99)
+        ),
+        backlog_model_p99_ms=float(
+            np.percentile(_window(trades, backlog_ms + skip_ms, backlog_end_ms, 3), 99)
+        ),
         video_msg_s=len(during) / max(1e-3, (backlog_end_ms - backlog_ms) / 1000.0),
         backlog_outlasted_phase=any(ts > backlog_end_ms for ts in video_ts),
         trades_matched=len(trades),
@@ -246,7 +257,8 @@ def _print_row(row: Row) -> None:
         f"{row.alone_p99_ms:6.1f} {row.alone_max_ms:6.0f} | backlog {row.backlog_p50_ms:5.1f} "
         f"{row.backlog_p99_ms:6.1f} {row.backlog_max_ms:6.0f} | P99 ratio "
         f"{row.ratio_p99:4.2f} | in-pipeline P99 {row.alone_pipeline_p99_ms:5.1f} "
-        f"{row.backlog_pipeline_p99_ms:5.1f} | video {row.video_msg_s:5.1f} msg/s{flag} | load "
+        f"{row.backlog_pipeline_p99_ms:5.1f} | model P99 {row.alone_model_p99_ms:5.2f} "
+        f"{row.backlog_model_p99_ms:5.2f} | video {row.video_msg_s:5.1f} msg/s{flag} | load "
         f"{row.load_alone:.1f} {row.load_backlog:.1f}",
         flush=True,
     )
@@ -300,7 +312,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument("--stop-timeout-s", type=float, default=120.0)
-    parser.add_argument("--out", default="priority_isolation.jsonl")
+    parser.add_argument("--out", help="append each run's row to this file (JSON lines)")
     args = parser.parse_args()
     checkouts = [spec.split("=", 1) for spec in args.checkout] or [["this", "."]]
     names = [name for name, _ in checkouts]
@@ -321,8 +333,9 @@ def main() -> None:
                     row = _run_one(args, name, paths[name], run, bootstrap, frames, work)
                     rows.append(row)
                     _print_row(row)
-                    with open(args.out, "a") as out:
-                        out.write(json.dumps(asdict(row)) + "\n")
+                    if args.out:
+                        with open(args.out, "a") as out:
+                            out.write(json.dumps(asdict(row)) + "\n")
         finally:
             if broker is not None:
                 broker.stop()
