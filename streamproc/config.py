@@ -43,6 +43,9 @@ class KafkaConfig(_Section):
     exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the coordinator
     expires it before the group rebalances). ``transactional_id`` (exactly-once only):
     stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
+    ``max_transaction_aborts`` (exactly-once only): aborted transactions in a row that teach
+    nothing new (no record refused for its own sake learned, nothing committed) before the
+    process stops (exit 1) naming the offsets and the error, instead of retrying forever.
     """
 
     bootstrap_servers: str | None = None
@@ -57,6 +60,7 @@ class KafkaConfig(_Section):
     assignment_timeout_s: float = Field(default=120.0, gt=0)
     create_topics: bool = True
     transactional_id: str | None = None
+    max_transaction_aborts: int = Field(default=5, ge=1, le=1000)
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
 

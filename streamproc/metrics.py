@@ -203,6 +203,12 @@ class Metrics:
         self.commit_failures = Counter(
             "streamproc_commit_failures", "Offset commits that failed", registry=reg
         )
+        self.transaction_aborts = Counter(
+            "streamproc_transaction_aborts",
+            "Transactions aborted (exactly-once), by the error's name",
+            ["reason"],
+            registry=reg,
+        )
         self.late_results = Counter(
             "streamproc_late_results",
             "Results for partitions no longer owned (not committed)",

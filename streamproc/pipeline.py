@@ -167,7 +167,12 @@ class Pipeline:
         producer = build_producer(settings, producer_factory)
         # The processing guarantee, chosen once: the source and the sink never branch on it.
         self.guarantee: Guarantee = (
-            ExactlyOnce(self.tracker, self.metrics, Transactions(producer))
+            ExactlyOnce(
+                self.tracker,
+                self.metrics,
+                Transactions(producer),
+                max_aborts=config.kafka.max_transaction_aborts,
+            )
             if config.exactly_once
             else AtLeastOnce(self.tracker, self.metrics)
         )
@@ -430,7 +435,7 @@ class Pipeline:
 
     def _prepare_topics(self) -> None:
         """Fail fast when the cluster is unreachable; create missing output and DLQ topics;
-        learn the dead-letter topics' record size limits."""
+        learn the output and dead-letter topics' record size limits."""
         admin_config = {
             "bootstrap.servers": self.config.bootstrap_servers,
             **self._security_settings(),
@@ -446,9 +451,14 @@ class Pipeline:
             created = ensure_topics(admin_config, wanted, timeout_s, admin_factory=factory)
             if created:
                 log.info("created topics", topics=created)
-        dead_letter_topics = [spec.dead_letter_topic for spec in self.config.pipelines]
-        self.sink.set_dead_letter_limits(
-            max_message_bytes(admin_config, dead_letter_topics, timeout_s, factory)
+        # the sink measures results and dead-letter records against these before producing
+        limited = {
+            topic
+            for spec in self.config.pipelines
+            for topic in (spec.output_topic, spec.dead_letter_topic)
+        }
+        self.sink.set_topic_limits(
+            max_message_bytes(admin_config, sorted(limited), timeout_s, factory)
         )
 
     def _security_settings(self) -> dict[str, Scalar]:
@@ -492,8 +502,15 @@ class Pipeline:
         return True, f"{len(assigned)} partitions assigned"
 
     def idle(self) -> bool:
-        """Nothing waiting in rings, nothing in flight, nothing awaiting acknowledgement."""
-        return self.tracker.total_pending() == 0 and all(w.idle() for w in self.workers)
+        """Nothing waiting in rings, nothing in flight, nothing awaiting acknowledgement, and
+        nothing done but not yet committed: under exactly-once an input is done when its
+        result joins the transaction, and a transaction that aborts sends it back (an idle
+        exit during that abort used to stop with the whole input uncommitted)."""
+        return (
+            self.tracker.total_pending() == 0
+            and not self.tracker.commit_candidates()
+            and all(w.idle() for w in self.workers)
+        )
 
     def run(self, exit_when_idle_s: float | None = None) -> RunSummary:
         """Run until :meth:`request_stop`, a fatal error, or ``exit_when_idle_s`` seconds with

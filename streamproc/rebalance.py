@@ -214,6 +214,7 @@ class RebalanceHandler:
 
     def _forget(self, tps: list[TopicPartition]) -> None:
         self._tracker.revoke(tps)
+        self._committer.forget(tps)
         self._assignment.forget(tps)
         for tp in tps:
             with contextlib.suppress(Exception):  # never exported: nothing to remove

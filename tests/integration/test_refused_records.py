@@ -35,9 +35,7 @@ def _run_with_deadline(pipeline: Pipeline, deadline_s: float) -> RunSummary:
     runner.start()
     runner.join(deadline_s)
     if runner.is_alive():
-        aborts = pipeline.metrics.registry.get_sample_value(
-            "streamproc_commit_failures_total"
-        )
+        aborts = pipeline.metrics.registry.get_sample_value("streamproc_commit_failures_total")
         pipeline.request_stop()
         runner.join(120)
         pytest.fail(
