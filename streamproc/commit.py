@@ -241,10 +241,15 @@ class OffsetTracker:
                 lambda: all(t.pending == 0 for t in self._tracks.values()), timeout=timeout_s
             )
 
-    def partitions(self) -> list[TopicPartition]:
-        """The partitions tracked now."""
-        with self._lock:
-            return list(self._tracks)
+    def retire(self) -> None:
+        """End every partition's current generation, keeping its offsets (an aborted
+        transaction: no result of the aborted work may join the next transaction, and until
+        the rewind starts fresh tracks the pipeline must not look idle)."""
+        with self._cond:
+            for track in self._tracks.values():
+                track.generation = self._next_generation
+                self._next_generation += 1
+            self._cond.notify_all()
 
     def revoke(self, tps: Iterable[TopicPartition]) -> None:
         """Forget ``tps``; later completions for them count as late results."""
@@ -416,7 +421,7 @@ class TransactionalCommitter:
             # Aborted. Before any producer takes the lock again, every current generation
             # ends: a result of the aborted work that joined the next transaction would be
             # produced there once more after the rewind (a duplicate, once both commit).
-            self._tracker.revoke(self._tracker.partitions())
+            self._tracker.retire()
         self._metrics.commit_failures.inc()
         self._aborted(candidates)
         return False

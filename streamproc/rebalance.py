@@ -189,6 +189,7 @@ class RebalanceHandler:
         """After an aborted transaction: every assigned partition restarts from its committed
         offset, with a fresh ring and generation (the sink drops results of the old one)."""
         state = self._assignment
+        state.last_rebalance_s = time.monotonic()  # not idle while rewinding
         tps = sorted(state.assigned)
         committed = consumer.committed([ktp(tp) for tp in tps], timeout=30)
         self._tracker.revoke(tps)

@@ -201,3 +201,22 @@ def test_aborts_that_teach_something_are_not_fruitless() -> None:
         producer.fail_next("commit_transaction", too_large)
         h.poll(advance_s=1.5)  # raises if the bound were hit
     assert producer.calls.count("abort_transaction") == 8
+
+
+def test_between_an_abort_and_the_rewind_no_aborted_work_joins_the_next_transaction() -> None:
+    # A result of the aborted work produced into the next transaction would be produced once
+    # more after the rewind: a duplicate once both commit. The pipeline must not look idle
+    # meanwhile either (its done offsets are not committed).
+    producer = FakeProducer()
+    h = Harness(4, guarantee=_exactly_once(producer))
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    records = h.cut().records
+    assert h.guarantee.send(records[0], lambda: None)
+    producer.fail_next(
+        "commit_transaction", kafka_error(KafkaError._MSG_TIMED_OUT, txn_requires_abort=True)
+    )
+    assert h.guarantee.committer.commit(h.consumer, synchronous=False) is False  # not rewound
+    assert h.guarantee.send(records[1], lambda: None) is False
+    assert producer.calls.count("begin_transaction") == 1  # no new transaction for it
+    assert h.tracker.commit_candidates() == {TP: 1}
