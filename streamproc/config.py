@@ -202,6 +202,15 @@ class WorkerConfig(_Section):
     dispatcher thread instead of the decode threads wherever that measures cheaper per record
     (light JSON payloads; ``DecodeRoutePolicy`` in ``decode_sizing.py``); ``never`` always uses
     the decode threads; ``always`` always decodes inline. Decode processes are never bypassed.
+
+    Model failures (``streamproc/worker/recovery.py``): a batch whose model call raises is
+    narrowed down to the rows that fail alone (only those are dead-lettered, stage ``model``).
+    ``on_model_failure`` says what a model judged broken (failing for every row) does:
+    ``dead_letter`` (default: its rows are dead-lettered, as any failing row) or ``stop`` (the
+    pipeline stops with a non-zero exit, those rows uncommitted). A device out-of-memory error
+    is never the rows' fault: the batch runs again in smaller parts and the batch cap falls;
+    it doubles again after each ``oom_recovery_s`` seconds without one, up to the largest batch
+    that fitted at warm-up.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -218,6 +227,8 @@ class WorkerConfig(_Section):
     cuda_streams: int = Field(default=2, ge=1, le=16)
     torch_threads: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    on_model_failure: Literal["dead_letter", "stop"] = "dead_letter"
+    oom_recovery_s: float = Field(default=30.0, gt=0)
 
     @field_validator("devices", mode="before")
     @classmethod
