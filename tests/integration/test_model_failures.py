@@ -180,7 +180,8 @@ def test_out_of_memory_that_comes_later_splits_batches_and_the_cap_recovers_when
         topics,
         "tests.support.faulty:out_of_memory",
         pipeline={"options": {"fits": 12, "pressure_file": str(pressure)}},
-        batching={"max_batch_size": 64, "max_wait_ms": 200, "adaptive_batch_size": False},
+        # a burst forms batches above 12 rows even when the producer is slowed by load
+        batching={"max_batch_size": 64, "max_wait_ms": 500, "adaptive_batch_size": False},
         worker={"oom_recovery_s": 1.0},
     )
     pipeline = Pipeline(config)

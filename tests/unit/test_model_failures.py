@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import structlog
 import torch
 
 from streamproc.batcher import Batcher
@@ -320,11 +321,26 @@ def test_warm_up_caps_the_worker_at_the_largest_batch_that_fits() -> None:
             raise torch.OutOfMemoryError("out of memory")
 
     h = Harness(doubling(oom_above_12))
-    h.worker.start()  # warm-up: 1, 2, 4, 8 run; 16 does not; bisection finds 12
+    with structlog.testing.capture_logs() as logs:
+        h.worker.start()  # warm-up: 1, 2, 4, 8 run; 16 does not; bisection finds 12
     h.worker.close()
     assert h.worker.cap.limit == h.worker.cap.ceiling == 12
     assert h.caps == [12]  # one report to the lane
+    assert sizes == [1, 2, 4, 8, 16, 12, 14, 13]
+    capped = [e for e in logs if e["event"].startswith("batch size capped")]
+    assert len(capped) == 1 and capped[0]["batch_size_cap"] == 12  # one log line
+    assert capped[0]["log_level"] == "warning" and capped[0]["out_of_memory_at"] == 16
     assert not h.fatal
+
+
+def test_a_model_that_does_not_fit_one_row_fails_at_warm_up_naming_the_device() -> None:
+    def never_fits(x: torch.Tensor) -> None:
+        raise torch.OutOfMemoryError("out of memory")
+
+    h = Harness(doubling(never_fits))
+    with pytest.raises(DeviceOutOfMemoryError, match=r"cpu:0.*one row"):
+        h.worker.start()
+    assert h.pool.in_use == 0
 
 
 def test_a_live_batch_that_runs_out_of_memory_is_split_and_the_cap_recovers() -> None:
