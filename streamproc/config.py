@@ -212,6 +212,15 @@ class WorkerConfig(_Section):
     ``priority_max_defer_ms``, and on a CPU a less urgent call runs with half its intra-op
     threads while a more urgent lane is active (``streamproc/admission.py``); ``false`` lets
     the lanes' device threads compete as the OS schedules them.
+
+    Model failures (``streamproc/worker/recovery.py``): a batch whose model call raises is
+    narrowed down to the rows that fail alone (only those are dead-lettered, stage ``model``).
+    ``on_model_failure`` says what a model judged broken (failing for every row) does:
+    ``dead_letter`` (default: its rows are dead-lettered, as any failing row) or ``stop`` (the
+    pipeline stops with a non-zero exit, those rows uncommitted). A device out-of-memory error
+    is never the rows' fault: the batch runs again in smaller parts and the batch cap falls;
+    it doubles again after each ``oom_recovery_s`` seconds without one, up to the largest batch
+    that fitted at warm-up.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -230,6 +239,8 @@ class WorkerConfig(_Section):
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     priority_admission: bool = True
     priority_max_defer_ms: float = Field(default=250.0, ge=0, le=60_000)
+    on_model_failure: Literal["dead_letter", "stop"] = "dead_letter"
+    oom_recovery_s: float = Field(default=30.0, gt=0)
 
     @field_validator("devices", mode="before")
     @classmethod

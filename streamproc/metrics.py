@@ -285,6 +285,41 @@ class Metrics:
             ["topic"],
             registry=reg,
         )
+        self.model_retry_calls = Counter(
+            "streamproc_model_retry_calls",
+            "Model calls beyond the first of a batch: re-runs in parts after the model raised "
+            "(narrowing down failing rows, or splitting a batch that ran out of device memory)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.model_isolated_rows = Counter(
+            "streamproc_model_isolated_rows",
+            "Rows the model failed on alone (dead-lettered with stage model; the rest of their "
+            "batch got results)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.model_broken_batches = Counter(
+            "streamproc_model_broken_batches",
+            "Batches dead-lettered whole without narrowing down: the model was judged broken "
+            "(failing for every row)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.device_out_of_memory = Counter(
+            "streamproc_device_out_of_memory",
+            "Device out-of-memory errors of live batches (each re-run in smaller parts, never "
+            "dead-lettered)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.batch_size_cap = Gauge(
+            "streamproc_batch_size_cap",
+            "Largest batch the device runs now (rows): lowered by out-of-memory errors (and at "
+            "warm-up), raised again after worker.oom_recovery_s without one",
+            ["topic", "device"],
+            registry=reg,
+        )
         self.decode_workers = Gauge(
             "streamproc_decode_workers",
             "Decode workers (threads or processes) of the process, set by the decode sizer",

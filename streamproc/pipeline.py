@@ -20,6 +20,7 @@ import enum
 import gc
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,7 @@ from streamproc.worker import (
 )
 from streamproc.worker.pool import report_leaks
 from streamproc.worker.precision import build_model
+from streamproc.worker.recovery import Outcome
 from streamproc.workloads import ModelFn, Workload, load_workload
 
 log = get_logger(__name__)
@@ -337,11 +339,43 @@ class Pipeline:
                     if self.admission is None
                     else self.admission.gate(dev.device, topic, dev.label, self.metrics)
                 ),
+                on_model_failure=cfg.worker.on_model_failure,
+                oom_recovery_s=cfg.worker.oom_recovery_s,
+                on_cap=self._cap_reporter(lane, dev.label),
+                on_outcome=self._outcome_counter(topic, dev.label),
             )
             for dev in self.devices
         )
         self.workers.extend(workers)
         return _LaneStages(lane, decoder, pool, workers, load, resequencer)
+
+    def _cap_reporter(self, lane: Lane, device: str) -> Callable[[int], None]:
+        """A device worker's ``on_cap``: the lane cuts at most the cap; the gauge shows it."""
+        gauge = self.metrics.batch_size_cap.labels(lane.topic, device)
+        gauge.set(self.config.batching.max_batch_size)
+
+        def report(cap: int) -> None:
+            gauge.set(cap)
+            lane.cap_batch(device, cap)
+
+        return report
+
+    def _outcome_counter(self, topic: str, device: str) -> Callable[[Outcome], None]:
+        """A device worker's ``on_outcome``: counts the re-runs of batches whose model call
+        raised."""
+        m = self.metrics
+        retries = m.model_retry_calls.labels(topic, device)
+        isolated = m.model_isolated_rows.labels(topic, device)
+        broken = m.model_broken_batches.labels(topic, device)
+        out_of_memory = m.device_out_of_memory.labels(topic, device)
+
+        def count(outcome: Outcome) -> None:
+            retries.inc(outcome.calls - 1)
+            isolated.inc(outcome.isolated)
+            broken.inc(outcome.broken)
+            out_of_memory.inc(outcome.out_of_memory)
+
+        return count
 
     def _build_model(
         self, spec: PipelineConfig, workload: Workload, device: torch.device
