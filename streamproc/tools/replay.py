@@ -74,6 +74,7 @@ def produce(
     limit: int | None = None,
     rate: float | None = None,
     progress: bool | None = None,
+    flush_timeout_s: float = 60.0,
 ) -> int:
     """Replay ``workload`` into ``topic`` (created with ``partitions`` if missing).
 
@@ -81,6 +82,8 @@ def produce(
         limit: messages to send; None = one pass over the recording.
         rate: messages per second (open loop); None = as fast as the broker takes them.
         progress: show a progress bar; None = when stdout is a terminal.
+        flush_timeout_s: how long to wait, after the last message, for the broker's
+            acknowledgements (longer while brokers of a cluster are down).
 
     Returns:
         The number of messages acknowledged by the broker.
@@ -136,7 +139,7 @@ def produce(
                     producer.poll(0.05)
             producer.poll(0)
             bar.update(1)
-        producer.flush(60)
+        producer.flush(flush_timeout_s)
     if failed or acked != total:
         raise RuntimeError(f"{total - acked} of {total} messages not acknowledged: {failed[:3]}")
     return acked
