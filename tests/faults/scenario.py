@@ -103,23 +103,29 @@ class Scenario:
         return f"{self.topics.group}-{instance}"
 
     # -- load ------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Create the topics (replication factor 3), start the replay and one consumer."""
+    def start(self, warmup: int = 100) -> None:
+        """Create the topics (replication factor 3), start one consumer, replay ``warmup``
+        messages at once and wait for their results (the consumer is up), then start the paced
+        replay of the rest in the background."""
         self._started_s = time.monotonic()
         t = self.topics
         ensure_topics(self.bootstrap, {t.input: PARTITIONS, t.output: PARTITIONS, t.dlq: 1})
-        self._replay = threading.Thread(target=self._run_replay, name="replay", daemon=True)
-        self._replay.start()
         self.add_consumer("a")
+        produce("trades", t.input, self.bootstrap, PARTITIONS, limit=warmup, progress=False)
+        self.wait_results(warmup)
+        self._replay = threading.Thread(
+            target=self._run_replay, args=(self.records - warmup,), name="replay", daemon=True
+        )
+        self._replay.start()
 
-    def _run_replay(self) -> None:
+    def _run_replay(self, count: int) -> None:
         try:
             produce(
                 "trades",
                 self.topics.input,
                 self.bootstrap,
                 PARTITIONS,
-                limit=self.records,
+                limit=count,
                 rate=self.rate,
                 progress=False,
                 flush_timeout_s=CAUGHT_UP_TIMEOUT_S,

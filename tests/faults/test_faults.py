@@ -30,7 +30,8 @@ pytestmark = pytest.mark.faults
 GUARANTEES = ("at_least_once", "exactly_once")
 RATE = 40.0  # messages per second of the replay
 SCHEDULE_RATE = 10.0  # the random schedule's replay (thousands of messages over its length)
-FIRST_RESULTS = 150  # the fault hits once this many results exist
+WARMUP = 100  # results before the paced replay starts (the consumer is up)
+LEAD_S = 5.0  # seconds of paced load before the fault
 
 
 def scenario_for(
@@ -41,8 +42,9 @@ def scenario_for(
     fault_s: float,
     rate: float = RATE,
 ) -> Scenario:
-    """A scenario whose replay outlasts a fault of ``fault_s`` seconds by about 20 s."""
-    records = int(rate * (15 + fault_s + 20))
+    """A scenario whose paced replay starts ``LEAD_S`` before a fault of ``fault_s`` seconds
+    and outlasts it by about 20 s."""
+    records = WARMUP + int(rate * (LEAD_S + fault_s + 20))
     return Scenario(cluster, tmp_path, name, guarantee, records, rate)
 
 
@@ -70,8 +72,8 @@ def run_fault(
     """Start the load, inject ``fault`` into ``victims`` for ``fault_s`` seconds, heal, check."""
     scenario = scenario_for(cluster, tmp_path, name, guarantee, fault_s)
     scenarios.append(scenario)
-    scenario.start()
-    scenario.wait_results(FIRST_RESULTS)
+    scenario.start(WARMUP)
+    scenario.wait_results(WARMUP + int(RATE * LEAD_S / 2))
     nodes = victims(scenario, nemesis)
     if before is not None:
         before(scenario)
@@ -269,8 +271,7 @@ def test_random_schedule(
         cluster, tmp_path, "random schedule", guarantee, length_s, SCHEDULE_RATE
     )
     scenarios.append(scenario)
-    scenario.start()
-    scenario.wait_results(FIRST_RESULTS)
+    scenario.start(WARMUP)
     end_s = time.monotonic() + length_s
     while time.monotonic() < end_s:
         interval_s, fault_s = rng.uniform(20, 40), rng.uniform(5, 15)
