@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ def produce(
     rate: float | None = None,
     progress: bool | None = None,
     flush_timeout_s: float = 60.0,
+    stop: threading.Event | None = None,
 ) -> int:
     """Replay ``workload`` into ``topic`` (created with ``partitions`` if missing).
 
@@ -84,6 +86,8 @@ def produce(
         progress: show a progress bar; None = when stdout is a terminal.
         flush_timeout_s: how long to wait, after the last message, for the broker's
             acknowledgements (longer while brokers of a cluster are down).
+        stop: when set, the replay ends early (after the message being sent); ``limit`` is
+            then the most it sends.
 
     Returns:
         The number of messages acknowledged by the broker.
@@ -116,6 +120,9 @@ def produce(
     start_s = 0.0
     with tqdm(total=total, unit="msg", disable=not show, desc=f"produce {workload}") as bar:
         for index, message in enumerate(itertools.islice(messages(workload), total)):
+            if stop is not None and stop.is_set():
+                total = index
+                break
             if index == 0:
                 # The clock starts at the first message, not before the recording was opened
                 # (decoding the first video frame takes a while): otherwise the replay would

@@ -30,6 +30,7 @@ from tests.integration.conftest import Topics, end_offset_total, start_consumer,
 
 PARTITIONS = 6
 CAUGHT_UP_TIMEOUT_S = 420.0
+LOAD_AFTER_HEAL_S = 15.0  # the replay goes on this long after the last heal
 RESULTS: list[str] = []  # one line per scenario, printed at the end of the session
 
 
@@ -72,8 +73,9 @@ class Scenario:
     """Topics, replay and consumers of one scenario on ``cluster``.
 
     Args:
-        records: messages the replay sends (trades), ``rate`` per second: the replay lasts
-            ``records / rate`` seconds and runs through the faults.
+        records: the most messages the replay sends (trades), ``rate`` per second; it runs
+            through the faults and ends :data:`LOAD_AFTER_HEAL_S` after the last heal
+            (:meth:`end_load`).
     """
 
     cluster: LocalCluster
@@ -87,6 +89,7 @@ class Scenario:
     recoveries: list[Recovery] = field(default_factory=list)
     _replay: threading.Thread | None = None
     _replay_error: list[BaseException] = field(default_factory=list)
+    _stop_replay: threading.Event = field(default_factory=threading.Event)
     _started_s: float = 0.0
     _last_heal_s: float | None = None
 
@@ -129,6 +132,7 @@ class Scenario:
                 rate=self.rate,
                 progress=False,
                 flush_timeout_s=CAUGHT_UP_TIMEOUT_S,
+                stop=self._stop_replay,
             )
         except BaseException as exc:  # reported by finish()
             self._replay_error.append(exc)
@@ -218,11 +222,20 @@ class Scenario:
             consumer.close()
         return dump_ends
 
+    def end_load(self) -> None:
+        """End the replay :data:`LOAD_AFTER_HEAL_S` seconds after the last heal."""
+        if self._last_heal_s is not None:
+            rest_s = self._last_heal_s + LOAD_AFTER_HEAL_S - time.monotonic()
+            if rest_s > 0:
+                time.sleep(rest_s)  # load after the fault, not synchronisation
+        self._stop_replay.set()
+
     # -- verdict ---------------------------------------------------------------------------
     def finish(self) -> Outcome:
         """Wait for the replay and for committed == end, stop the consumers (SIGTERM), verify
         from the broker and check the order of results per source partition."""
         assert self._replay is not None
+        self.end_load()
         self._replay.join(CAUGHT_UP_TIMEOUT_S)
         assert not self._replay.is_alive(), f"{self.name}: the replay did not finish"
         assert not self._replay_error, f"{self.name}: replay failed: {self._replay_error[0]}"
@@ -263,6 +276,7 @@ class Scenario:
             if consumer.poll() is None:
                 consumer.kill()
             consumer.wait(60)
+        self._stop_replay.set()
         if self._replay is not None:
             self._replay.join(CAUGHT_UP_TIMEOUT_S)
 

@@ -14,7 +14,7 @@ from streamproc.admin import ensure_topics
 from streamproc.tools.kafka_local import CLUSTER_SETTINGS, LocalCluster
 from streamproc.tools.nemesis import Nemesis, coordinator_partition
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
 
 def _deliver(bootstrap: str, topic: str, timeout_s: float) -> str | None:

@@ -25,7 +25,8 @@ from streamproc.tools.kafka_local import LocalCluster
 from streamproc.tools.nemesis import Nemesis
 from tests.faults.scenario import Scenario, check
 
-pytestmark = pytest.mark.faults
+# A scenario takes minutes on a loaded machine (start-up, the fault, recovery, the verdict).
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(1500)]
 
 GUARANTEES = ("at_least_once", "exactly_once")
 RATE = 40.0  # messages per second of the replay
@@ -43,8 +44,9 @@ def scenario_for(
     rate: float = RATE,
 ) -> Scenario:
     """A scenario whose paced replay starts ``LEAD_S`` before a fault of ``fault_s`` seconds
-    and outlasts it by about 20 s."""
-    records = WARMUP + int(rate * (LEAD_S + fault_s + 20))
+    and lasts until :data:`LOAD_AFTER_HEAL_S` after the heal (at most ``records``: time enough
+    for the slowest restart)."""
+    records = WARMUP + int(rate * (LEAD_S + fault_s + 300))
     return Scenario(cluster, tmp_path, name, guarantee, records, rate)
 
 
@@ -250,6 +252,7 @@ def test_cut_off_from_a_leader_30_s(
 SCHEDULE_FAULTS = ("kill leader", "kill controller", "kill coordinator", "pause", "cut", "two down")
 
 
+@pytest.mark.timeout(float(os.environ.get("STREAMPROC_FAULTS_SCHEDULE_S", "600")) + 1500)
 @pytest.mark.parametrize("guarantee", GUARANTEES)
 def test_random_schedule(
     cluster: LocalCluster,
