@@ -125,3 +125,42 @@ def test_cut_rules_touch_only_loopback_and_one_port() -> None:
         assert rule[-2:] == ["-j", "DROP"]
     assert {r[r.index("--dport") + 1] for r in rules if "--dport" in r} == {"19092"}
     assert {r[r.index("--sport") + 1] for r in rules if "--sport" in r} == {"19092"}
+
+
+def test_kafka_start_refuses_two_brokers(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from streamproc.cli import app
+
+    result = CliRunner().invoke(app, ["kafka", "start", "--brokers", "2", "--dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--brokers: 1, or 3 and more" in result.output
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_kafka_stop_stops_every_recorded_node(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from streamproc.cli import app
+
+    sleepers = []
+    for node in (1, 2, 3):
+        (tmp_path / f"node-{node}").mkdir()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+        )
+        sleepers.append(proc)
+        (tmp_path / f"node-{node}" / "broker.pid").write_text(str(proc.pid))
+    try:
+        result = CliRunner().invoke(app, ["kafka", "stop", "--dir", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        assert all(proc.wait(30) is not None for proc in sleepers)
+        assert not list(tmp_path.glob("node-*/broker.pid"))
+    finally:
+        for proc in sleepers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
