@@ -63,7 +63,7 @@ format: venv
 	$(DEPS)/bin/ruff format streamproc tests benchmarks examples scripts
 
 test: venv kafka-jars lint tools
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not faults" $(PYTEST_ARGS)
 
 # Deployment tooling (helm, kubeconform, hadolint, schemas) under $(CACHE)/tools; see deploy/tools.sh.
 .PHONY: tools lint-deploy compose-test images engine
@@ -143,6 +143,14 @@ gpu-wheels: deps
 
 test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+# A three-node local cluster (replication factor 3, min.insync.replicas 2) under faults: leaders,
+# the controller and coordinators killed, a broker stalled, two down, a client cut off, a seeded
+# random schedule (tests/faults; root for iptables; docs/guarantees.md "Faults"). Replay a
+# schedule with STREAMPROC_FAULTS_SEED=<seed>; STREAMPROC_FAULTS_SCHEDULE_S sets its length.
+.PHONY: test-faults
+test-faults: venv kafka-jars
+	$(PY) -m pytest -m faults tests/faults -s -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .streamproc

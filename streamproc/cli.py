@@ -43,36 +43,62 @@ def kafka_start(
     directory: Annotated[Path, typer.Option("--dir", help="Broker state folder.")] = (
         DEFAULT_BROKER_DIR
     ),
+    brokers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Nodes: 1 (one broker, replication factor 1) or 3+ (a replicated cluster: "
+            "replication factor 3, min.insync.replicas 2).",
+        ),
+    ] = 1,
 ) -> None:
-    """Start a local broker in the background; the last line is KAFKA_BOOTSTRAP_SERVERS=..."""
+    """Start a local broker (or cluster) in the background; the last line is
+    KAFKA_BOOTSTRAP_SERVERS=..."""
     from streamproc.tools.kafka_local import (
+        LocalCluster,
         LocalKafka,
         alive,
         ensure_kafka_jars,
-        read_pid,
         terminate_pid,
     )
 
+    if brokers == 2:
+        raise _fail(ValueError("--brokers: 1, or 3 and more (replication factor 3); got 2"))
     directory = directory.resolve()
-    old = read_pid(directory / "broker.pid")
+    old = _recorded_pids(directory)
     bootstrap_file = directory / "bootstrap"
-    if old is not None and alive(old) and bootstrap_file.exists():
+    if old and all(alive(pid) for pid in old) and bootstrap_file.exists():
         typer.echo(
-            f"broker already running (pid {old}); stop it with `streamproc kafka stop "
-            f"--dir {directory}`"
+            f"broker already running (pid {', '.join(map(str, old))}); stop it with "
+            f"`streamproc kafka stop --dir {directory}`"
         )
         typer.echo(f"KAFKA_BOOTSTRAP_SERVERS={bootstrap_file.read_text().strip()}")
         return
-    if old is not None:
-        terminate_pid(old, 20.0)
+    for pid in old:
+        terminate_pid(pid, 20.0)
     try:
-        broker = LocalKafka(directory, ensure_kafka_jars(), own_lifetime=False)
-        bootstrap = broker.start()
+        if brokers == 1:
+            broker = LocalKafka(directory, ensure_kafka_jars(), own_lifetime=False)
+            bootstrap = broker.start()
+            logs = [broker.log_path]
+        else:
+            cluster = LocalCluster(directory, ensure_kafka_jars(), brokers, own_lifetime=False)
+            bootstrap = cluster.start()
+            logs = [node.log_path for node in cluster.nodes]
     except StreamprocError as exc:
         raise _fail(exc) from exc
     (directory / "bootstrap").write_text(bootstrap)
-    typer.echo(f"broker log: {broker.log_path}")
+    for log in logs:
+        typer.echo(f"broker log: {log}")
     typer.echo(f"KAFKA_BOOTSTRAP_SERVERS={bootstrap}")
+
+
+def _recorded_pids(directory: Path) -> list[int]:
+    """Pids recorded by `kafka start`: the single broker's and every cluster node's."""
+    from streamproc.tools.kafka_local import read_pid
+
+    files = [directory / "broker.pid", *sorted(directory.glob("node-*/broker.pid"))]
+    return [pid for pid in map(read_pid, files) if pid is not None]
 
 
 @kafka_app.command("stop")
@@ -81,16 +107,19 @@ def kafka_stop(
         DEFAULT_BROKER_DIR
     ),
 ) -> None:
-    """Stop the broker started with `kafka start --dir DIR`; no process is left behind."""
-    from streamproc.tools.kafka_local import read_pid, terminate_pid
+    """Stop the broker (or every node of the cluster) started with `kafka start --dir DIR`; no
+    process is left behind."""
+    from streamproc.tools.kafka_local import terminate_pid
 
-    pid = read_pid(directory / "broker.pid")
-    if pid is None:
+    pids = _recorded_pids(directory)
+    if not pids:
         typer.echo(f"no broker recorded in {directory}")
         return
-    terminate_pid(pid, 20.0)
-    (directory / "broker.pid").unlink(missing_ok=True)
-    typer.echo(f"stopped broker pid {pid}")
+    for pid in pids:
+        terminate_pid(pid, 20.0)
+    for path in [directory / "broker.pid", *directory.glob("node-*/broker.pid")]:
+        path.unlink(missing_ok=True)
+    typer.echo(f"stopped broker pid {', '.join(map(str, pids))}")
 
 
 @app.command("produce")

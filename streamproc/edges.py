@@ -107,8 +107,7 @@ class ProducerClient(Protocol):
 
 
 class AdminClientLike(Protocol):
-    """The admin client (``confluent_kafka.admin.AdminClient``): start-up topic checks and the
-    lag monitor."""
+    """The admin client (``confluent_kafka.admin.AdminClient``): start-up topic checks."""
 
     def list_topics(self, *args: Any, **kwargs: Any) -> ClusterMetadata: ...
     def create_topics(
@@ -117,12 +116,6 @@ class AdminClientLike(Protocol):
     def describe_configs(
         self, resources: list[Any], **kwargs: Any
     ) -> dict[Any, concurrent.futures.Future[Any]]: ...
-    def list_offsets(
-        self, topic_partition_offsets: dict[Any, Any], **kwargs: Any
-    ) -> dict[Any, concurrent.futures.Future[Any]]: ...
-    def list_consumer_group_offsets(
-        self, list_consumer_group_offsets_request: list[Any], **kwargs: Any
-    ) -> dict[str, concurrent.futures.Future[Any]]: ...
 
 
 ConsumerFactory = Callable[[dict[str, Any]], ConsumerClient]

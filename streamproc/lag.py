@@ -2,9 +2,14 @@
 
 librdkafka's own lag statistics come from fetch responses, which stop while a partition is
 paused, so they go stale exactly when lag matters. This monitor asks the broker for the latest
-offset of every assigned partition (AdminClient ``list_offsets``, off the consumer thread) and
-subtracts the source's position (next offset it will hand to the pipeline). Series of partitions
-no longer assigned are removed.
+offset of every assigned partition (a probe consumer's ``get_watermark_offsets``, off the
+consumer thread; it never subscribes) and subtracts the source's position (next offset it will
+hand to the pipeline). Series of partitions no longer assigned are removed.
+
+Not the AdminClient: its ``list_offsets`` and ``list_consumer_group_offsets`` crash librdkafka
+2.16.0 (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed``, SIGABRT)
+when two of three brokers were down and return (found by ``make test-faults``; reproduced with
+the AdminClient alone), which took the whole process down.
 """
 
 from __future__ import annotations
@@ -13,15 +18,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import OffsetSpec
 
-from streamproc.clients import build_admin
 from streamproc.config import Scalar
-from streamproc.edges import AdminClientLike, AdminFactory
-from streamproc.logs import get_logger
+from streamproc.logs import get_logger, kafka_logger
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
 
@@ -32,7 +35,7 @@ class LagMonitor:
     """Refresh ``streamproc_consumer_lag_messages`` every ``interval_s`` seconds.
 
     Args:
-        admin_config: librdkafka settings for the AdminClient (bootstrap, security).
+        admin_config: librdkafka settings of the probe consumer (bootstrap, security).
         group_id: the consumer group (its committed offset stands in for partitions the
             source has not consumed from yet).
         positions: returns, per assigned partition, the next offset the source will deliver,
@@ -43,7 +46,7 @@ class LagMonitor:
         stall_timeout_s: a partition with lag > 0 whose position has not moved for this long
             is *stalled*: counted in ``streamproc_stalled_partitions`` and logged once.
         clock: monotonic clock in seconds.
-        admin_factory: builds the admin client (tests pass a fake).
+        probe_factory: builds the probe consumer from its settings (tests pass a fake).
     """
 
     def __init__(
@@ -56,13 +59,21 @@ class LagMonitor:
         on_tick: Callable[[], None] | None = None,
         stall_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        admin_factory: AdminFactory = build_admin,
+        probe_factory: Callable[[dict[str, Any]], Any] = Consumer,
     ) -> None:
         self._stall_timeout_s = stall_timeout_s
         self._clock = clock
         self._progress: dict[TopicPartition, tuple[int | None, float]] = {}
         self.stalled: set[TopicPartition] = set()
-        self._admin: AdminClientLike | None = admin_factory({"log_level": 3, **admin_config})
+        self._probe: Any = probe_factory(
+            {
+                "log_level": 3,
+                **admin_config,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "logger": kafka_logger(),
+            }
+        )
         self._group_id = group_id
         self._positions = positions
         self._metrics = metrics
@@ -77,17 +88,19 @@ class LagMonitor:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop refreshing and release the AdminClient (its librdkafka handle reconnects
+        """Stop refreshing and close the probe consumer (its librdkafka handle reconnects
         forever otherwise); idempotent."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
-        self._admin = None
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.close()
 
-    def _client(self) -> AdminClientLike:
-        if self._admin is None:
+    def _client(self) -> Any:
+        if self._probe is None:
             raise RuntimeError("the lag monitor is closed")
-        return self._admin
+        return self._probe
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
@@ -110,8 +123,7 @@ class LagMonitor:
         self._exported &= positions.keys()
         if not positions:
             return {}
-        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # untyped classmethod
-        ends = self._offsets(positions, latest, timeout_s)
+        ends = self._offsets(positions, True, timeout_s)
         unknown = [tp for tp, pos in positions.items() if pos is None]
         starts = self._starts(unknown, timeout_s) if unknown else {}
         lags = {}
@@ -154,31 +166,28 @@ class LagMonitor:
         self._metrics.stalled.set(len(self.stalled))
 
     def _offsets(
-        self, tps: Iterable[TopicPartition], spec: OffsetSpec, timeout_s: float
+        self, tps: Iterable[TopicPartition], high: bool, timeout_s: float
     ) -> dict[TopicPartition, int]:
-        futures = self._client().list_offsets(
-            {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in tps},
-            request_timeout=timeout_s,
-        )
+        """The high (``high``) or low watermark of each partition that answered."""
+        probe = self._client()
         out: dict[TopicPartition, int] = {}
-        for ktp, future in futures.items():
+        for tp in tps:
             with contextlib.suppress(KafkaException):
-                out[TopicPartition(ktp.topic, ktp.partition)] = future.result(timeout_s).offset
+                low, end = probe.get_watermark_offsets(
+                    KafkaTopicPartition(tp.topic, tp.partition), timeout=timeout_s
+                )
+                out[tp] = end if high else low
         return out
 
     def _starts(self, tps: list[TopicPartition], timeout_s: float) -> dict[TopicPartition, int]:
         """Committed offset of the group, else the earliest offset (auto.offset.reset)."""
-        request = ConsumerGroupTopicPartitions(
-            self._group_id, [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
-        )
         committed: dict[TopicPartition, int] = {}
         with contextlib.suppress(KafkaException):
-            for future in self._client().list_consumer_group_offsets([request]).values():
-                for ktp in future.result(timeout_s).topic_partitions:
-                    if ktp.offset >= 0:
-                        committed[TopicPartition(ktp.topic, ktp.partition)] = ktp.offset
+            asked = [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
+            for ktp in self._client().committed(asked, timeout=timeout_s):
+                if ktp.offset >= 0:
+                    committed[TopicPartition(ktp.topic, ktp.partition)] = ktp.offset
         missing = [tp for tp in tps if tp not in committed]
         if missing:
-            earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]  # untyped classmethod
-            committed.update(self._offsets(missing, earliest, timeout_s))
+            committed.update(self._offsets(missing, False, timeout_s))
         return committed

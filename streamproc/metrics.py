@@ -156,6 +156,13 @@ class Metrics:
             ["topic"],
             registry=reg,
         )
+        self.produce_retries = Counter(
+            "streamproc_produce_retries",
+            "Records produced again because the cluster could not take them (timed out, too "
+            "few in-sync replicas, no leader)",
+            ["topic"],
+            registry=reg,
+        )
         self.dead_lettered = Counter(
             "streamproc_messages_dead_lettered",
             "Dead-letter records acknowledged",

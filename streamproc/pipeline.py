@@ -118,7 +118,7 @@ class Pipeline:
         config: the validated config.
         consumer_factory: builds the consumer (default: ``confluent_kafka.Consumer``).
         producer_factory: builds the producers (default: ``confluent_kafka.Producer``).
-        admin_factory: builds the admin clients (start-up topic checks, the lag monitor).
+        admin_factory: builds the admin clients (start-up topic checks).
 
     Raises:
         ConfigError: librdkafka refused a setting under ``kafka.consumer``/``kafka.producer``.
@@ -227,7 +227,6 @@ class Pipeline:
             config.metrics.lag_interval_s,
             on_tick=self._tick,
             stall_timeout_s=config.metrics.stall_timeout_s,
-            admin_factory=admin_factory,
         )
         self.http = (
             HealthServer(

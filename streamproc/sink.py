@@ -25,6 +25,12 @@ record batch as sent); when it compresses, the result is *at risk* and the guara
 names it alone and costs one aborted transaction, never its neighbours. The guarantee's plan
 also dead-letters results refused inside an earlier, aborted transaction (see
 ``streamproc.refusals``).
+
+A record that fails because the *cluster* is unavailable (its delivery timed out, not enough
+in-sync replicas, no leader: :func:`unavailable`) is not the record's fault: it is produced again
+(alone) until the cluster takes it, never dead-lettered, and its input stays pending meanwhile,
+so the pending limit pauses intake. Under at-least-once, results never time out by default
+(``message.timeout.ms`` 0); a user's finite value still never dead-letters a valid result.
 """
 
 from __future__ import annotations
@@ -123,7 +129,38 @@ def producer_settings(user: dict[str, Any], transactional_id: str | None = None)
     }
     if transactional_id:
         settings["transactional.id"] = transactional_id
+    else:
+        # Never expire a result while the cluster is unavailable (e.g. two of three brokers
+        # down: NOT_ENOUGH_REPLICAS): it waits in the queue, the full queue pauses intake.
+        # Transactional producers keep librdkafka's bound (transaction.timeout.ms): a timeout
+        # there aborts the transaction and the inputs are consumed again.
+        settings.setdefault("message.timeout.ms", 0)
     return settings
+
+
+# Errors that say the cluster cannot take a record now, not that the record is wrong.
+_UNAVAILABLE = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.BROKER_NOT_AVAILABLE,
+    }
+)
+
+
+def unavailable(err: KafkaError) -> bool:
+    """True when ``err`` says the cluster cannot take a record now (a delivery timed out, too
+    few in-sync replicas, no leader, no route): the record is to be produced again, not
+    dead-lettered."""
+    return err.code() in _UNAVAILABLE
 
 
 def build_producer(settings: dict[str, Any], factory: ProducerFactory = Producer) -> ProducerClient:
@@ -242,6 +279,16 @@ class _BatchAck:
 
     def delivered_alone(self, row: Row, err: KafkaError | None, msg: Message | None) -> None:
         """The delivery report of result ``row`` sent again alone."""
+        if err is not None and unavailable(err):
+            self._sink._produce_again(
+                self._topic,
+                self._records[row],
+                self._values[row],
+                self._headers[row],
+                err,
+                partial(self.delivered_alone, row),
+            )
+            return
         if err is not None:
             self._failed.add(row)
             self._sink._rejected(self._records[row], err, self._dlq_topic)
@@ -355,8 +402,32 @@ class Sink:
         if how == "batch" and record_refusal(err):
             self._send_alone(topic, record.key, value, headers, on_alone)
             return True
+        if unavailable(err):
+            self._produce_again(topic, record, value, headers, err, on_alone)
+            return True
         self._rejected(record, err, dlq_topic)
         return False
+
+    def _produce_again(
+        self,
+        topic: str,
+        record: Record,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        err: KafkaError,
+        on_delivery: Callable[[KafkaError | None, Message | None], None],
+    ) -> None:
+        """The cluster could not take the record for input ``record`` (:func:`unavailable`):
+        produce it again (alone), its report to ``on_delivery``."""
+        self._metrics.child(self._metrics.produce_retries, topic).inc()
+        log.warning(
+            "cluster unavailable; producing again",
+            topic=topic,
+            source_partition=record.tp.partition,
+            source_offset=record.offset,
+            error=err.str(),
+        )
+        self._send_alone(topic, record.key, value, headers, on_delivery)
 
     def _send_alone(
         self,
@@ -641,6 +712,9 @@ class Sink:
                 return
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                 too_large(err, alone)
+                return
+            if unavailable(err):
+                self._produce_again(dlq_topic, record, value, headers, err, delivered)
                 return
             fatal(err.str())
 

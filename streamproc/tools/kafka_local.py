@@ -17,6 +17,13 @@ A broker started with ``own_lifetime=True`` (the default, used by tests and the 
 the Python thread that started it (``PR_SET_PDEATHSIG``), so no java process outlives an
 interrupted or killed test session. ``streamproc kafka start`` passes ``own_lifetime=False`` and
 records the pid in ``<dir>/broker.pid`` for ``streamproc kafka stop``.
+
+:class:`LocalCluster` runs three (or more) such nodes as one replicated cluster: every node is a
+combined broker + controller (the controller quorum is all nodes), clients reach each node on its
+own loopback port, brokers replicate over a listener of their own (so a client's route to one
+node can be cut while replication goes on), and the defaults are those of a production cluster:
+replication factor 3 and ``min.insync.replicas`` 2 for every topic, the offsets and transaction
+state topics included (:data:`CLUSTER_SETTINGS`).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import socket
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamproc.errors import BrokerError
@@ -89,6 +96,27 @@ SINGLE_NODE_SETTINGS = {
     "transaction.state.log.num.partitions": "4",
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.partitions": "1",
+    "auto.create.topics.enable": "false",
+}
+
+# Broker settings of every node of a local replicated cluster (:class:`LocalCluster`): what a
+# production cluster of three brokers uses. Two replicas must acknowledge every write
+# (``acks=all``), so one node may be down without refusing writes; two down refuse them
+# (NOT_ENOUGH_REPLICAS) until one returns. No unclean leader election: a replica that fell out
+# of the ISR never becomes leader, so an acknowledged record is never lost.
+CLUSTER_SETTINGS = {
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+    "offsets.topic.replication.factor": "3",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "3",
+    "share.coordinator.state.topic.min.isr": "2",
+    "unclean.leader.election.enable": "false",
     "group.initial.rebalance.delay.ms": "0",
     "num.partitions": "1",
     "auto.create.topics.enable": "false",
@@ -189,6 +217,52 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def node_properties(
+    node_id: int,
+    port: int,
+    controller_port: int,
+    voters: str,
+    data_dir: Path,
+    settings: dict[str, str],
+    broker_port: int = 0,
+) -> str:
+    """The ``server.properties`` text of one combined broker + controller node on 127.0.0.1.
+
+    Args:
+        node_id: the node's id (``node.id``), also its id in ``voters``.
+        port: the client listener (``PLAINTEXT``).
+        controller_port: the controller listener (``CONTROLLER``).
+        voters: the controller quorum, ``id@127.0.0.1:port,...`` (``controller.quorum.voters``).
+        data_dir: ``log.dirs``.
+        settings: further broker settings (:data:`SINGLE_NODE_SETTINGS`,
+            :data:`CLUSTER_SETTINGS`).
+        broker_port: a listener of its own for replication (``BROKER``); 0: brokers talk over
+            the client listener.
+    """
+    listeners = [f"PLAINTEXT://127.0.0.1:{port}"]
+    if broker_port:
+        listeners.append(f"BROKER://127.0.0.1:{broker_port}")
+    protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+    if broker_port:
+        protocols.append("BROKER:PLAINTEXT")
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            f"node.id={node_id}",
+            f"controller.quorum.voters={voters}",
+            f"listeners={','.join(listeners)},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners={','.join(listeners)}",
+            "controller.listener.names=CONTROLLER",
+            f"listener.security.protocol.map={','.join(protocols)}",
+            f"inter.broker.listener.name={'BROKER' if broker_port else 'PLAINTEXT'}",
+            f"log.dirs={data_dir}",
+            *(f"{key}={value}" for key, value in settings.items()),
+            "log.flush.interval.ms=1000",
+            "",
+        ]
+    )
+
+
 @dataclass
 class LocalKafka:
     """One Apache Kafka 4.x KRaft node (broker + controller) on 127.0.0.1.
@@ -200,6 +274,8 @@ class LocalKafka:
         libs: folder of Kafka jars from :func:`ensure_kafka_jars`.
         own_lifetime: kill the broker when the starting thread dies (tests, demo).
         heap_mb: Java heap size in MiB.
+        node_id: the node's id; :class:`LocalCluster` numbers its nodes 1, 2, 3.
+        settings: broker settings (default :data:`SINGLE_NODE_SETTINGS`).
     """
 
     run_dir: Path
@@ -207,7 +283,16 @@ class LocalKafka:
     own_lifetime: bool = True
     heap_mb: int = 512
     port: int = 0
+    node_id: int = 1
+    settings: dict[str, str] = field(default_factory=lambda: dict(SINGLE_NODE_SETTINGS))
+    controller_port: int = 0
+    broker_port: int = 0
     _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The java process's id while this object started it, else None."""
+        return self._proc.pid if self._proc is not None else None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -246,49 +331,43 @@ class LocalKafka:
             BrokerError: the broker exited or did not answer within ``timeout_s``; the message
                 names the log file.
         """
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.prepare(_cluster_id(), f"{self.node_id}@127.0.0.1:{self.controller_port}")
+        return self._launch(timeout_s)
+
+    def prepare(self, cluster_id: str, voters: str) -> None:
+        """Claim ``run_dir``, wipe its data and logs, write the config for the ports set on this
+        object and format the storage for ``cluster_id`` (no process is started).
+
+        Raises:
+            BrokerError: the folder holds user files, or the storage tool failed.
+        """
         self._claim_run_dir()
         for sub in ("data", "logs"):
             shutil.rmtree(self.run_dir / sub, ignore_errors=True)
         (self.run_dir / "logs").mkdir(parents=True)
-        self.port = free_port()
-        controller_port = free_port()
         props = self.run_dir / "server.properties"
         props.write_text(
-            "\n".join(
-                [
-                    "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
-                    f"CONTROLLER://127.0.0.1:{controller_port}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-                    "controller.listener.names=CONTROLLER",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                    "inter.broker.listener.name=PLAINTEXT",
-                    f"log.dirs={self.run_dir / 'data'}",
-                    *(f"{key}={value}" for key, value in SINGLE_NODE_SETTINGS.items()),
-                    "log.flush.interval.ms=1000",
-                    "",
-                ]
+            node_properties(
+                self.node_id,
+                self.port,
+                self.controller_port,
+                voters,
+                self.run_dir / "data",
+                self.settings,
+                self.broker_port,
             )
         )
         (self.run_dir / "log4j2.properties").write_text(_LOG4J2)
         fmt = subprocess.run(
-            self._java(
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                _cluster_id(),
-                "-c",
-                str(props),
-            ),
+            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)),
             capture_output=True,
             text=True,
             check=False,
         )
         if fmt.returncode != 0:
             raise BrokerError(f"kafka storage format failed: {fmt.stdout}{fmt.stderr}")
-        return self._launch(timeout_s)
 
     def restart(self, timeout_s: float = 90.0) -> str:
         """Stop the broker and start it again on the same ports with the same data (for
@@ -297,6 +376,16 @@ class LocalKafka:
         return self._launch(timeout_s)
 
     def _launch(self, timeout_s: float) -> str:
+        self.spawn()
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self.bootstrap_servers
+
+    def spawn(self) -> None:
+        """Start the java process on the prepared config and data (does not wait)."""
         props = self.run_dir / "server.properties"
         stdout = (self.run_dir / "logs" / "stdout.log").open("ab")
         self._proc = subprocess.Popen(
@@ -309,12 +398,6 @@ class LocalKafka:
         )
         stdout.close()
         self.pid_path.write_text(str(self._proc.pid))
-        try:
-            self._wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self.bootstrap_servers
 
     def _claim_run_dir(self) -> None:
         """Use ``run_dir`` only if it is new, empty, or was made by us (never wipe user files)."""
@@ -327,7 +410,12 @@ class LocalKafka:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         marker.write_text("state folder of a local Apache Kafka broker started by streamproc\n")
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait until the node answers a metadata request with at least one broker.
+
+        Raises:
+            BrokerError: the process exited, or no answer within ``timeout_s`` seconds.
+        """
         from confluent_kafka.admin import AdminClient
 
         deadline_s = time.monotonic() + timeout_s
@@ -345,6 +433,38 @@ class LocalKafka:
             time.sleep(0.2)
         raise BrokerError(f"kafka did not answer within {timeout_s:.0f} s; see {self.log_path}")
 
+    def kill(self) -> None:
+        """``kill -9`` the node (no shutdown, as a crashed machine) and reap it; its data stays
+        for :meth:`restart`. Idempotent."""
+        pid = self._proc.pid if self._proc is not None else read_pid(self.pid_path)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGCONT)  # a stopped process dies only once continued
+                os.killpg(pid, signal.SIGKILL)
+            if self._proc is not None:
+                self._proc.wait()
+            else:
+                terminate_pid(pid, 0.0)
+        self._proc = None
+        self.pid_path.unlink(missing_ok=True)
+
+    def pause(self) -> None:
+        """SIGSTOP the node (as a long GC pause or a hung disk): it keeps its sockets open and
+        answers nothing until :meth:`resume`."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the node (idempotent; harmless on a running node)."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGCONT)
+
+    @property
+    def running(self) -> bool:
+        """True while the java process started by this object runs (paused included)."""
+        return self._proc is not None and self._proc.poll() is None
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the broker (SIGTERM, then SIGKILL after ``timeout_s``); idempotent."""
         pid = self._proc.pid if self._proc is not None else read_pid(self.pid_path)
@@ -352,6 +472,107 @@ class LocalKafka:
             terminate_pid(pid, timeout_s, self._proc)
         self._proc = None
         self.pid_path.unlink(missing_ok=True)
+
+
+@dataclass
+class LocalCluster:
+    """A replicated Apache Kafka cluster of ``size`` KRaft nodes on 127.0.0.1.
+
+    Every node is a combined broker + controller (:class:`LocalKafka`) in ``run_dir/node-<id>``;
+    the controller quorum is all nodes, the settings :data:`CLUSTER_SETTINGS` (replication
+    factor 3, ``min.insync.replicas`` 2). Clients reach node ``i`` on its own port; brokers
+    replicate over a second listener per node. Usable as a context manager (start on enter,
+    stop on exit, even on error)::
+
+        with LocalCluster(run_dir, ensure_kafka_jars()) as cluster:
+            cluster.bootstrap_servers          # "127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"
+            cluster.node(2).kill()             # the fault injector uses these (nemesis.py)
+
+    Args:
+        run_dir: the cluster's state folder (one subfolder per node; the same rules as
+            :class:`LocalKafka`'s folder).
+        libs: folder of Kafka jars from :func:`ensure_kafka_jars`.
+        size: number of nodes (at least 3 for replication factor 3).
+        heap_mb: Java heap of each node, in MiB.
+        own_lifetime: kill the nodes when the starting thread dies (tests).
+    """
+
+    run_dir: Path
+    libs: Path
+    size: int = 3
+    heap_mb: int = 320
+    own_lifetime: bool = True
+    nodes: list[LocalKafka] = field(default_factory=list)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.bootstrap_servers for node in self.nodes)
+
+    def node(self, node_id: int) -> LocalKafka:
+        """The node with id ``node_id`` (1 .. size).
+
+        Raises:
+            KeyError: no such node.
+        """
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(f"no node {node_id} (nodes: 1..{len(self.nodes)})")
+
+    def start(self, timeout_s: float = 180.0) -> str:
+        """Format every node for one new cluster id, start them all, wait until each answers.
+
+        Returns:
+            The bootstrap list of every node's client address.
+
+        Raises:
+            BrokerError: a node failed to format or start (every node is then stopped).
+        """
+        if self.size < 1:
+            raise BrokerError(f"size: a cluster needs at least one node, got {self.size}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / MARKER).write_text("state folder of a local Apache Kafka cluster\n")
+        self.nodes = [
+            LocalKafka(
+                self.run_dir / f"node-{node_id}",
+                self.libs,
+                own_lifetime=self.own_lifetime,
+                heap_mb=self.heap_mb,
+                port=free_port(),
+                node_id=node_id,
+                settings=dict(CLUSTER_SETTINGS),
+                controller_port=free_port(),
+                broker_port=free_port(),
+            )
+            for node_id in range(1, self.size + 1)
+        ]
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        cluster_id = _cluster_id()
+        try:
+            for node in self.nodes:
+                node.prepare(cluster_id, voters)
+            for node in self.nodes:  # all at once: no node is ready before a quorum exists
+                node.spawn()
+            deadline_s = time.monotonic() + timeout_s
+            for node in self.nodes:
+                node.wait_ready(max(1.0, deadline_s - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        return self.bootstrap_servers
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop every node (SIGCONT first, then SIGTERM, SIGKILL after ``timeout_s``)."""
+        for node in self.nodes:
+            node.resume()
+            node.stop(timeout_s)
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def read_pid(path: Path) -> int | None:

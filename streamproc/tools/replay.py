@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ def produce(
     limit: int | None = None,
     rate: float | None = None,
     progress: bool | None = None,
+    flush_timeout_s: float = 60.0,
+    stop: threading.Event | None = None,
 ) -> int:
     """Replay ``workload`` into ``topic`` (created with ``partitions`` if missing).
 
@@ -81,6 +84,10 @@ def produce(
         limit: messages to send; None = one pass over the recording.
         rate: messages per second (open loop); None = as fast as the broker takes them.
         progress: show a progress bar; None = when stdout is a terminal.
+        flush_timeout_s: how long to wait, after the last message, for the broker's
+            acknowledgements (longer while brokers of a cluster are down).
+        stop: when set, the replay ends early (after the message being sent); ``limit`` is
+            then the most it sends.
 
     Returns:
         The number of messages acknowledged by the broker.
@@ -113,6 +120,9 @@ def produce(
     start_s = 0.0
     with tqdm(total=total, unit="msg", disable=not show, desc=f"produce {workload}") as bar:
         for index, message in enumerate(itertools.islice(messages(workload), total)):
+            if stop is not None and stop.is_set():
+                total = index
+                break
             if index == 0:
                 # The clock starts at the first message, not before the recording was opened
                 # (decoding the first video frame takes a while): otherwise the replay would
@@ -136,7 +146,7 @@ def produce(
                     producer.poll(0.05)
             producer.poll(0)
             bar.update(1)
-        producer.flush(60)
+        producer.flush(flush_timeout_s)
     if failed or acked != total:
         raise RuntimeError(f"{total - acked} of {total} messages not acknowledged: {failed[:3]}")
     return acked

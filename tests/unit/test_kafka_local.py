@@ -31,3 +31,136 @@ def test_cluster_ids_never_look_like_an_option() -> None:
     assert not [i for i in ids if i.startswith("-")]
     assert all(len(i) == 22 for i in ids)
     assert len(set(ids)) == len(ids)
+
+
+def test_node_properties_of_a_cluster_node(tmp_path: Path) -> None:
+    from streamproc.tools.kafka_local import CLUSTER_SETTINGS, node_properties
+
+    text = node_properties(
+        2,
+        9100,
+        9101,
+        "1@127.0.0.1:9001,2@127.0.0.1:9101,3@127.0.0.1:9201",
+        tmp_path / "data",
+        CLUSTER_SETTINGS,
+        broker_port=9102,
+    )
+    props = dict(line.split("=", 1) for line in text.splitlines() if line)
+    assert props["node.id"] == "2"
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9001,2@127.0.0.1:9101,3@127.0.0.1:9201"
+    assert props["listeners"] == (
+        "PLAINTEXT://127.0.0.1:9100,BROKER://127.0.0.1:9102,CONTROLLER://127.0.0.1:9101"
+    )
+    # clients and replication on separate ports (a client's route can be cut alone)
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:9100,BROKER://127.0.0.1:9102"
+    assert props["inter.broker.listener.name"] == "BROKER"
+    assert "BROKER:PLAINTEXT" in props["listener.security.protocol.map"].split(",")
+    # every address is loopback
+    for key in ("listeners", "advertised.listeners", "controller.quorum.voters"):
+        hosts = {
+            part.split("//")[-1].split("@")[-1].rsplit(":", 1)[0] for part in props[key].split(",")
+        }
+        assert hosts == {"127.0.0.1"}, key
+    # production replication for user and internal topics
+    for key, want in {
+        "default.replication.factor": "3",
+        "min.insync.replicas": "2",
+        "offsets.topic.replication.factor": "3",
+        "transaction.state.log.replication.factor": "3",
+        "transaction.state.log.min.isr": "2",
+        "unclean.leader.election.enable": "false",
+    }.items():
+        assert props[key] == want, key
+    assert props["log.dirs"] == str(tmp_path / "data")
+
+
+def test_single_node_properties_keep_one_listener_for_brokers(tmp_path: Path) -> None:
+    from streamproc.tools.kafka_local import SINGLE_NODE_SETTINGS, node_properties
+
+    text = node_properties(1, 9100, 9101, "1@127.0.0.1:9101", tmp_path, SINGLE_NODE_SETTINGS)
+    props = dict(line.split("=", 1) for line in text.splitlines() if line)
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9100,CONTROLLER://127.0.0.1:9101"
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"
+    assert props["offsets.topic.replication.factor"] == "1"
+
+
+def test_cluster_refuses_zero_nodes(tmp_path: Path) -> None:
+    from streamproc.tools.kafka_local import LocalCluster
+
+    with pytest.raises(BrokerError, match="at least one node"):
+        LocalCluster(tmp_path / "c", tmp_path / "libs", size=0).start()
+
+
+def test_cluster_node_lookup_names_the_range(tmp_path: Path) -> None:
+    from streamproc.tools.kafka_local import LocalCluster
+
+    cluster = LocalCluster(tmp_path, tmp_path / "libs")
+    cluster.nodes = [LocalKafka(tmp_path / f"n{i}", tmp_path, node_id=i) for i in (1, 2, 3)]
+    assert cluster.node(2).node_id == 2
+    with pytest.raises(KeyError, match=r"1\.\.3"):
+        cluster.node(4)
+
+
+def test_coordinator_partition_is_kafkas() -> None:
+    from streamproc.tools.nemesis import coordinator_partition, java_string_hash
+
+    # values printed by java.lang.String.hashCode (Java 17)
+    assert java_string_hash("") == 0
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("streamproc") == -1193921834
+    assert java_string_hash("polygenelubricants") == -(1 << 31)
+    assert coordinator_partition("polygenelubricants", 4) == 0  # Utils.abs(MIN_VALUE) == 0
+    assert coordinator_partition("streamproc", 4) == 1193921834 % 4
+    assert coordinator_partition("é", 50) == 233 % 50  # one UTF-16 code unit
+
+
+def test_cut_rules_touch_only_loopback_and_one_port() -> None:
+    from streamproc.tools.nemesis import _cut_rules
+
+    rules = _cut_rules(19092)
+    assert len(rules) == 2
+    for rule in rules:
+        assert rule[rule.index("-o") + 1] == "lo"
+        assert rule[-2:] == ["-j", "DROP"]
+    assert {r[r.index("--dport") + 1] for r in rules if "--dport" in r} == {"19092"}
+    assert {r[r.index("--sport") + 1] for r in rules if "--sport" in r} == {"19092"}
+
+
+def test_kafka_start_refuses_two_brokers(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from streamproc.cli import app
+
+    result = CliRunner().invoke(app, ["kafka", "start", "--brokers", "2", "--dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--brokers: 1, or 3 and more" in result.output
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_kafka_stop_stops_every_recorded_node(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from streamproc.cli import app
+
+    sleepers = []
+    for node in (1, 2, 3):
+        (tmp_path / f"node-{node}").mkdir()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+        )
+        sleepers.append(proc)
+        (tmp_path / f"node-{node}" / "broker.pid").write_text(str(proc.pid))
+    try:
+        result = CliRunner().invoke(app, ["kafka", "stop", "--dir", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        assert all(proc.wait(30) is not None for proc in sleepers)
+        assert not list(tmp_path.glob("node-*/broker.pid"))
+    finally:
+        for proc in sleepers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()

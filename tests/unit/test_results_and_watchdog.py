@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.config import PipelineConfig
 from streamproc.errors import DecodeError
@@ -102,6 +103,55 @@ def test_stalled_partition_watchdog_with_fake_clock() -> None:
     now[0] = 30.0
     monitor._watch(TP, 6, lag=0)  # no lag: never stalled
     assert monitor.stalled == set()
+    monitor.close()
+
+
+class Probe:
+    """A probe consumer: watermarks and committed offsets, no AdminClient."""
+
+    def __init__(self, settings: dict[str, object]) -> None:
+        self.settings = settings
+        self.closed = False
+
+    def get_watermark_offsets(self, tp: KafkaTopicPartition, timeout: float) -> tuple[int, int]:
+        return (2, 10 + tp.partition)
+
+    def committed(
+        self, tps: list[KafkaTopicPartition], timeout: float
+    ) -> list[KafkaTopicPartition]:
+        return [
+            KafkaTopicPartition(t.topic, t.partition, 7 if t.partition == 1 else -1001) for t in tps
+        ]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_lag_comes_from_a_probe_consumer_of_the_group() -> None:
+    made: list[Probe] = []
+    positions = {
+        TopicPartition("in", 0): 4,
+        TopicPartition("in", 1): None,
+        TopicPartition("in", 2): None,
+    }
+    monitor = LagMonitor(
+        {"bootstrap.servers": "127.0.0.1:9"},
+        "g",
+        lambda: dict(positions),
+        Metrics(),
+        probe_factory=lambda settings: made.append(Probe(settings)) or made[-1],
+    )
+    (probe,) = made
+    assert probe.settings["group.id"] == "g" and probe.settings["enable.auto.commit"] is False
+    lags = monitor.refresh()
+    # end - position; else end - committed; else end - earliest (low watermark)
+    assert lags == {
+        TopicPartition("in", 0): 10 - 4,
+        TopicPartition("in", 1): 11 - 7,
+        TopicPartition("in", 2): 12 - 2,
+    }
+    monitor.close()
+    assert probe.closed
 
 
 class BatchFails(Flaky):

@@ -135,3 +135,44 @@ def test_identical_results_get_a_callback_each_so_a_failure_blames_the_right_inp
     assert h.watermark == 0
     h.producer.deliver()
     assert h.watermark == 3 and not h.fatal
+
+
+def test_a_result_timed_out_while_the_cluster_is_down_is_sent_again_not_dead_lettered() -> None:
+    """A produce that times out (two of three brokers down longer than message.timeout.ms) is a
+    condition of the cluster, not of the record: it is produced again until acknowledged."""
+    h = Harness(2)
+    h.send()
+    h.report(0)
+    h.report(1, KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert not [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert h.watermark == 0  # the batch waits for its result produced again
+    (again,) = h.alone.pending
+    assert again.topic == "out" and again.value == b"r1"
+    h.alone.deliver(error=KafkaError(KafkaError.NOT_ENOUGH_REPLICAS))  # still down: again
+    assert not [p for p in h.producer.pending if p.topic == "in.dlq"] and h.watermark == 0
+    h.alone.deliver()
+    assert h.watermark == 2
+    assert not h.fatal
+
+
+def test_a_dead_letter_record_timed_out_is_sent_again_not_fatal() -> None:
+    h = Harness(1)
+    h.send()
+    h.report(0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    (dead,) = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    h.producer.pending.remove(dead)
+    dead.report(KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert not h.fatal
+    (again,) = [p for p in h.alone.pending if p.topic == "in.dlq"]
+    assert (H_STAGE, b"produce") in again.headers
+    h.alone.deliver()
+    assert h.watermark == 1
+
+
+def test_results_never_time_out_by_default_under_at_least_once() -> None:
+    from streamproc.sink import producer_settings
+
+    assert producer_settings({})["message.timeout.ms"] == 0  # 0: librdkafka never expires
+    assert producer_settings({"message.timeout.ms": 5000})["message.timeout.ms"] == 5000
+    # transactional: librdkafka bounds it by transaction.timeout.ms (a timeout aborts)
+    assert "message.timeout.ms" not in producer_settings({}, "tx-1")
