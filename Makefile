@@ -89,9 +89,10 @@ compose-test: venv kafka-jars engine
 	PYTHON=$(PYTHON) deploy/compose/compose-test.sh
 
 # The Helm chart on a real single-node Kubernetes cluster built from source (root, Docker for the
-# images): install, replay, crash, roll, scale, probes, exactly-once, KEDA (deploy/k8s/k8s-test.sh).
+# images, set up when missing): install, replay, crash, roll, scale, probes, exactly-once, KEDA
+# (deploy/k8s/k8s-test.sh). K8S_CHECKS=ci: the subset .ci/run runs.
 .PHONY: k8s-test
-k8s-test: venv tools
+k8s-test: venv kafka-jars tools engine
 	PY=$(PY) PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/k8s/k8s-test.sh
 
 bench: venv kafka-jars

@@ -13,6 +13,10 @@
 #  5. tears the cluster down and fails if any process, mount, network device, iptables chain or
 #     cgroup of it is left; prints the time of every phase.
 # KEEP=1 leaves the cluster up (deploy/k8s/cluster.sh down removes it). PYTEST_ARGS passes on.
+# K8S_CHECKS=all (default) runs every check; K8S_CHECKS=ci (what .ci/run uses) runs the subset
+# CI has time for on a fresh machine and builds no KEDA: install + replay of the three workloads,
+# securityContext, a pod force-deleted mid-stream, liveness, exactly-once with kills, helm test,
+# uninstall (the others are deselected, not skipped).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -26,6 +30,17 @@ export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.1.1}"
 KEDA_IMAGE="streamproc.local/keda:$KEDA_VERSION"
 KEDA_ADAPTER_IMAGE="streamproc.local/keda-metrics-apiserver:$KEDA_VERSION"
 export KAFKA_IP=10.96.0.100
+K8S_CHECKS="${K8S_CHECKS:-all}"
+case "$K8S_CHECKS" in
+  all) build_what=all selection=() ;;
+  ci)
+    build_what=cluster
+    checks="install_and_replay security_context force_deleted liveness exactly_once helm_test"
+    checks+=" uninstall"
+    selection=(-k "${checks// / or }")
+    ;;
+  *) printf '[k8s-test] K8S_CHECKS must be all or ci, not %s\n' "$K8S_CHECKS" >&2; exit 2 ;;
+esac
 
 log() { printf '[k8s-test] %s\n' "$*" >&2; }
 fail() { log "FAIL: $*"; exit 1; }
@@ -45,13 +60,13 @@ report_times() {
     printf ' %s %ss,' "$name" "${took[$name]}" >&2
     total=$((total + took[$name]))
   done
-  printf ' total %ss (%s)\n' "$total" "$1" >&2
+  printf ' total %ss (%s, K8S_CHECKS=%s)\n' "$total" "$1" "$K8S_CHECKS" >&2
 }
 
 # --- 1. binaries ----------------------------------------------------------------------------------
 cold=warm
-[[ -f "${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}/k8s/keda-$KEDA_VERSION/.complete" ]] || cold=cold
-env_file="$("$HERE/build.sh" all)"
+[[ -f "${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}/k8s/kubernetes-$KUBERNETES_VERSION/.complete" ]] || cold=cold
+env_file="$("$HERE/build.sh" "$build_what")"
 # shellcheck source=/dev/null
 source "$env_file"
 # shellcheck source=/dev/null
@@ -78,8 +93,12 @@ scratch_image() {
     { cat "$dir/build.log" >&2; fail "docker build of $tag failed"; }
   rm -rf "$dir"
 }
-scratch_image "$KEDA_IMAGE" "$KEDA_BIN/keda"
-scratch_image "$KEDA_ADAPTER_IMAGE" "$KEDA_BIN/keda-adapter"
+keda_images=()
+if [[ "$K8S_CHECKS" == all ]]; then
+  scratch_image "$KEDA_IMAGE" "$KEDA_BIN/keda"
+  scratch_image "$KEDA_ADAPTER_IMAGE" "$KEDA_BIN/keda-adapter"
+  keda_images=("$KEDA_IMAGE" "$KEDA_ADAPTER_IMAGE")
+fi
 phase images
 
 # --- 3. cluster -------------------------------------------------------------------------------------
@@ -109,7 +128,7 @@ trap cleanup EXIT
 deploy/k8s/cluster.sh up
 eval "$(deploy/k8s/cluster.sh env)"
 phase cluster-up
-deploy/k8s/cluster.sh load "$STREAMPROC_IMAGE" "$KAFKA_IMAGE" "$KEDA_IMAGE" "$KEDA_ADAPTER_IMAGE"
+deploy/k8s/cluster.sh load "$STREAMPROC_IMAGE" "$KAFKA_IMAGE" "${keda_images[@]}"
 phase load
 
 # shellcheck disable=SC2016 # the variables envsubst may replace
@@ -122,6 +141,7 @@ phase kafka
 read -ra pytest_args <<<"${PYTEST_ARGS:-}"
 STREAMPROC_K8S=1 KAFKA_BOOTSTRAP="$KAFKA_IP:9092" STREAMPROC_IMAGE="$STREAMPROC_IMAGE" \
   KEDA_IMAGE="$KEDA_IMAGE" KEDA_ADAPTER_IMAGE="$KEDA_ADAPTER_IMAGE" KEDA_CONFIG="$KEDA_CONFIG" \
-  "$PYTHON" -m pytest tests/k8s -p no:cacheprovider -v -s "${pytest_args[@]}"
+  "$PYTHON" -m pytest tests/k8s/test_chart_on_cluster.py -p no:cacheprovider -v -s \
+  "${selection[@]}" "${pytest_args[@]}"
 phase tests
 status=0

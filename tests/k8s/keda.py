@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.k8s.kube import kubectl, kubectl_json, wait_for
+from tests.k8s.kube import diagnosis, kubectl, kubectl_json, wait_for
 
 OPERATOR_IP = "10.96.0.110"  # fixed: the metrics server reaches the operator by address (no DNS)
 OPERATOR_NAME = "keda-operator.keda.svc.cluster.local"  # in the certificate KEDA generates
@@ -96,7 +96,10 @@ def deploy_keda(config_dir: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
     kubectl("apply", "--server-side", "-f", "-", stdin=rendered)
     for deployment in ("keda-operator", "keda-metrics-apiserver"):
-        kubectl("rollout", "status", "-n", "keda", f"deployment/{deployment}", "--timeout=300s")
+        try:
+            kubectl("rollout", "status", "-n", "keda", f"deployment/{deployment}", "--timeout=300s")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnosis('keda')}") from None
     wait_for(
         "the external metrics API available",
         lambda: any(

@@ -64,6 +64,37 @@ def wait_for(what: str, condition: Callable[[], T], timeout_s: float, every_s: f
         time.sleep(every_s)
 
 
+def diagnosis(namespace: str) -> str:
+    """What a failed wait in NAMESPACE needs to be understood: its pods, deployments and events,
+    the description of every pod that is not Ready and the last log lines of each of its
+    containers (the previous instance's too). Best effort: a command that fails says so."""
+
+    def attempt(*args: str) -> str:
+        try:
+            return kubectl(*args, timeout_s=60)
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            return f"(kubectl {' '.join(args)} failed: {exc})"
+
+    parts = [
+        attempt("get", "pods,deployments,replicasets", "-n", namespace, "-o", "wide"),
+        attempt("get", "events", "-n", namespace, "--sort-by=.lastTimestamp"),
+    ]
+    try:
+        listed = kubectl_json("get", "pods", "-n", namespace)["items"]
+        unready = [p for p in listed if not is_ready(p)]
+    except AssertionError as exc:
+        unready, parts = [], [*parts, str(exc)]
+    for pod in unready:
+        name = pod["metadata"]["name"]
+        parts.append(attempt("describe", "pod", "-n", namespace, name))
+        for container in pod["spec"]["containers"]:
+            for previous in ("false", "true"):
+                logs = attempt("logs", "-n", namespace, name, "-c", container["name"],
+                               f"--previous={previous}", "--tail=60")  # fmt: skip
+                parts.append(f"--- {name}/{container['name']} (previous={previous}):\n{logs}")
+    return "\n".join(parts)
+
+
 # --- pods -----------------------------------------------------------------------------------------
 def pods(namespace: str, selector: str) -> list[dict[str, Any]]:
     """Pods matching SELECTOR that are not being deleted."""
@@ -178,6 +209,9 @@ class LogFollower:
         self.streams: dict[str, _Stream] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # the running `kubectl logs -f` of each pod; stop() ends them (guarded by _lock)
+        self._procs: dict[str, subprocess.Popen[str]] = {}
+        self._lock = threading.Lock()
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
 
@@ -198,20 +232,8 @@ class LogFollower:
     def _follow(self, pod: str) -> None:
         stream = self.streams[pod]
         while not self._stop.is_set():
-            proc = subprocess.Popen(
-                ["kubectl", "logs", "-f", "-n", self.namespace, pod],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            assert proc.stdout is not None
-            got = False
-            for line in proc.stdout:
-                got = True
-                stream.lines.append(line)
-            proc.wait()
-            if got or proc.returncode == 0:
-                break
+            if self._stream_once(pod, stream) is not False:
+                break  # it logged (or stop() ended it)
             time.sleep(0.5)  # container not started yet
             try:
                 kubectl("get", "pod", "-n", self.namespace, pod)
@@ -219,9 +241,46 @@ class LogFollower:
                 break  # gone before it logged anything
         stream.ended = time.time()
 
-    def stop(self) -> None:
+    def _stream_once(self, pod: str, stream: _Stream) -> bool | None:
+        """One ``kubectl logs -f`` of POD into STREAM until it ends: whether it ended well (a
+        line or exit 0), None when stop() ended it. The pipe is closed and the process reaped
+        here, whatever happens."""
+        with self._lock:
+            if self._stop.is_set():
+                return None
+            proc = subprocess.Popen(
+                ["kubectl", "logs", "-f", "-n", self.namespace, pod],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            self._procs[pod] = proc
+        got = False
+        with proc:  # closes stdout and waits for the process on the way out
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                got = True
+                stream.lines.append(line)
+        with self._lock:
+            self._procs.pop(pod, None)
+        if self._stop.is_set():
+            return None
+        return got or proc.returncode == 0
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """Ends every ``kubectl logs -f`` (their pipes closed, the processes reaped) and joins the
+        threads; the streams keep what they read."""
         self._stop.set()
-        self._watcher.join(5)
+        self._watcher.join(timeout_s)
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in [self._watcher, *self._threads] if t.is_alive()]
+        assert not alive, f"log followers still running after {timeout_s:.0f} s: {alive}"
 
     def events(self, pod: str) -> list[dict[str, Any]]:
         out = []
