@@ -46,6 +46,7 @@ from streamproc.edges import AdminFactory, ConsumerFactory, ProducerFactory
 from streamproc.errors import FatalPipelineError
 from streamproc.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.health import HealthServer
+from streamproc.idle import IdleExit, Verdict
 from streamproc.lag import LagMonitor
 from streamproc.lane import Lane
 from streamproc.logs import get_logger
@@ -484,13 +485,14 @@ class Pipeline:
 
     def run(self, exit_when_idle_s: float | None = None) -> RunSummary:
         """Run until :meth:`request_stop`, a fatal error, or ``exit_when_idle_s`` seconds with
-        no new input, no rebalance and nothing in flight; then close. Returns the summary (exit
-        code 0 or 1).
+        no new input, no rebalance and nothing in flight while partitions are assigned; then
+        close. Returns the summary (exit code 0 or 1).
 
-        With ``exit_when_idle_s``, time before the first assignment is never idle (a group
-        that still holds a dead member assigns nothing until the coordinator expires it): if
-        no partition is assigned within ``kafka.assignment_timeout_s`` the run stops with exit
-        code 1 and says why, instead of exiting 0 having done nothing.
+        With ``exit_when_idle_s``, time with no partition assigned is never idle (before the
+        first assignment, after the group lost its partitions, after a rebalance revoked the
+        last one; see :mod:`streamproc.idle`): if none is assigned for
+        ``kafka.assignment_timeout_s`` the run stops with exit code 1 and says why, instead
+        of exiting 0 with input left behind.
         """
         started_s = time.monotonic()
         if self.state is State.CREATED:
@@ -499,27 +501,25 @@ class Pipeline:
             except BaseException:
                 self.close()
                 raise
-        assignment_timeout_s = self.config.kafka.assignment_timeout_s
+        watch = (
+            None
+            if exit_when_idle_s is None
+            else IdleExit(exit_when_idle_s, self.config.kafka.assignment_timeout_s, started_s)
+        )
+        source = self.source
         while not self._stop.wait(0.1):
-            if exit_when_idle_s is None:
+            if watch is None:
                 continue
             now_s = time.monotonic()
-            if not self.source.assignment.ever_assigned:
-                if now_s - started_s >= assignment_timeout_s:
-                    self._on_fatal(
-                        FatalPipelineError(
-                            f"no partition assigned within {assignment_timeout_s:g} s "
-                            f"(kafka.assignment_timeout_s) to group "
-                            f"{self.config.kafka.group_id!r} for topics "
-                            f"{[p.input_topic for p in self.config.pipelines]}: the group may "
-                            "still hold a member that died (it is expired after its "
-                            "session.timeout.ms) or have more members than partitions"
-                        )
-                    )
-                continue
-            quiet_s = now_s - max(self.source.last_input_s, self.source.assignment.last_rebalance_s)
-            if quiet_s >= exit_when_idle_s and self.idle():
-                log.info("idle; exiting", idle_s=round(quiet_s, 1))
+            unassigned = source.assignment.unassigned  # one read: the source thread writes it
+            last_activity_s = max(source.last_input_s, source.assignment.last_rebalance_s)
+            verdict = watch.check(now_s, unassigned, last_activity_s, self.idle)
+            if verdict is Verdict.UNASSIGNED_TOO_LONG:
+                assert unassigned is not None
+                topics = [p.input_topic for p in self.config.pipelines]
+                self._on_fatal(watch.error(unassigned, self.config.kafka.group_id, topics))
+            elif verdict is Verdict.IDLE:
+                log.info("idle; exiting", idle_s=round(now_s - last_activity_s, 1))
                 break
         self.close()
         error = None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}"

@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify
-from tests.integration.conftest import Topics, end_offset_total, wait_for, watch_consumer_log
-
-
-def start_consumer(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    watch_consumer_log(log)
-    args = [sys.executable, "-m", "streamproc", "run", "--config", str(config)]
-    with log.open("ab") as out:  # the child holds its own copy of the descriptor
-        return subprocess.Popen(
-            [*args, "--exit-when-idle-s", "2"], stdout=out, stderr=subprocess.STDOUT
-        )
+from tests.integration.conftest import Topics, end_offset_total, start_consumer, wait_for
 
 
 def test_kill_9_mid_stream_then_restart_loses_nothing(

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import yaml
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
+from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline
 from streamproc.records import Record, TopicPartition
@@ -41,10 +42,10 @@ def test_one_oversized_result_never_dead_letters_its_valid_neighbours(
     # record; only the oversized results may be dead-lettered (stage produce).
     total = 300
     output = f"{topics.output}.small"
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    admin.create_topics([NewTopic(output, 3, 1, config={"max.message.bytes": "65536"})])[
-        output
-    ].result(30)
+    created = ensure_topics(
+        bootstrap_servers, {output: 3}, topic_config={"max.message.bytes": "65536"}
+    )
+    assert created == [output]
     produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
     config = load_config(
         overrides={
