@@ -71,6 +71,11 @@ from streamproc.workloads import ModelFn, Workload, load_workload
 log = get_logger(__name__)
 
 
+LAG_WAKE_INTERVAL_S = 1.0
+"""While ``--exit-when-idle-s`` waits for the lag monitor to measure partitions that delivered
+nothing, it wakes the monitor at most this often (each refresh is two admin requests)."""
+
+
 class State(enum.Enum):
     CREATED = "created"
     RUNNING = "running"
@@ -507,19 +512,34 @@ class Pipeline:
             else IdleExit(exit_when_idle_s, self.config.kafka.assignment_timeout_s, started_s)
         )
         source = self.source
+        next_wake_s = 0.0
         while not self._stop.wait(0.1):
             if watch is None:
                 continue
             now_s = time.monotonic()
-            unassigned = source.assignment.unassigned  # one read: the source thread writes it
-            last_activity_s = max(source.last_input_s, source.assignment.last_rebalance_s)
-            verdict = watch.check(now_s, unassigned, last_activity_s, self.idle)
+            # single-attribute reads of what the source and lag threads publish
+            unassigned = source.assignment.unassigned
+            last_input_s = source.last_input_s
+            last_rebalance_s = source.assignment.last_rebalance_s
+            empty_at = self.lag.empty_at
+            unfetched = [
+                tp
+                for tp, position in source.positions().items()
+                if position is None and empty_at.get(tp, -1.0) < last_rebalance_s
+            ]
+            verdict = watch.check(
+                now_s, unassigned, last_input_s, last_rebalance_s, unfetched, self.idle
+            )
             if verdict is Verdict.UNASSIGNED_TOO_LONG:
                 assert unassigned is not None
                 topics = [p.input_topic for p in self.config.pipelines]
                 self._on_fatal(watch.error(unassigned, self.config.kafka.group_id, topics))
+            elif verdict is Verdict.UNFETCHED and now_s >= next_wake_s:
+                self.lag.wake()  # measure those partitions now rather than in lag_interval_s
+                next_wake_s = now_s + LAG_WAKE_INTERVAL_S
             elif verdict is Verdict.IDLE:
-                log.info("idle; exiting", idle_s=round(now_s - last_activity_s, 1))
+                quiet_s = now_s - max(last_input_s, last_rebalance_s)
+                log.info("idle; exiting", idle_s=round(quiet_s, 1))
                 break
         self.close()
         error = None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}"
