@@ -136,7 +136,10 @@ def produce(
                     producer.poll(0.05)
             producer.poll(0)
             bar.update(1)
-        producer.flush(60)
+        # Every message gets its delivery report by message.timeout.ms (librdkafka's bound):
+        # wait for all of them rather than a fixed time a loaded broker may need more of.
+        while producer.flush(5) > 0:
+            pass
     if failed or acked != total:
         raise RuntimeError(f"{total - acked} of {total} messages not acknowledged: {failed[:3]}")
     return acked

@@ -20,12 +20,11 @@ from typing import Any
 import pytest
 
 from streamproc.admin import ensure_topics
-from streamproc.config import load_config
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify
-from tests.integration.conftest import Topics, report, wait_for
+from tests.integration.conftest import Topics, make_config, report, wait_for
 
 TOTAL = 600
 IDLE_S = 2.0
@@ -54,29 +53,17 @@ def _topics(bootstrap: str) -> Topics:
 
 
 def _pipeline(bootstrap: str, t: Topics, **kafka: Any) -> Pipeline:
+    """A slow model (50 ms per batch of 4): the broker stops while most input waits."""
+    settings = {"bootstrap_servers": bootstrap, "group_id": t.group, "commit_interval_ms": 200}
+    slow = {"workload": "tests.support.slow:make_workload", "options": {"delay_s": 0.05}}
+    pipeline = {"name": "p", "input_topic": t.input, "output_topic": t.output, **slow}
     return Pipeline(
-        load_config(
-            overrides={
-                "kafka": {
-                    "bootstrap_servers": bootstrap,
-                    "group_id": t.group,
-                    "commit_interval_ms": 200,
-                    "session_timeout_ms": SESSION_TIMEOUT_MS,
-                    **kafka,
-                },
-                "pipelines": [
-                    {
-                        "name": "p",
-                        "input_topic": t.input,
-                        "output_topic": t.output,
-                        "workload": "tests.support.slow:make_workload",
-                        "options": {"delay_s": 0.05},
-                    }
-                ],
-                "batching": {"max_batch_size": 4, "max_wait_ms": 10},
-                "metrics": {"port": 0},
-                "shutdown_timeout_s": 10,
-            }
+        make_config(
+            bootstrap,
+            t,
+            kafka={**settings, "session_timeout_ms": SESSION_TIMEOUT_MS, **kafka},
+            pipelines=[pipeline],
+            shutdown_timeout_s=10,
         )
     )
 
