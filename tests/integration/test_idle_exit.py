@@ -100,7 +100,15 @@ class _Run:
 
 
 def _stop_mid_stream_until_lost(broker: LocalKafka, run: _Run, topic: str) -> None:
-    wait_for(lambda: run.results(topic) >= 100, 180, "100 results before the broker stops")
+    wait_for(
+        lambda: run.results(topic) >= 100 or not run.thread.is_alive(),
+        180,
+        "100 results before the broker stops",
+    )
+    assert run.thread.is_alive(), (
+        f"the run ended before the broker stopped: {run.summary} after "
+        f"{run.results(topic):.0f} of {TOTAL} results"
+    )
     assert run.results(topic) < TOTAL, "the stream ended before the broker stopped"
     broker.stop()
     wait_for(run.lost, 120, "the consumer's session to time out (partitions lost)")
