@@ -108,6 +108,14 @@ precision: venv
 decode-workers: venv kafka-jars
 	$(PY) benchmarks/decode_workers.py
 
+# Priority isolation: trades (high) P99 alone and while a 1,480-frame video (low) backlog drains in
+# the same consumer, 5 runs (benchmarks/priority_isolation.py; docs/benchmarks.md). ~12 min per
+# checkout; compare with another checkout by PRIORITY_ARGS="--checkout before=DIR --checkout after=.".
+PRIORITY_ARGS ?=
+.PHONY: priority-isolation
+priority-isolation: venv kafka-jars
+	$(PY) benchmarks/priority_isolation.py $(PRIORITY_ARGS)
+
 # A 5-minute paced soak: consumer RSS must stay within +-5 % (benchmarks/soak.py).
 soak: venv kafka-jars
 	$(PY) benchmarks/soak.py

@@ -19,6 +19,11 @@ at dispatch time (never on a timer while the device is busy). A cut happens when
     second message within 5 ms even mid-burst and cut the first message of each burst alone;
     their median gap is well under a millisecond, so the burst forms one batch.
 
+Every cut is at most the **batch cap**: the largest batch the lane's devices can run now
+(:meth:`Batcher.set_cap`; the device workers lower it when a device runs out of memory and raise
+it again after a quiet period, see :mod:`streamproc.worker.recovery`). It bounds the target, and
+the adaptive model explores and chooses only sizes up to it.
+
 Otherwise the answer is "wait until the earliest deadline". Records leave the rings
 earliest-deadline-first across partitions (in offset order within one), so an old low-priority
 record eventually outranks fresh high-priority ones: nothing starves. Batches are never empty.
@@ -59,7 +64,8 @@ class Wait:
 class AdaptiveBatchSize:
     """Finds the throughput-optimal batch size for this device and model by measuring.
 
-    Candidate sizes are powers of two up to ``max_batch_size`` (plus ``max_batch_size``). A
+    Candidate sizes are powers of two up to the cap (plus the cap; ``max_batch_size`` unless
+    :meth:`set_cap` lowered it). A
     size's service time is the fastest of its last ``window`` batches, trusted once it has
     ``min_observations`` of them; the target is the size with the best throughput (messages per
     second). Sizes are explored in increasing order; exploration stops once a size's throughput
@@ -96,7 +102,9 @@ class AdaptiveBatchSize:
     (or one dropped in a slow second) comes back after one fresh batch.
 
     Args:
-        max_batch_size: the cap.
+        max_batch_size: the largest size.
+        cap: the largest size the devices can run now (:meth:`set_cap`; default
+            ``max_batch_size``): candidates above it are left out until it rises.
         window: batches per size kept for the estimate.
         min_observations: batches of a size needed before its throughput is trusted.
         give_up_below: stop exploring larger sizes below this fraction of the best throughput.
@@ -110,6 +118,7 @@ class AdaptiveBatchSize:
     """
 
     max_batch_size: int
+    cap: int = 0
     window: int = 8
     min_observations: int = 3
     give_up_below: float = 0.8
@@ -122,6 +131,7 @@ class AdaptiveBatchSize:
     _target: int | None = None  # target() until the next observation (decide() asks often)
 
     def __post_init__(self) -> None:
+        self.cap = min(self.cap, self.max_batch_size) or self.max_batch_size
         if self.window < 1 or self.min_observations < 1 or self.fresh_for < 1:
             raise ValueError(
                 f"window ({self.window}), min_observations ({self.min_observations}) and "
@@ -130,8 +140,15 @@ class AdaptiveBatchSize:
 
     @property
     def candidates(self) -> list[int]:
-        sizes = [2**i for i in range(int(math.log2(self.max_batch_size)) + 1)]
-        return sorted({*sizes, self.max_batch_size})
+        """Powers of two up to the cap, and the cap."""
+        cap = self.cap
+        sizes = [2**i for i in range(int(math.log2(cap)) + 1)]
+        return sorted({*sizes, cap})
+
+    def set_cap(self, cap: int) -> None:
+        """The devices can run at most ``cap`` rows now (clamped to 1..``max_batch_size``)."""
+        self.cap = max(1, min(cap, self.max_batch_size))
+        self._target = None
 
     def observe(self, size: int, service_s: float) -> None:
         """Record that a batch of ``size`` messages took ``service_s`` seconds on the device
@@ -307,7 +324,8 @@ class Batcher:
             in seconds, e.g. ``{Priority.HIGH: 0.002, Priority.NORMAL: 0.02}`` (a class left
             out waits as long as ``NORMAL``); a float applies to every class.
         adaptive: measure and aim for the throughput-optimal batch size (see
-            :class:`AdaptiveBatchSize`); else always aim for ``max_batch_size``.
+            :class:`AdaptiveBatchSize`); else always aim for ``max_batch_size`` (or the cap,
+            while :meth:`set_cap` holds it lower).
     """
 
     def __init__(
@@ -329,10 +347,19 @@ class Batcher:
         self.max_wait_s: tuple[float, ...] = tuple(waits.get(p, normal) for p in Priority)
         self.sizer = AdaptiveBatchSize(max_batch_size) if adaptive else None
         self.arrivals = ArrivalGaps()
+        self.cap = max_batch_size
 
     @property
     def target(self) -> int:
-        return self.sizer.target() if self.sizer is not None else self.max_batch_size
+        """The batch size aimed for now (never above the cap)."""
+        return self.sizer.target() if self.sizer is not None else self.cap
+
+    def set_cap(self, cap: int) -> None:
+        """The lane's devices can run at most ``cap`` rows per batch now (clamped to
+        1..``max_batch_size``): no cut is larger until the cap rises again."""
+        self.cap = max(1, min(cap, self.max_batch_size))
+        if self.sizer is not None:
+            self.sizer.set_cap(self.cap)
 
     def unmeasured(self) -> int | None:
         """Next batch size the adaptive model needs measured, or None (see

@@ -27,9 +27,11 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.edges import ConsumerClient, ktp
+from streamproc.errors import FatalPipelineError
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
+from streamproc.refusals import Refusals
 from streamproc.transactions import Transactions
 
 log = get_logger(__name__)
@@ -239,6 +241,16 @@ class OffsetTracker:
                 lambda: all(t.pending == 0 for t in self._tracks.values()), timeout=timeout_s
             )
 
+    def retire(self) -> None:
+        """End every partition's current generation, keeping its offsets (an aborted
+        transaction: no result of the aborted work may join the next transaction, and until
+        the rewind starts fresh tracks the pipeline must not look idle)."""
+        with self._cond:
+            for track in self._tracks.values():
+                track.generation = self._next_generation
+                self._next_generation += 1
+            self._cond.notify_all()
+
     def revoke(self, tps: Iterable[TopicPartition]) -> None:
         """Forget ``tps``; later completions for them count as late results."""
         with self._cond:
@@ -261,6 +273,10 @@ class Committer(Protocol):
 
     def on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
         """The consumer's ``on_commit`` callback."""
+        ...
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        """``tps`` were revoked or lost: drop what the committer keeps about them."""
         ...
 
 
@@ -320,6 +336,9 @@ class AtLeastOnceCommitter:
             self._metrics.commits.inc()
             self._last_error = None
 
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        """Nothing kept per partition."""
+
     def _failed(self, candidates: dict[TopicPartition, int], exc: object) -> None:
         self._metrics.commit_failures.inc()
         self._tracker.forget_committed(candidates)
@@ -335,18 +354,37 @@ class TransactionalCommitter:
     """Exactly-once: closes the open transaction with every moved watermark
     (``send_offsets_to_transaction`` + ``commit_transaction``).
 
+    Every abort is counted in ``streamproc_transaction_aborts_total{reason}``: the name of
+    the error that refused a record in it (e.g. ``MSG_SIZE_TOO_LARGE``), else of the error
+    that failed the commit (e.g. ``_MSG_TIMED_OUT``). An abort is *fruitless* when no refusal
+    was learned since the previous one (see ``streamproc.refusals``): the rewound inputs will
+    meet the same fate. After ``max_aborts`` fruitless aborts in a row (no commit between
+    them) the committer raises instead of rewinding once more: never a silent loop.
+
     Args:
         tracker: where the watermarks come from.
         metrics: commit counters.
         transactions: the sink producer's transaction state.
+        refusals: the records refused inside aborted transactions (settled ones are forgotten
+            at each commit, revoked partitions' at each revoke).
+        max_aborts: fruitless aborts in a row before the pipeline stops.
     """
 
     def __init__(
-        self, tracker: OffsetTracker, metrics: Metrics, transactions: Transactions
+        self,
+        tracker: OffsetTracker,
+        metrics: Metrics,
+        transactions: Transactions,
+        refusals: Refusals,
+        max_aborts: int = 5,
     ) -> None:
         self._tracker = tracker
         self._metrics = metrics
         self._transactions = transactions
+        self._refusals = refusals
+        self._max_aborts = max_aborts
+        self._fruitless = 0  # source thread only
+        self._gave_up: FatalPipelineError | None = None
 
     def commit(
         self,
@@ -362,17 +400,63 @@ class TransactionalCommitter:
             partition to its committed offset.
 
         Raises:
-            FatalPipelineError: fatal producer error (fenced zombie).
+            FatalPipelineError: fatal producer error (fenced zombie), or ``max_aborts``
+                fruitless aborts in a row (the message names the offsets and the error).
         """
+        if self._gave_up is not None:
+            # never commit after giving up: the tracker still holds the aborted transaction's
+            # done offsets, whose results are gone (the closing commit would lose them); abort
+            # what was produced since, so readers are not held at an open transaction
+            self._transactions.abort()
+            raise self._gave_up
         with self._transactions.lock:  # no record may join between reading offsets and commit
             candidates = self._tracker.commit_candidates()
             if self._transactions.commit(candidates, consumer.consumer_group_metadata()):
+                self._fruitless = 0
                 if candidates:
                     self._tracker.mark_committed(candidates)
+                    self._refusals.committed(candidates)
                     self._metrics.commits.inc()
                 return True
+            # Aborted. Before any producer takes the lock again, every current generation
+            # ends: a result of the aborted work that joined the next transaction would be
+            # produced there once more after the rewind (a duplicate, once both commit).
+            self._tracker.retire()
         self._metrics.commit_failures.inc()
+        self._aborted(candidates)
         return False
+
+    def _aborted(self, candidates: dict[TopicPartition, int]) -> None:
+        """Count the abort; stop after ``max_aborts`` fruitless ones in a row."""
+        err = self._transactions.abort_error
+        learned = self._refusals.learned()
+        # a refused record is the reason; the commit's own error then only says the
+        # transaction had failed before ("Erroneous state")
+        reason = learned or ("unknown" if err is None else err.name())
+        self._metrics.transaction_aborts.labels(reason).inc()
+        if learned:
+            self._fruitless = 0
+            return
+        self._fruitless += 1
+        if self._fruitless < self._max_aborts:
+            return
+        offsets = ", ".join(
+            f"{tp.topic}[{tp.partition}] below {offset}"
+            for tp, offset in sorted(candidates.items())
+        )
+        self._gave_up = FatalPipelineError(
+            f"transaction aborted {self._fruitless} times in a row with nothing learned "
+            f"(kafka.max_transaction_aborts={self._max_aborts}): the same offsets would be "
+            f"retried forever; offsets it could not commit: {offsets or 'none ready'}; "
+            f"records refused: {self._refusals.described()}; last error: "
+            f"{'unknown' if err is None else err.str()} ({reason})"
+        )
+        raise self._gave_up
 
     def on_commit(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
         """Never called: the consumer commits nothing itself in this mode."""
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        """Revoked or lost: the refusals remembered for ``tps`` go (their next owner learns
+        for itself)."""
+        self._refusals.forget(tps)

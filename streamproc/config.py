@@ -44,6 +44,9 @@ class KafkaConfig(_Section):
     one) before exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the
     coordinator expires it before the group rebalances). ``transactional_id`` (exactly-once only):
     stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
+    ``max_transaction_aborts`` (exactly-once only): aborted transactions in a row that teach
+    nothing new (no record refused for its own sake learned, nothing committed) before the
+    process stops (exit 1) naming the offsets and the error, instead of retrying forever.
     """
 
     bootstrap_servers: str | None = None
@@ -58,6 +61,7 @@ class KafkaConfig(_Section):
     assignment_timeout_s: float = Field(default=120.0, gt=0)
     create_topics: bool = True
     transactional_id: str | None = None
+    max_transaction_aborts: int = Field(default=5, ge=1, le=1000)
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
 
@@ -203,6 +207,21 @@ class WorkerConfig(_Section):
     dispatcher thread instead of the decode threads wherever that measures cheaper per record
     (light JSON payloads; ``DecodeRoutePolicy`` in ``decode_sizing.py``); ``never`` always uses
     the decode threads; ``always`` always decodes inline. Decode processes are never bypassed.
+
+    ``priority_admission`` (pipelines of different priorities in one process): a lane's launch
+    on a device waits while a more urgent lane's batch is pending there, at most
+    ``priority_max_defer_ms``, and on a CPU a less urgent call runs with half its intra-op
+    threads while a more urgent lane is active (``streamproc/admission.py``); ``false`` lets
+    the lanes' device threads compete as the OS schedules them.
+
+    Model failures (``streamproc/worker/recovery.py``): a batch whose model call raises is
+    narrowed down to the rows that fail alone (only those are dead-lettered, stage ``model``).
+    ``on_model_failure`` says what a model judged broken (failing for every row) does:
+    ``dead_letter`` (default: its rows are dead-lettered, as any failing row) or ``stop`` (the
+    pipeline stops with a non-zero exit, those rows uncommitted). A device out-of-memory error
+    is never the rows' fault: the batch runs again in smaller parts and the batch cap falls;
+    it doubles again after each ``oom_recovery_s`` seconds without one, up to the largest batch
+    that fitted at warm-up.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -219,6 +238,10 @@ class WorkerConfig(_Section):
     cuda_streams: int = Field(default=2, ge=1, le=16)
     torch_threads: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    priority_admission: bool = True
+    priority_max_defer_ms: float = Field(default=250.0, ge=0, le=60_000)
+    on_model_failure: Literal["dead_letter", "stop"] = "dead_letter"
+    oom_recovery_s: float = Field(default=30.0, gt=0)
 
     @field_validator("devices", mode="before")
     @classmethod

@@ -13,6 +13,9 @@ method                    called by            does
 :meth:`revoke`            source thread        drop rings, count what they held
 :meth:`next_cut`          dispatcher thread    wait for a cut, take its records
 :meth:`observe`           result thread        feed one batch's device time to the batcher
+:meth:`cap_batch`         device threads,      a device's batch cap moved (out of memory,
+                          start-up (warm-up)   recovery): the batcher cuts at most the
+                                               smallest cap of the lane's devices
 :meth:`calibrate`         start-up (main)      time the batch sizes the adaptive model needs
 :meth:`wake`              main (close)         wake a dispatcher waiting for a cut
 :meth:`fill_ratios`       source thread        ring fill per partition (gauges)
@@ -101,6 +104,7 @@ class Lane:
         self._tracker = tracker
         self._clock = clock
         self._cond = threading.Condition()
+        self._caps: dict[str, int] = {}  # device label -> its batch cap (under _cond)
 
     # -- source thread ---------------------------------------------------------------------
     def offer(self, records: Sequence[Record]) -> Offered:
@@ -182,6 +186,20 @@ class Lane:
         """One batch of ``size`` messages took ``service_s`` device seconds."""
         with self._cond:
             self._batcher.observe(size, service_s)
+
+    def cap_batch(self, device: str, cap: int) -> None:
+        """``device`` can run at most ``cap`` rows per batch now; batches are cut no larger
+        than the smallest cap of the lane's devices (a batch may go to any of them)."""
+        with self._cond:
+            self._caps[device] = cap
+            self._batcher.set_cap(min(self._caps.values()))
+            self._cond.notify_all()
+
+    @property
+    def cap(self) -> int:
+        """The largest batch cut now (rows)."""
+        with self._cond:
+            return self._batcher.cap
 
     def calibrate(self, time_batch: Callable[[int], float], max_batches: int = 64) -> int:
         """Start-up: time the batch sizes the adaptive model needs measured (until it knows

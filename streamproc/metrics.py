@@ -203,6 +203,12 @@ class Metrics:
         self.commit_failures = Counter(
             "streamproc_commit_failures", "Offset commits that failed", registry=reg
         )
+        self.transaction_aborts = Counter(
+            "streamproc_transaction_aborts",
+            "Transactions aborted (exactly-once), by the error's name",
+            ["reason"],
+            registry=reg,
+        )
         self.late_results = Counter(
             "streamproc_late_results",
             "Results for partitions no longer owned (not committed)",
@@ -258,11 +264,60 @@ class Metrics:
             ["topic", "device"],
             registry=reg,
         )
+        self.device_deferred = Counter(
+            "streamproc_device_deferred_launches",
+            "Batches whose launch waited for a more urgent lane's batch on the same device "
+            "(device admission, worker.priority_max_defer_ms)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.device_yielded = Counter(
+            "streamproc_device_yielded_launches",
+            "Batches run with half the intra-op threads because a more urgent lane was active "
+            "on the same CPU (device admission)",
+            ["topic", "device"],
+            registry=reg,
+        )
         self.results_waiting = Gauge(
             "streamproc_results_waiting_batches",
             "Completed batches waiting for an earlier batch of their lane that is not complete "
             "yet (result order across devices)",
             ["topic"],
+            registry=reg,
+        )
+        self.model_retry_calls = Counter(
+            "streamproc_model_retry_calls",
+            "Model calls beyond the first of a batch: re-runs in parts after the model raised "
+            "(narrowing down failing rows, or splitting a batch that ran out of device memory)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.model_isolated_rows = Counter(
+            "streamproc_model_isolated_rows",
+            "Rows the model failed on alone (dead-lettered with stage model; the rest of their "
+            "batch got results)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.model_broken_batches = Counter(
+            "streamproc_model_broken_batches",
+            "Batches dead-lettered whole without narrowing down: the model was judged broken "
+            "(failing for every row)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.device_out_of_memory = Counter(
+            "streamproc_device_out_of_memory",
+            "Device out-of-memory errors of live batches (each re-run in smaller parts, never "
+            "dead-lettered)",
+            ["topic", "device"],
+            registry=reg,
+        )
+        self.batch_size_cap = Gauge(
+            "streamproc_batch_size_cap",
+            "Largest batch the device runs now (rows): lowered by out-of-memory errors (and at "
+            "warm-up), raised again after worker.oom_recovery_s without one",
+            ["topic", "device"],
             registry=reg,
         )
         self.decode_workers = Gauge(

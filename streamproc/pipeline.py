@@ -20,12 +20,14 @@ import enum
 import gc
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from confluent_kafka import Consumer, Producer
 
 from streamproc.admin import cluster_metadata, ensure_topics, max_message_bytes, partition_count
+from streamproc.admission import DeviceAdmission
 from streamproc.batcher import Batcher
 from streamproc.buffers import PartitionBuffers
 from streamproc.clients import build_admin
@@ -66,6 +68,7 @@ from streamproc.worker import (
 )
 from streamproc.worker.pool import report_leaks
 from streamproc.worker.precision import build_model
+from streamproc.worker.recovery import Outcome
 from streamproc.workloads import ModelFn, Workload, load_workload
 
 log = get_logger(__name__)
@@ -172,7 +175,12 @@ class Pipeline:
         producer = build_producer(settings, producer_factory)
         # The processing guarantee, chosen once: the source and the sink never branch on it.
         self.guarantee: Guarantee = (
-            ExactlyOnce(self.tracker, self.metrics, Transactions(producer))
+            ExactlyOnce(
+                self.tracker,
+                self.metrics,
+                Transactions(producer),
+                max_aborts=config.kafka.max_transaction_aborts,
+            )
             if config.exactly_once
             else AtLeastOnce(self.tracker, self.metrics)
         )
@@ -186,6 +194,13 @@ class Pipeline:
         )
         self.lanes: dict[str, Lane] = {}
         self.workers: list[DeviceWorker] = []
+        # One admission order per device across lanes (only where lanes share devices).
+        worker = config.worker
+        self.admission = (
+            DeviceAdmission(worker.priority_max_defer_ms / 1000.0)
+            if worker.priority_admission and len(config.pipelines) > 1
+            else None
+        )
         self.leaks: tuple[PoolLeak, ...] = ()  # what the leak check at close found missing
         self._stages = [self._build_lane(spec) for spec in config.pipelines]
         self.source = Source(
@@ -325,11 +340,48 @@ class Pipeline:
                 completed,
                 self._on_fatal,
                 label=dev.label,
+                gate=(
+                    None
+                    if self.admission is None
+                    else self.admission.gate(dev.device, topic, dev.label, self.metrics)
+                ),
+                on_model_failure=cfg.worker.on_model_failure,
+                oom_recovery_s=cfg.worker.oom_recovery_s,
+                on_cap=self._cap_reporter(lane, dev.label),
+                on_outcome=self._outcome_counter(topic, dev.label),
             )
             for dev in self.devices
         )
         self.workers.extend(workers)
         return _LaneStages(lane, decoder, pool, workers, load, resequencer)
+
+    def _cap_reporter(self, lane: Lane, device: str) -> Callable[[int], None]:
+        """A device worker's ``on_cap``: the lane cuts at most the cap; the gauge shows it."""
+        gauge = self.metrics.batch_size_cap.labels(lane.topic, device)
+        gauge.set(self.config.batching.max_batch_size)
+
+        def report(cap: int) -> None:
+            gauge.set(cap)
+            lane.cap_batch(device, cap)
+
+        return report
+
+    def _outcome_counter(self, topic: str, device: str) -> Callable[[Outcome], None]:
+        """A device worker's ``on_outcome``: counts the re-runs of batches whose model call
+        raised."""
+        m = self.metrics
+        retries = m.model_retry_calls.labels(topic, device)
+        isolated = m.model_isolated_rows.labels(topic, device)
+        broken = m.model_broken_batches.labels(topic, device)
+        out_of_memory = m.device_out_of_memory.labels(topic, device)
+
+        def count(outcome: Outcome) -> None:
+            retries.inc(outcome.calls - 1)
+            isolated.inc(outcome.isolated)
+            broken.inc(outcome.broken)
+            out_of_memory.inc(outcome.out_of_memory)
+
+        return count
 
     def _build_model(
         self, spec: PipelineConfig, workload: Workload, device: torch.device
@@ -423,7 +475,7 @@ class Pipeline:
 
     def _prepare_topics(self) -> None:
         """Fail fast when the cluster is unreachable; create missing output and DLQ topics;
-        learn the dead-letter topics' record size limits."""
+        learn the output and dead-letter topics' record size limits."""
         admin_config = {
             "bootstrap.servers": self.config.bootstrap_servers,
             **self._security_settings(),
@@ -439,9 +491,14 @@ class Pipeline:
             created = ensure_topics(admin_config, wanted, timeout_s, admin_factory=factory)
             if created:
                 log.info("created topics", topics=created)
-        dead_letter_topics = [spec.dead_letter_topic for spec in self.config.pipelines]
-        self.sink.set_dead_letter_limits(
-            max_message_bytes(admin_config, dead_letter_topics, timeout_s, factory)
+        # the sink measures results and dead-letter records against these before producing
+        limited = {
+            topic
+            for spec in self.config.pipelines
+            for topic in (spec.output_topic, spec.dead_letter_topic)
+        }
+        self.sink.set_topic_limits(
+            max_message_bytes(admin_config, sorted(limited), timeout_s, factory)
         )
 
     def _security_settings(self) -> dict[str, Scalar]:
@@ -485,8 +542,15 @@ class Pipeline:
         return True, f"{len(assigned)} partitions assigned"
 
     def idle(self) -> bool:
-        """Nothing waiting in rings, nothing in flight, nothing awaiting acknowledgement."""
-        return self.tracker.total_pending() == 0 and all(w.idle() for w in self.workers)
+        """Nothing waiting in rings, nothing in flight, nothing awaiting acknowledgement, and
+        nothing done but not yet committed: under exactly-once an input is done when its
+        result joins the transaction, and a transaction that aborts sends it back (an idle
+        exit during that abort used to stop with the whole input uncommitted)."""
+        return (
+            self.tracker.total_pending() == 0
+            and not self.tracker.commit_candidates()
+            and all(w.idle() for w in self.workers)
+        )
 
     def run(self, exit_when_idle_s: float | None = None) -> RunSummary:
         """Run until :meth:`request_stop`, a fatal error, or ``exit_when_idle_s`` seconds with

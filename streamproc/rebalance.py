@@ -208,6 +208,7 @@ class RebalanceHandler:
         """After an aborted transaction: every assigned partition restarts from its committed
         offset, with a fresh ring and generation (the sink drops results of the old one)."""
         state = self._assignment
+        state.last_rebalance_s = time.monotonic()  # not idle while rewinding
         tps = sorted(state.assigned)
         committed = consumer.committed([ktp(tp) for tp in tps], timeout=30)
         self._tracker.revoke(tps)
@@ -233,6 +234,7 @@ class RebalanceHandler:
 
     def _forget(self, tps: list[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
         self._tracker.revoke(tps)
+        self._committer.forget(tps)
         self._assignment.forget(tps, cause)
         for tp in tps:
             with contextlib.suppress(Exception):  # never exported: nothing to remove

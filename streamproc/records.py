@@ -118,16 +118,20 @@ class Batch:
     """Records cut together by the batcher, in the order the batcher chose.
 
     ``records`` is never empty (checked). Per partition, records are in offset order.
+    ``priority`` is the most urgent class among its records (device admission orders lanes by
+    it; see :mod:`streamproc.admission`).
     """
 
     batch_id: int
     records: tuple[Record, ...]
     cut_at_s: float
     reason: str = field(default="size")
+    priority: Priority = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.records:
             raise ValueError("a batch is never empty")
+        object.__setattr__(self, "priority", min(r.priority for r in self.records))
 
     def __len__(self) -> int:
         return len(self.records)

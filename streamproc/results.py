@@ -1,10 +1,10 @@
 """Result handling: encode a batch's output rows and hand them to the sink, in batch order.
 
 Runs on the lane's ``results-<topic>`` thread (the resequencer's), one batch at a time in cut
-order. Rows whose decode failed, or whose batch the
-model failed on, or whose encode (the result callback) still raises after its retries, become
-dead-letter records with the stage and reason; one bad record never stops the stream, and its
-offset is committed only once its dead-letter record is acknowledged.
+order. Rows whose decode failed, or that the model failed on alone (the device worker narrowed
+a failing batch down to them), or whose encode (the result callback) still raises after its
+retries, become dead-letter records with the stage and reason; one bad record never stops the
+stream, and its offset is committed only once its dead-letter record is acknowledged.
 """
 
 from __future__ import annotations
@@ -61,13 +61,14 @@ class ResultHandler:
         topic = self._pipeline.input_topic
         dlq = self._pipeline.dead_letter_topic
         self._metrics.inference.labels(topic).observe(result.inference_s)
-        if self._observe is not None and result.error is None:
+        # a batch re-run in parts (its model call raised) measures the re-runs, not its size
+        if self._observe is not None and result.error is None and result.model_calls == 1:
             self._observe(len(result.batch), result.inference_s)
         inference_ms = result.inference_s * 1000
         cut_at_s = result.batch.cut_at_s
         records = result.batch.records
         failed = result.failed
-        if result.error is not None:  # the model failed on the whole batch
+        if result.error is not None:  # no row of the batch ran the model
             for row, record in enumerate(records):
                 error = (failed.get(row) if failed else None) or result.error
                 self._dead_letter(record, dlq, error.stage, error)

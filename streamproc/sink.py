@@ -16,6 +16,15 @@ batch with. A record refused that way is therefore sent again *alone*, through a
 that never batches (``batch.num.messages=1``, ``linger.ms=0``; created on first need), and only
 a refusal of the record on its own dead-letters it (or, for a dead-letter record, leaves its
 value out). Records sent again alone may land after later results of their partition.
+
+Two checks come before a result is produced at all. A result whose record cannot fit the output
+topic's ``max.message.bytes`` (learned at start-up, :meth:`Sink.set_topic_limits`) even before
+compression is dead-lettered at once when the producer does not compress (the broker judges the
+record batch as sent); when it compresses, the result is *at risk* and the guarantee decides
+(:meth:`Guarantee.plan`): exactly-once produces it in a record batch of its own, so a refusal
+names it alone and costs one aborted transaction, never its neighbours. The guarantee's plan
+also dead-letters results refused inside an earlier, aborted transaction (see
+``streamproc.refusals``).
 """
 
 from __future__ import annotations
@@ -33,10 +42,11 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from streamproc.clients import build_client
 from streamproc.edges import ProducerClient, ProducerFactory
 from streamproc.errors import FatalPipelineError
-from streamproc.guarantees import Guarantee
+from streamproc.guarantees import Guarantee, How
 from streamproc.logs import get_logger, kafka_logger, redact
 from streamproc.metrics import Metrics
 from streamproc.records import Headers, Record
+from streamproc.refusals import record_refusal
 
 log = get_logger(__name__)
 
@@ -56,6 +66,14 @@ producer about 0.5 us per record (measured with confluent-kafka 2.x, issue 15)."
 _MAX_ERROR_MESSAGE = 1000
 # Key, headers (error message included) and record-batch framing of a dead-letter record.
 _DLQ_RECORD_OVERHEAD = 8 * 1024
+# A record batch's header (magic v2): the least framing a record pays on top of its bytes.
+_RECORD_BATCH_HEADER = 61
+# Results whose value is within this of the output topic's limit have their whole record
+# (key, headers) measured; smaller ones cannot be over it unless key and headers are huge.
+_RESULT_RECORD_SLACK = 16 * 1024
+ISOLATION_TIMEOUT_S = 30.0
+"""How long producing a record in a record batch of its own waits for the producer's queue to
+empty (before) and for its delivery report (after)."""
 
 
 def parse_timing(value: bytes) -> dict[str, float]:
@@ -72,6 +90,10 @@ def parse_timing(value: bytes) -> dict[str, float]:
             raise ValueError(f"not a streamproc.timing header: {value!r}")
         timings[name] = float(number)
     return timings
+
+
+def _where(record: Record) -> str:
+    return f"{record.tp.topic}[{record.tp.partition}]@{record.offset}"
 
 
 def source_headers(record: Record) -> Headers:
@@ -197,8 +219,11 @@ class _BatchAck:
         assert msg is not None  # librdkafka passes the message, its value included
         self.delivered_row(rows[cast(bytes, msg.value())], err, msg)
 
-    def delivered_row(self, row: Row, err: KafkaError | None, msg: Message | None) -> None:
-        """The delivery report of result ``row`` (``err`` None on success)."""
+    def delivered_row(
+        self, row: Row, err: KafkaError | None, msg: Message | None, how: How = "batch"
+    ) -> None:
+        """The delivery report of result ``row`` (``err`` None on success); ``how`` it was
+        judged when refused (``local``: by the producer, before sending)."""
         if err is not None:
             on_alone = partial(self.delivered_alone, row)
             if self._sink._refused(
@@ -209,6 +234,7 @@ class _BatchAck:
                 err,
                 self._dlq_topic,
                 on_alone,
+                how,
             ):
                 return  # the broker refused the record *batch*: judged on its own now
             self._failed.add(row)
@@ -267,22 +293,29 @@ class Sink:
         self._alone_lock = threading.Lock()
         # A larger value cannot be produced at all (a near one fails and is retried without).
         self._max_dlq_value_bytes = int(settings.get("message.max.bytes", 1_000_000))
-        # per dead-letter topic, its max.message.bytes when known (set_dead_letter_limits): a
-        # value that cannot fit is left out up front, so it never shares a rejected request
-        # with records that would fit
-        self._dead_letter_limits: dict[str, int] = {}
+        # per output and dead-letter topic, its max.message.bytes when known (set_topic_limits):
+        # a dead-letter value that cannot fit is left out up front, so it never shares a
+        # rejected request with records that would fit; a result that cannot fit is
+        # dead-lettered or produced alone (see the module docstring)
+        self._topic_limits: dict[str, int] = {}
+        codec = settings.get("compression.type", settings.get("compression.codec", "none"))
+        self._compressed = str(codec) != "none"
         self._guarantee = guarantee
         self._metrics = metrics
         self._on_fatal = on_fatal
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sink", daemon=True)
 
-    def set_dead_letter_limits(self, limits: dict[str, int]) -> None:
-        """Per dead-letter topic, its ``max.message.bytes`` (learned at start-up); call before
-        :meth:`start`: the sink's threads read it without a lock."""
+    def set_topic_limits(self, limits: dict[str, int]) -> None:
+        """Per output and dead-letter topic, its ``max.message.bytes`` (learned at start-up);
+        call before :meth:`start`: the sink's threads read it without a lock.
+
+        Raises:
+            RuntimeError: the sink already started.
+        """
         if self._thread.ident is not None:
-            raise RuntimeError("dead-letter limits are set before the sink starts")
-        self._dead_letter_limits = dict(limits)
+            raise RuntimeError("topic limits are set before the sink starts")
+        self._topic_limits = dict(limits)
 
     def start(self) -> None:
         self._thread.start()
@@ -303,17 +336,23 @@ class Sink:
         err: KafkaError,
         dlq_topic: str,
         on_alone: Callable[[KafkaError | None, Message | None], None],
+        how: How,
     ) -> bool:
-        """The broker refused the result of input ``record``.
+        """The result of input ``record`` was refused, judged as ``how`` says.
 
         Returns:
-            True when it was sent again alone (``MSG_SIZE_TOO_LARGE`` judges a whole record
-            batch; its report goes to ``on_alone``); False when it is failed for good: it was
-            dead-lettered, or the guarantee handles it (the transaction aborts).
+            True when it was sent again alone (a record-level refusal of a record batch it may
+            have shared, e.g. ``MSG_SIZE_TOO_LARGE``; its report goes to ``on_alone``); False
+            when it is failed for good: it was dead-lettered, or the guarantee handles it (the
+            transaction aborts).
         """
-        if not self._guarantee.sink_recovers(record, err):
+        handling = self._guarantee.refused(record, err, how, dead_letter=False)
+        if handling == "abort":
             return False
-        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        if handling == "fatal":
+            self._on_fatal(FatalPipelineError(f"result of {_where(record)} refused: {err.str()}"))
+            return False
+        if how == "batch" and record_refusal(err):
             self._send_alone(topic, record.key, value, headers, on_alone)
             return True
         self._rejected(record, err, dlq_topic)
@@ -363,6 +402,11 @@ class Sink:
         # One callback for the batch needs distinct values (see _BatchAck); the check is one
         # set of the values, about 0.08 us per result against 0.15 for a closure per result.
         one_callback = len(set(values)) == len(values)
+        too_large, at_risk = self._oversized(topic, records, values, headers)
+        plan = self._guarantee.plan(records, at_risk)
+        dead = {row: (f"KafkaError.{r.error}", r.message) for row, r in plan.dead.items()}
+        dead.update(too_large)
+        alone = plan.alone
 
         def produce(rows: Sequence[int]) -> Sequence[int]:
             refused: list[int] = []
@@ -370,6 +414,19 @@ class Sink:
             send = producer.produce
             on_delivery = ack.delivered
             for row in rows:
+                if dead and row in dead:  # refused before, or cannot fit: never produced
+                    error_class, reason = dead[row]
+                    self.dead_letter(records[row], dlq_topic, "produce", error_class, reason)
+                    refused.append(row)
+                    ack.skipped(row)
+                    continue
+                if alone and row in alone:
+                    report = partial(ack.delivered_row, row)
+                    if not self._produce_own_batch(
+                        topic, records[row].key, values[row], headers[row], report
+                    ):
+                        refused.append(row)
+                    continue
                 if not one_callback:
                     on_delivery = partial(ack.delivered_row, row)
                 try:
@@ -392,11 +449,93 @@ class Sink:
                         )
                 except KafkaException as exc:  # refused before sending
                     refused.append(row)
-                    ack.delivered_row(row, exc.args[0], None)
+                    ack.delivered_row(row, exc.args[0], None, "local")
             return refused
 
         for row in self._guarantee.send_batch(records, produce):
             ack.skipped(row)
+
+    def _oversized(
+        self,
+        topic: str,
+        records: Sequence[Record],
+        values: Sequence[bytes],
+        headers: Sequence[list[tuple[str, bytes]]],
+    ) -> tuple[dict[Row, tuple[str, str]], list[Row]]:
+        """Results too large for ``topic``'s ``max.message.bytes`` before compression.
+
+        Returns:
+            The rows that cannot fit at all (the producer does not compress), with the error
+            class and message of their dead-letter record; and the rows at risk (it
+            compresses: the broker judges the compressed record batch).
+        """
+        limit = self._topic_limits.get(topic)
+        if limit is None or not values or max(map(len, values)) <= limit - _RESULT_RECORD_SLACK:
+            return {}, []
+        too_large: dict[Row, tuple[str, str]] = {}
+        at_risk: list[Row] = []
+        for row, value in enumerate(values):
+            size = (
+                _RECORD_BATCH_HEADER
+                + len(value)
+                + len(records[row].key or b"")
+                + sum(len(k) + len(v) for k, v in headers[row])
+            )
+            if size <= limit:
+                continue
+            if self._compressed:
+                at_risk.append(row)
+                continue
+            too_large[row] = (
+                "KafkaError.MSG_SIZE_TOO_LARGE",
+                f"Message size too large: the result's record ({size} bytes, uncompressed) "
+                f"exceeds max.message.bytes ({limit}) of topic {topic!r}; not produced",
+            )
+        return too_large, at_risk
+
+    def _produce_own_batch(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        report: Callable[[KafkaError | None, Message | None, How], None],
+    ) -> bool:
+        """Produce one record in a record batch of its own through the results producer (so
+        inside the open transaction): wait for the producer's queue to empty, produce, wait for
+        its report. ``report(err, msg, how)`` gets ``how`` ``alone``, or ``batch`` when a wait
+        timed out (another record may have shared its record batch). The record batch stays
+        its own only while no other thread produces meanwhile: under exactly-once every
+        produce holds the transaction lock, which the caller holds.
+
+        Returns:
+            False when the producer refused the record before sending (reported as ``local``).
+        """
+        producer = self._producer
+        judged: list[How] = ["alone" if self._drained() else "batch"]
+
+        def delivered(err: KafkaError | None, msg: Message | None) -> None:
+            report(err, msg, judged[0])
+
+        try:
+            produce_waiting(producer, topic, key, value, headers, delivered)
+        except KafkaException as exc:  # refused before sending
+            report(exc.args[0], None, "local")
+            return False
+        if not self._drained():
+            judged[0] = "batch"
+        return True
+
+    def _drained(self) -> bool:
+        """Wait until every record produced so far has its report: True; False after
+        :data:`ISOLATION_TIMEOUT_S`, or at once when the open transaction failed (its queued
+        records are not sent before the abort purges them: waiting would hold the
+        transaction lock, and with it the commit that aborts, for nothing)."""
+        deadline_s = time.monotonic() + ISOLATION_TIMEOUT_S
+        while self._producer.flush(0.05) != 0:
+            if self._guarantee.failed() or time.monotonic() >= deadline_s:
+                return False
+        return True
 
     def _delivered(self, topic: str, records: Sequence[Record]) -> None:
         """Every delivery report of a batch is in: count it and mark its inputs done."""
@@ -443,7 +582,10 @@ class Sink:
         without losing the record.
         """
         value = record.value
-        limit = min(self._max_dlq_value_bytes, self._dead_letter_limits.get(dlq_topic, 1 << 62))
+        known = self._guarantee.remembered(record)
+        if known is not None and known.omit_value:  # refused with it inside a transaction
+            omit_value = True
+        limit = min(self._max_dlq_value_bytes, self._topic_limits.get(dlq_topic, 1 << 62))
         if value is not None and (omit_value or len(value) > limit - _DLQ_RECORD_OVERHEAD):
             value, omit_value = None, True
         headers = [
@@ -489,8 +631,14 @@ class Sink:
                 self._metrics.dead_lettered.labels(record.tp.topic, stage).inc()
                 self._guarantee.acknowledged((record,))
                 return
-            if not self._guarantee.sink_recovers(record, err):
+            handling = self._guarantee.refused(
+                record, err, "alone" if alone else "batch", dead_letter=True
+            )
+            if handling == "abort":
                 return  # the transaction aborts and the record is retried after the rewind
+            if handling == "fatal":
+                fatal(f"{err.str()} (inside the transaction, with nothing left to leave out)")
+                return
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                 too_large(err, alone)
                 return
@@ -503,8 +651,12 @@ class Sink:
             self._send(record, dlq_topic, record.key, value, headers, delivered)
         except KafkaException as exc:
             err = exc.args[0]
-            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                too_large(err, True)  # the producer's own limit judges each record alone
+            if self._guarantee.refused(record, err, "local", dead_letter=True) == "abort":
+                return  # the transaction failed before: retried after the rewind
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and not omit_value:
+                # the producer's own limit judges each record alone: again without the value,
+                # through the same producer (inside the transaction under exactly-once)
+                self.dead_letter(record, dlq_topic, stage, error_class, message, True)
                 return
             fatal(str(exc))
 

@@ -274,7 +274,11 @@ class FakeProducer:
 
     :meth:`deliver` (or :meth:`flush`) reports them; ``errors`` on a transactional method name
     (``"commit_transaction"``, ``"send_offsets_to_transaction"``, ...) makes its next calls
-    raise those errors in order. Every call is recorded in :attr:`calls`.
+    raise those errors in order. ``judge``, when set, is the broker's verdict on each record
+    reported without an explicit error (None: accepted; e.g. refuse values over a size).
+    Inside a transaction a failed delivery puts it in librdkafka's abortable state: later
+    produces raise ``_STATE`` and the commit raises the delivery's error (``txn_requires_abort``)
+    until the transaction aborts. Every call is recorded in :attr:`calls`.
     """
 
     settings: dict[str, Any] = field(default_factory=dict)
@@ -283,6 +287,9 @@ class FakeProducer:
     calls: list[str] = field(default_factory=list)
     errors: dict[str, deque[KafkaError]] = field(default_factory=dict)
     deliver_on_flush: bool = True
+    judge: Callable[[Produced], KafkaError | None] | None = None
+    txn_error: KafkaError | None = None  # the abortable state of the open transaction
+    in_transaction: bool = False
 
     def fail_next(self, method: str, *errors: KafkaError) -> None:
         """Make the next calls of ``method`` raise ``KafkaException(error)``, in order."""
@@ -294,9 +301,14 @@ class FakeProducer:
         take = len(self.pending) if count is None else min(count, len(self.pending))
         batch, self.pending = self.pending[:take], self.pending[take:]
         for record in batch:
-            if error is None:
+            verdict = error
+            if verdict is None and self.judge is not None:
+                verdict = self.judge(record)
+            if verdict is None:
                 self.delivered.append(record)
-            record.report(error)
+            elif self.in_transaction and self.txn_error is None:
+                self.txn_error = verdict
+            record.report(verdict)
         return take
 
     def _call(self, name: str) -> None:
@@ -315,6 +327,8 @@ class FakeProducer:
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         self._call("produce")
+        if self.txn_error is not None:
+            raise KafkaException(KafkaError(KafkaError._STATE))
         self.pending.append(Produced(topic, key, value, list(headers or []), on_delivery))
 
     def poll(self, timeout: float = -1) -> int:
@@ -333,6 +347,7 @@ class FakeProducer:
 
     def begin_transaction(self) -> None:
         self._call("begin_transaction")
+        self.in_transaction = True
 
     def send_offsets_to_transaction(
         self, positions: list[KafkaTopicPartition], group_metadata: Any, timeout: float = -1
@@ -341,9 +356,14 @@ class FakeProducer:
 
     def commit_transaction(self, timeout: float = -1) -> None:
         self._call("commit_transaction")
+        if self.txn_error is not None:
+            raise KafkaException(KafkaError(self.txn_error.code(), txn_requires_abort=True))
+        self.in_transaction = False
 
     def abort_transaction(self, timeout: float = -1) -> None:
         self._call("abort_transaction")
+        self.in_transaction = False
+        self.txn_error = None
 
 
 def kafka_error(

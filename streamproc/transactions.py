@@ -11,8 +11,10 @@ Error handling follows the transactional producer's contract:
 * retriable error (e.g. ``CONCURRENT_TRANSACTIONS``, ``COORDINATOR_LOAD_IN_PROGRESS``) from
   ``send_offsets_to_transaction`` or ``commit_transaction`` -> retry that call (bounded by
   ``max_attempts``);
-* abortable error -> ``abort_transaction`` and return False: the caller rewinds every assigned
-  partition to its committed offset and drops work of the aborted generation;
+* abortable error, or a record refused before sending for no fault of its own
+  (:attr:`Transactions.must_abort`) -> ``abort_transaction`` (retried on a retriable error such
+  as a timeout) and return False: the caller rewinds every assigned partition to its
+  committed offset and drops work of the aborted generation;
 * fatal error (e.g. fenced by a newer instance with the same ``transactional.id``: we are the
   zombie) -> :class:`~streamproc.errors.FatalPipelineError`; this process stops, nobody else.
 
@@ -26,7 +28,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from streamproc.edges import ProducerClient, ktp
 from streamproc.errors import FatalPipelineError
@@ -55,6 +57,17 @@ class Transactions:
         self._open = False
         self.commits = 0
         self.aborts = 0
+        self.abort_error: KafkaError | None = None  # why the last transaction aborted
+        # Set from delivery reports (any thread; one reference each, atomic under the GIL),
+        # cleared when a transaction begins or aborts:
+        # - failed: the first error that failed a delivery of the open transaction (librdkafka
+        #   holds it in its abortable state and fails the commit); producing more into it is
+        #   wasted, and records queued in it are not sent until the abort purges them;
+        # - must_abort: a record the producer refused before sending for no fault of its own
+        #   (librdkafka's transaction is fine): committing would leave a gap below results
+        #   that commit, so the transaction is aborted instead.
+        self.failed: KafkaError | None = None
+        self.must_abort: KafkaError | None = None
         producer.init_transactions(timeout_s)  # fences older instances, aborts their txn
 
     def produce(self, produce: Callable[..., None], *args: Any) -> None:
@@ -77,6 +90,7 @@ class Transactions:
         if not self._open:
             self._producer.begin_transaction()
             self._open = True
+            self.failed = self.must_abort = None
 
     def commit(self, offsets: dict[TopicPartition, int], group_metadata: Any) -> bool:
         """Commit the open transaction with ``offsets``; False when it had to be aborted.
@@ -87,6 +101,10 @@ class Transactions:
         with self.lock:
             if not self._open and not offsets:
                 return True
+            must_abort = self.must_abort
+            if self._open and must_abort is not None:
+                self._abort(must_abort)
+                return False
             try:
                 self._begin()
                 if offsets:
@@ -126,12 +144,20 @@ class Transactions:
                 "the same transactional.id may have fenced this one"
             ) from None
         if err.txn_requires_abort():
-            log.warning("aborting transaction", error=err.str())
-            self._producer.abort_transaction(self._timeout_s)
-            self._open = False
-            self.aborts += 1
+            self._abort(err)
             return False
         raise FatalPipelineError(f"transaction commit failed: {err.str()}") from None
+
+    def _abort(self, err: KafkaError) -> None:
+        """Abort the open transaction because of ``err`` (the caller holds the lock)."""
+        log.warning("aborting transaction", error=err.str(), code=err.name())
+        self._retrying(
+            "abort_transaction", lambda: self._producer.abort_transaction(self._timeout_s)
+        )
+        self._open = False
+        self.failed = self.must_abort = None
+        self.aborts += 1
+        self.abort_error = err
 
     def abort(self) -> None:
         """Abort the open transaction, if any (shutdown without a clean drain)."""
@@ -139,4 +165,5 @@ class Transactions:
             if self._open:
                 self._producer.abort_transaction(self._timeout_s)
                 self._open = False
+                self.failed = self.must_abort = None
                 self.aborts += 1

@@ -20,6 +20,14 @@ is started: handing a finished batch to a second thread only cost a notify, a wa
 thread switch per batch (issue 15). Tests that pass controllable copy events keep the
 completion thread.
 
+A model call that raises is handled at launch, on the device thread, by the worker's
+:class:`~streamproc.worker.recovery.PartRunner` (one code path on CPU and CUDA: on CUDA the
+re-runs are queued on the batch's stream, in place of the one call, before its done event):
+out-of-memory errors re-run the batch in smaller parts and lower the worker's
+:class:`~streamproc.worker.recovery.BatchCap` (the lane cuts no larger batches until it rises
+again); other errors are narrowed down to the rows that fail alone. Each part writes its outputs
+into its own rows of the host output buffers, so the batch's results keep their rows.
+
 In-flight batches are bounded by the caller (the lane's
 :class:`~streamproc.devices.DeviceLoad` counts a batch from placement until ``release``), and by
 :attr:`DeviceWorker.max_in_flight` output buffer sets; :meth:`DeviceWorker.output_leak` names
@@ -40,10 +48,20 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from streamproc.errors import ModelError, RecordError
+from streamproc.admission import AdmissionGate
+from streamproc.errors import FatalPipelineError, ModelError, RecordError
 from streamproc.logs import get_logger
 from streamproc.records import Batch
+from streamproc.worker.intra_op import IntraOpThreads
 from streamproc.worker.pool import PoolLeak, Slab, StagingPool
+from streamproc.worker.recovery import (
+    BatchCap,
+    DeviceOutOfMemoryError,
+    OnModelFailure,
+    Outcome,
+    PartRunner,
+    is_out_of_memory,
+)
 from streamproc.workloads.base import ModelFn
 
 log = get_logger(__name__)
@@ -67,8 +85,11 @@ class DeviceResult:
     """Host outputs of one batch, handed to ``on_complete`` in submission order.
 
     ``outputs`` are numpy views (n, ...) of the worker's output buffer set, valid until the
-    ``release`` handed over with them is called; ``error`` is
-    set when the model failed for the whole batch. ``inference_s`` is the batch's device time:
+    ``release`` handed over with them is called; ``failed`` maps row -> error for rows whose
+    decode failed or that the model failed on alone (a :class:`ModelError`, stage ``model``);
+    ``error`` is set when no row of the batch ran (then ``outputs`` is empty). ``model_calls``
+    is the model calls the batch took (1 unless a call raised and it was re-run in parts; its
+    ``inference_s`` then covers them all). ``inference_s`` is the batch's device time:
     copy in, model, copy out (CUDA: between timing events on its stream; CPU: the synchronous
     call), not the time it then waited for the completion thread (that would bias the adaptive
     batch size towards large batches).
@@ -79,6 +100,7 @@ class DeviceResult:
     failed: dict[int, RecordError]
     error: ModelError | None
     inference_s: float
+    model_calls: int = 1
 
 
 class Event(Protocol):
@@ -105,6 +127,8 @@ class _InFlight:
     started_s: float
     error: ModelError | None = None
     slab_released: bool = False
+    model_calls: int = 1
+    failed: dict[int, RecordError] = field(default_factory=dict)
     service_s: float | None = None  # CPU: known when the launch returns
     start_event: torch.cuda.Event | None = None  # CUDA: timing event recorded before the copy in
 
@@ -130,6 +154,18 @@ class DeviceWorker:
             controllable copy events to prove a slab is only reused after its event fired.
         label: the device's name in thread names, metrics and leak reports (``cpu:1``,
             ``cuda:0``); default ``str(device)``.
+        gate: the lane's admission to a device shared with other lanes (None: launch at
+            once): :meth:`submit` announces each batch, the device thread waits (bounded)
+            while a more urgent lane's batch is pending and, on a CPU, runs a call told to
+            yield with half its intra-op threads (see :mod:`streamproc.admission`).
+        on_model_failure: ``worker.on_model_failure`` (``dead_letter`` or ``stop``: what a
+            model judged broken does; see :mod:`streamproc.worker.recovery`).
+        oom_recovery_s: quiet seconds after an out-of-memory error before the batch cap
+            doubles again (``worker.oom_recovery_s``).
+        on_cap: called with the worker's batch cap (rows) whenever it moves (warm-up, an
+            out-of-memory error, recovery); the lane cuts no larger batches.
+        on_outcome: called on the device thread with the :class:`Outcome` of each batch whose
+            model call raised (metrics).
     """
 
     def __init__(
@@ -143,8 +179,15 @@ class DeviceWorker:
         on_fatal: Callable[[BaseException], None],
         event_factory: Callable[[], Event] | None = None,
         label: str | None = None,
+        gate: AdmissionGate | None = None,
+        on_model_failure: OnModelFailure = "dead_letter",
+        oom_recovery_s: float = 30.0,
+        on_cap: Callable[[int], None] | None = None,
+        on_outcome: Callable[[Outcome], None] | None = None,
     ) -> None:
         self._event_factory = event_factory
+        self._gate = gate
+        self._intra_op = IntraOpThreads() if device.type == "cpu" else None
         self.model = model
         self.device = device
         self.label = label or str(device)
@@ -153,6 +196,17 @@ class DeviceWorker:
         self.on_complete = on_complete
         self.on_fatal = on_fatal
         self.cuda = device.type == "cuda"
+        self._on_cap = on_cap or (lambda limit: None)
+        self._on_outcome = on_outcome
+        self.cap = BatchCap(pool.rows, oom_recovery_s)
+        self.runner = PartRunner(
+            self.cap,
+            pool.rows,
+            on_model_failure,
+            release_memory=self._release_memory,
+            on_cap=self._on_cap,
+            label=self.label,
+        )
         self._streams = [_cuda_stream(device) for _ in range(streams)] if self.cuda else []
         # Unbounded and C-level (no Python condition per put/get): the caller bounds what is
         # queued (DeviceLoad counts a batch from placement to release, <= max_in_flight).
@@ -203,7 +257,18 @@ class DeviceWorker:
         """Run the model once per batch size the adaptive batcher may try (powers of two up
         to the slab's rows, and the rows), on zeros, synchronously: the first call of a new
         shape pays one-off costs (oneDNN primitives, cuDNN autotuning) that would otherwise
-        skew the batcher's first measurements and the first batches' latency."""
+        skew the batcher's first measurements and the first batches' latency.
+
+        A size that runs out of device memory ends the warm-up there: the largest batch that
+        fits is found by bisection between the last size that ran and that one, the worker's
+        batch cap is set to it (its ceiling for the process's life; ``on_cap`` tells the
+        lane) and one warning says so.
+
+        Raises:
+            DeviceOutOfMemoryError: not even one row fits on the device.
+            Exception: whatever the model raised on the largest size tried (on zeros: the
+                model is unusable).
+        """
         slab = self.pool.lease()
         assert slab is not None
         rows = self.pool.rows
@@ -211,17 +276,62 @@ class DeviceWorker:
         try:
             slab.array[...] = 0
             with torch.inference_mode():
+                fits = 0
                 for size in sizes:
                     try:
                         self.model(slab.tensor[:size].to(self.device))
                     except Exception as exc:
+                        if is_out_of_memory(exc):
+                            break
                         if size == rows:
                             raise  # the full batch fails on zeros: the model is unusable
                         log.warning("model warm-up failed", batch_size=size, error=repr(exc))
+                    fits = size
+                else:
+                    return
+                self._release_memory()
+                largest = self._largest_fit(slab, fits, size)
+            self.cap.fit(largest)
+            log.warning(
+                "batch size capped: the device ran out of memory at warm-up",
+                device=self.label,
+                out_of_memory_at=size,
+                batch_size_cap=largest,
+            )
+            self._on_cap(largest)
+        finally:
             if self.cuda:
                 torch.cuda.synchronize(self.device)
-        finally:
             self.pool.release(slab)
+
+    def _largest_fit(self, slab: Slab, fits: int, fails: int) -> int:
+        """The largest batch in ``fits..fails-1`` that runs without running out of memory
+        (``fits`` rows ran, ``fails`` rows did not), by bisection on zeros."""
+        while fails - fits > 1:
+            size = (fits + fails) // 2
+            try:
+                self.model(slab.tensor[:size].to(self.device))
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                fails = size
+                out_of_memory = True
+            else:
+                fits = size
+                out_of_memory = False
+            if out_of_memory:
+                self._release_memory()
+        if fits == 0:
+            raise DeviceOutOfMemoryError(
+                f"device {self.label} is out of memory at warm-up for a batch of one row: "
+                "the model does not fit"
+            )
+        return fits
+
+    def _release_memory(self) -> None:
+        """Hand the device's cached, unused memory back (CUDA) before a re-run."""
+        if self.cuda:
+            torch.cuda.empty_cache()
 
     def time_batch(self, size: int) -> float:
         """Device seconds of the model on one batch of ``size`` zero rows (copy in, model,
@@ -230,10 +340,12 @@ class DeviceWorker:
 
         The start-up calibration of the adaptive batch size is built on this: the lane asks
         for the sizes it needs measured, instead of exploring on live traffic (where messages
-        queue behind the exploration).
+        queue behind the exploration). A batch that runs out of memory runs in parts (as a
+        live batch would, lowering the cap); the time covers them all.
 
         Raises:
             ValueError: ``size`` is not within 1..the staging slab's rows.
+            ModelError: the model raised on zeros.
         """
         if not 1 <= size <= self.pool.rows:
             raise ValueError(f"batch size {size} outside 1..{self.pool.rows}")
@@ -243,10 +355,14 @@ class DeviceWorker:
             slab.array[:size] = 0
             with torch.inference_mode():
                 started_s = time.perf_counter()
-                self.model(slab.tensor[:size].to(self.device))
+                x = slab.tensor[:size].to(self.device)
+                outcome = self.runner.run(size, lambda lo, hi: _discard(self.model(x[lo:hi])))
                 if self.cuda:
                     torch.cuda.synchronize(self.device)
-                return time.perf_counter() - started_s
+                seconds = time.perf_counter() - started_s
+            if outcome.failed:
+                raise ModelError(f"model failed on zeros: {next(iter(outcome.failed.values()))}")
+            return seconds
         finally:
             self.pool.release(slab)
 
@@ -257,18 +373,39 @@ class DeviceWorker:
         output buffer set before it launches one)."""
         with self._cond:
             self._unfinished += 1
+        if self._gate is not None:
+            self._gate.announce(job.batch.priority)
         self._jobs.put(job)
 
     # -- device thread ---------------------------------------------------------------------
     def _launch_loop(self) -> None:
         if self.cuda:
             torch.cuda.set_device(self.device)
+        stopped = False
         while (job := self._jobs.get()) is not None:
+            if stopped:  # after a fatal error: later batches are dropped, buffers given back
+                self.pool.release(job.slab)
+                if self._gate is not None:  # announced at submit, never launched
+                    self._gate.finish(job.batch.priority)
+                with self._cond:
+                    self._unfinished -= 1
+                continue
             with self._cond:  # bounded in-flight batches: wait for an output slot
                 self._cond.wait_for(lambda: bool(self._out_free))
                 slot = self._out_free.pop()
                 self._out_held[slot] = job.batch.batch_id
-            item = self._launch(job, slot)
+            launch = self._launch if self._gate is None else self._admitted_launch
+            try:
+                item = launch(job, slot)
+            except FatalPipelineError as exc:
+                # the pipeline stops (a model judged broken under ``stop``, or not one row
+                # fits): the batch is neither produced nor dead-lettered (its offsets stay
+                # uncommitted) and its buffers go back
+                self.pool.release(job.slab)
+                self._releaser(slot)()
+                stopped = True
+                self.on_fatal(exc)
+                continue
             if self._completes_inline:
                 self.pool.release(job.slab)
                 item.slab_released = True
@@ -276,9 +413,23 @@ class DeviceWorker:
             else:
                 self._inflight_append(item)
 
+    def _admitted_launch(self, job: DeviceJob, slot: int) -> _InFlight:
+        """:meth:`_launch` once the admission lets this batch onto the shared device; on a
+        CPU with the intra-op threads it says (all, or half while a more urgent lane is
+        active); the batch leaves the admission when its model call returned."""
+        assert self._gate is not None
+        priority = job.batch.priority
+        admitted = self._gate.admit(priority)
+        try:
+            if self._intra_op is not None:
+                self._intra_op.use(admitted.yield_threads)
+            return self._launch(job, slot)
+        finally:
+            self._gate.finish(priority)
+
     def _launch(self, job: DeviceJob, slot: int) -> _InFlight:
         item = self._launch_on_device(job, slot)
-        if item.start_event is None:  # CPU (or a failed batch): the work is done already
+        if item.start_event is None:  # CPU: the work is done already
             item.service_s = time.monotonic() - item.started_s
         return item
 
@@ -299,24 +450,42 @@ class DeviceWorker:
                 copy_event = _cuda_event(stream)
             elif self._event_factory is not None:  # tests: a controllable "copy finished"
                 copy_event = self._event_factory()
-            try:
-                outputs = self.model(x)
-            except Exception as exc:
-                error = ModelError(f"model failed on batch {job.batch.batch_id}: {exc!r}")
-                return _InFlight(job, copy_event, done_event, (), slot, started_s, error)
-            if any(out.shape[0] != n for out in outputs):
-                error = ModelError(
-                    f"model returned {[tuple(o.shape) for o in outputs]} for {n} rows"
-                )
-                return _InFlight(job, copy_event, done_event, (), slot, started_s, error)
-            host = self._output_buffers(slot, outputs)
-            for dst, src in zip(host, outputs, strict=True):
-                dst[:n].copy_(src, non_blocking=True)
+            host: tuple[torch.Tensor, ...] = ()
+
+            def call(lo: int, hi: int) -> None:
+                nonlocal host
+                outputs = self.model(x[lo:hi] if hi - lo < n else x)
+                if any(out.shape[0] != hi - lo for out in outputs):
+                    raise ModelError(
+                        f"model returned {[tuple(o.shape) for o in outputs]} for {hi - lo} rows"
+                    )
+                host = self._output_buffers(slot, outputs)
+                for dst, src in zip(host, outputs, strict=True):
+                    dst[lo:hi].copy_(src, non_blocking=True)
+
+            outcome = self.runner.run(n, call)
+            if outcome.calls > 1 and self._on_outcome is not None:
+                self._on_outcome(outcome)
+            error = None
+            failed = job.failed
+            if outcome.failed:
+                batch_id = job.batch.batch_id
+                failed = {
+                    row: ModelError(f"model failed on batch {batch_id}: {text}")
+                    for row, text in outcome.failed.items()
+                }
+                failed.update(job.failed)  # a row whose decode failed keeps that error
+                if len(outcome.failed) == n:  # no row ran: no outputs at all
+                    error = ModelError(f"model failed on batch {batch_id}: {outcome.failed[0]}")
+                    host = ()
             if stream is not None:
                 done_event = _cuda_event(stream, timing=True)
-        return _InFlight(
-            job, copy_event, done_event, host, slot, started_s, start_event=start_event
+        item = _InFlight(
+            job, copy_event, done_event, host, slot, started_s, error, start_event=start_event
         )
+        item.failed = failed
+        item.model_calls = outcome.calls
+        return item
 
     def _output_buffers(
         self, slot: int, outputs: tuple[torch.Tensor, ...]
@@ -376,9 +545,10 @@ class DeviceWorker:
         result = DeviceResult(
             batch=item.job.batch,
             outputs=tuple(array[:n] for array in arrays),
-            failed=item.job.failed,
+            failed=item.failed,
             error=item.error,
             inference_s=_service_s(item),
+            model_calls=item.model_calls,
         )
         self.on_complete(result, self._releaser(item.out_slot))
 
@@ -432,6 +602,10 @@ class DeviceWorker:
         for thread in self._threads[1:]:
             if thread.ident is not None:
                 thread.join(max(0.0, deadline_s - time.monotonic()))
+
+
+def _discard(outputs: tuple[torch.Tensor, ...]) -> None:
+    """A timing run's outputs are not kept."""
 
 
 def _service_s(item: _InFlight) -> float:

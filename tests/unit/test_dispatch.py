@@ -4,8 +4,7 @@ clock: placement, a device that stops completing, and result order per partition
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import structlog
@@ -22,6 +21,7 @@ from streamproc.metrics import Metrics
 from streamproc.records import Record, TopicPartition
 from streamproc.testing import FakeClock
 from streamproc.worker import DeviceResult, DeviceWorker, Release, Resequencer, Slab, StagingPool
+from tests.support.waiting import wait_until
 
 TPS = (TopicPartition("in", 0), TopicPartition("in", 1))
 LIMIT = 2  # in-flight batches per device
@@ -46,13 +46,6 @@ class GatedModel:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         assert self.gate.wait(60), "gate never opened"
         return (x[:, 0].clone(),)
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline_s = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline_s, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 class TwoDeviceLane:

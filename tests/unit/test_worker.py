@@ -130,19 +130,18 @@ def test_on_cpu_the_device_thread_completes_its_batches_without_a_completion_thr
 
 
 def test_model_errors_and_wrong_row_counts_fail_the_batch_not_the_worker() -> None:
-    calls = threading.local()
-
     def model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if x.shape[0] == 1:
+        first = float(x[0, 0])  # batch k's rows start at k * 100 (run_worker)
+        if 100 <= first < 200:
             raise RuntimeError("boom")
-        if x.shape[0] == 2:
-            return (x[:1],)  # wrong number of rows
-        calls.ok = True
+        if 200 <= first < 300:
+            return (x[:-1],)  # one row too few, whatever the rows
         return (x,)
 
     results, pool = run_worker(model, [(1, 1), (2, 2), (3, 3)])
     assert "boom" in str(results[0].error)
-    assert "rows" in str(results[1].error)
+    assert "rows" in str(results[1].error)  # every row failed alone: no outputs at all
+    assert sorted(results[1].failed) == [0, 1]
     assert results[2].error is None and results[2].outputs[0].shape == (3, 2)
     assert pool.in_use == 0
 
