@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -16,6 +17,7 @@ from streamproc.clients import build_admin
 from streamproc.config import Scalar
 from streamproc.edges import AdminClientLike, AdminFactory
 from streamproc.errors import BrokerError
+from streamproc.transient import retry_transient
 
 
 def _admin(
@@ -66,7 +68,7 @@ def ensure_topics(
 
     Raises:
         BrokerError: the cluster is unreachable, or creation failed for a reason other than
-            "already exists" (e.g. not authorised).
+            "already exists" (e.g. not authorised), or failed transiently for ``timeout_s``.
     """
     metadata = cluster_metadata(bootstrap_or_config, timeout_s)
     admin, where = _admin(bootstrap_or_config, admin_factory)
@@ -83,16 +85,29 @@ def ensure_topics(
     ]
     if not todo:
         return []
-    created = []
-    for name, future in admin.create_topics(todo, operation_timeout=timeout_s).items():
+
+    def create(topic: NewTopic) -> bool:
+        """Create ``topic``: True when created, False when it already exists."""
+        future = admin.create_topics([topic], operation_timeout=timeout_s)[topic.topic]
         try:
             future.result(timeout_s)
-            created.append(name)
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise BrokerError(
-                    f"cannot create topic {name!r} on {where}: {exc.args[0].str()}"
-                ) from None
+            if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return False
+            raise
+        return True
+
+    created = []
+    for topic in todo:
+        try:
+            # a transient error (the controller moving, a request timing out on a loaded
+            # cluster) is retried; "already exists" then means an earlier attempt succeeded
+            if retry_transient(partial(create, topic), timeout_s, f"create {topic.topic}"):
+                created.append(topic.topic)
+        except KafkaException as exc:
+            raise BrokerError(
+                f"cannot create topic {topic.topic!r} on {where}: {exc.args[0].str()}"
+            ) from None
     return created
 
 

@@ -39,9 +39,10 @@ class KafkaConfig(_Section):
     ``create_topics``: at start-up, create missing output topics (with the input topic's
     partition count) and dead-letter topics (1 partition). ``startup_timeout_s``: how long to
     wait for the cluster to answer before failing. ``assignment_timeout_s`` (``run
-    --exit-when-idle-s`` only): how long to wait for the first partition assignment before
-    exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the coordinator
-    expires it before the group rebalances). ``transactional_id`` (exactly-once only):
+    --exit-when-idle-s`` only): the longest stretch with no partition assigned (before the
+    first assignment, after the group lost its partitions, after a rebalance revoked the last
+    one) before exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the
+    coordinator expires it before the group rebalances). ``transactional_id`` (exactly-once only):
     stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
     ``max_transaction_aborts`` (exactly-once only): aborted transactions in a row that teach
     nothing new (no record refused for its own sake learned, nothing committed) before the

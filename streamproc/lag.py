@@ -81,16 +81,27 @@ class LagMonitor:
         self._on_tick = on_tick
         self._exported: set[TopicPartition] = set()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lag", daemon=True)
         self.latest: dict[TopicPartition, int] = {}
+        self.empty_at: Mapping[TopicPartition, float] = {}
+        """Per assigned partition not consumed from yet (position None) whose start offset
+        (committed, else earliest) equalled its end offset at the last refresh: the
+        monotonic time that refresh began. Replaced whole by each refresh (lag thread);
+        one attribute read from any thread."""
 
     def start(self) -> None:
         self._thread.start()
+
+    def wake(self) -> None:
+        """Refresh now instead of at the end of the period (thread-safe)."""
+        self._wake.set()
 
     def close(self) -> None:
         """Stop refreshing and close the probe consumer (its librdkafka handle reconnects
         forever otherwise); idempotent."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
         probe, self._probe = self._probe, None
@@ -103,7 +114,11 @@ class LagMonitor:
         return self._probe
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        while True:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.refresh()
                 if self._on_tick is not None:
@@ -112,7 +127,9 @@ class LagMonitor:
                 log.debug("lag refresh failed", error=repr(exc))
 
     def refresh(self, timeout_s: float = 10.0) -> dict[TopicPartition, int]:
-        """Query end offsets now, update the gauges; return lag per partition."""
+        """Query end offsets now, update the gauges and :attr:`empty_at`; return lag per
+        partition."""
+        started_s = self._clock()
         positions = self._positions()
         for tp in set(self._progress) - positions.keys():
             self._progress.pop(tp, None)
@@ -122,16 +139,20 @@ class LagMonitor:
                 self._metrics.consumer_lag.remove(tp.topic, str(tp.partition))
         self._exported &= positions.keys()
         if not positions:
+            self.empty_at = {}
             return {}
         ends = self._offsets(positions, True, timeout_s)
         unknown = [tp for tp, pos in positions.items() if pos is None]
         starts = self._starts(unknown, timeout_s) if unknown else {}
         lags = {}
+        empty_at: dict[TopicPartition, float] = {}
         for tp, end in ends.items():
             self.latest[tp] = end
             position = positions.get(tp)
             if position is None:
                 position = starts.get(tp)
+                if position is not None and position >= end:
+                    empty_at[tp] = started_s
             if position is None:
                 continue
             lag = max(0, end - position)
@@ -140,6 +161,7 @@ class LagMonitor:
             if tp in self._positions():  # still ours after the round trip
                 self._metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
                 self._exported.add(tp)
+        self.empty_at = empty_at
         return lags
 
     def _watch(self, tp: TopicPartition, position: int | None, lag: int) -> None:

@@ -48,6 +48,7 @@ from streamproc.edges import AdminFactory, ConsumerFactory, ProducerFactory
 from streamproc.errors import FatalPipelineError
 from streamproc.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.health import HealthServer
+from streamproc.idle import IdleExit, Verdict
 from streamproc.lag import LagMonitor
 from streamproc.lane import Lane
 from streamproc.logs import get_logger
@@ -71,6 +72,11 @@ from streamproc.worker.recovery import Outcome
 from streamproc.workloads import ModelFn, Workload, load_workload
 
 log = get_logger(__name__)
+
+
+LAG_WAKE_INTERVAL_S = 1.0
+"""While ``--exit-when-idle-s`` waits for the lag monitor to measure partitions that delivered
+nothing, it wakes the monitor at most this often (each refresh is two admin requests)."""
 
 
 class State(enum.Enum):
@@ -547,13 +553,14 @@ class Pipeline:
 
     def run(self, exit_when_idle_s: float | None = None) -> RunSummary:
         """Run until :meth:`request_stop`, a fatal error, or ``exit_when_idle_s`` seconds with
-        no new input, no rebalance and nothing in flight; then close. Returns the summary (exit
-        code 0 or 1).
+        no new input, no rebalance and nothing in flight while partitions are assigned; then
+        close. Returns the summary (exit code 0 or 1).
 
-        With ``exit_when_idle_s``, time before the first assignment is never idle (a group
-        that still holds a dead member assigns nothing until the coordinator expires it): if
-        no partition is assigned within ``kafka.assignment_timeout_s`` the run stops with exit
-        code 1 and says why, instead of exiting 0 having done nothing.
+        With ``exit_when_idle_s``, time with no partition assigned is never idle (before the
+        first assignment, after the group lost its partitions, after a rebalance revoked the
+        last one; see :mod:`streamproc.idle`): if none is assigned for
+        ``kafka.assignment_timeout_s`` the run stops with exit code 1 and says why, instead
+        of exiting 0 with input left behind.
         """
         started_s = time.monotonic()
         if self.state is State.CREATED:
@@ -562,26 +569,39 @@ class Pipeline:
             except BaseException:
                 self.close()
                 raise
-        assignment_timeout_s = self.config.kafka.assignment_timeout_s
+        watch = (
+            None
+            if exit_when_idle_s is None
+            else IdleExit(exit_when_idle_s, self.config.kafka.assignment_timeout_s, started_s)
+        )
+        source = self.source
+        next_wake_s = 0.0
         while not self._stop.wait(0.1):
-            if exit_when_idle_s is None:
+            if watch is None:
                 continue
             now_s = time.monotonic()
-            if not self.source.assignment.ever_assigned:
-                if now_s - started_s >= assignment_timeout_s:
-                    self._on_fatal(
-                        FatalPipelineError(
-                            f"no partition assigned within {assignment_timeout_s:g} s "
-                            f"(kafka.assignment_timeout_s) to group "
-                            f"{self.config.kafka.group_id!r} for topics "
-                            f"{[p.input_topic for p in self.config.pipelines]}: the group may "
-                            "still hold a member that died (it is expired after its "
-                            "session.timeout.ms) or have more members than partitions"
-                        )
-                    )
-                continue
-            quiet_s = now_s - max(self.source.last_input_s, self.source.assignment.last_rebalance_s)
-            if quiet_s >= exit_when_idle_s and self.idle():
+            # single-attribute reads of what the source and lag threads publish
+            unassigned = source.assignment.unassigned
+            last_input_s = source.last_input_s
+            last_rebalance_s = source.assignment.last_rebalance_s
+            empty_at = self.lag.empty_at
+            unfetched = [
+                tp
+                for tp, position in source.positions().items()
+                if position is None and empty_at.get(tp, -1.0) < last_rebalance_s
+            ]
+            verdict = watch.check(
+                now_s, unassigned, last_input_s, last_rebalance_s, unfetched, self.idle
+            )
+            if verdict is Verdict.UNASSIGNED_TOO_LONG:
+                assert unassigned is not None
+                topics = [p.input_topic for p in self.config.pipelines]
+                self._on_fatal(watch.error(unassigned, self.config.kafka.group_id, topics))
+            elif verdict is Verdict.UNFETCHED and now_s >= next_wake_s:
+                self.lag.wake()  # measure those partitions now rather than in lag_interval_s
+                next_wake_s = now_s + LAG_WAKE_INTERVAL_S
+            elif verdict is Verdict.IDLE:
+                quiet_s = now_s - max(last_input_s, last_rebalance_s)
                 log.info("idle; exiting", idle_s=round(quiet_s, 1))
                 break
         self.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Literal, NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -40,6 +41,15 @@ def _names(tps: Iterable[TopicPartition]) -> list[str]:
     return [f"{tp.topic}[{tp.partition}]" for tp in tps]
 
 
+class Unassigned(NamedTuple):
+    """No partition is assigned since ``since_s`` (monotonic seconds), because of ``cause``:
+    ``start`` (none assigned yet), ``revoked`` (a rebalance took the last one) or ``lost``
+    (the group session ended: the coordinator was unreachable or the poll loop stalled)."""
+
+    since_s: float
+    cause: Literal["start", "revoked", "lost"]
+
+
 class Assignment:
     """The consumer's per-partition state; written by the source thread only.
 
@@ -49,20 +59,26 @@ class Assignment:
             message must have (anything fetched before the seek took effect is dropped).
         flow_paused: partitions paused by flow control (at the ring's high watermark).
         fetching: False once the pipeline drains (every partition stays paused).
-        ever_assigned: a partition was assigned at least once.
+        unassigned: since when and why no partition is assigned (from creation until the
+            first assignment, and from a revoke or loss that took the last one until the next
+            assignment); None while one is. One immutable value: safe to read from any thread.
         last_rebalance_s: monotonic seconds of the last assign/revoke/lost/rewind.
         rebalances: counts of ``assigned``, ``revoked`` and ``lost`` callbacks.
+
+    Args:
+        clock: monotonic clock in seconds (the source's; tests pass a fake).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self.generations: dict[TopicPartition, int] = {}
         self.seek_floors: dict[TopicPartition, int] = {}
         self.flow_paused: set[TopicPartition] = set()
         self._positions: dict[TopicPartition, int | None] = {}
         self._assigned: frozenset[TopicPartition] = frozenset()
         self.fetching = True
-        self.ever_assigned = False
-        self.last_rebalance_s = time.monotonic()
+        self.unassigned: Unassigned | None = Unassigned(clock(), "start")
+        self.last_rebalance_s = clock()
         self.rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
 
     @property
@@ -93,10 +109,12 @@ class Assignment:
             self.flow_paused.discard(tp)
             self._positions[tp] = None
         self._assigned = self._assigned | frozenset(tps)
-        self.last_rebalance_s = time.monotonic()
+        self.last_rebalance_s = self._clock()
+        if self._assigned:
+            self.unassigned = None
 
-    def forget(self, tps: Iterable[TopicPartition]) -> None:
-        """``tps`` are no longer ours (revoke, lost)."""
+    def forget(self, tps: Iterable[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
+        """``tps`` are no longer ours (``cause``: ``revoked`` or ``lost``)."""
         tps = tuple(tps)
         for tp in tps:
             self.generations.pop(tp, None)
@@ -104,7 +122,9 @@ class Assignment:
             self.flow_paused.discard(tp)
             self._positions.pop(tp, None)
         self._assigned = self._assigned - frozenset(tps)
-        self.last_rebalance_s = time.monotonic()
+        self.last_rebalance_s = self._clock()
+        if not self._assigned and self.unassigned is None:
+            self.unassigned = Unassigned(self.last_rebalance_s, cause)
 
 
 class RebalanceHandler:
@@ -147,7 +167,6 @@ class RebalanceHandler:
         state = self._assignment
         state.rebalances["assigned"] += 1
         self._start(tps)
-        state.ever_assigned = True
         consumer.incremental_assign(partitions)
         if state.fetching:
             consumer.resume(partitions)
@@ -170,7 +189,7 @@ class RebalanceHandler:
             )
         if not self._committer.commit(consumer, synchronous=True, only=set(tps)):
             self.rewind(consumer)
-        self._forget(tps)
+        self._forget(tps, "revoked")
         consumer.incremental_unassign(partitions)
         log.info("partitions revoked", partitions=_names(tps))
 
@@ -181,7 +200,7 @@ class RebalanceHandler:
             lane = self._lanes.get(tp.topic)
             if lane is not None:
                 lane.revoke([tp])
-        self._forget(tps)
+        self._forget(tps, "lost")
         consumer.incremental_unassign(partitions)
         log.warning("partitions lost", partitions=_names(tps))
 
@@ -213,10 +232,10 @@ class RebalanceHandler:
         for topic, lane_tps in by_lane.items():
             self._lanes[topic].assign(lane_tps)
 
-    def _forget(self, tps: list[TopicPartition]) -> None:
+    def _forget(self, tps: list[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
         self._tracker.revoke(tps)
         self._committer.forget(tps)
-        self._assignment.forget(tps)
+        self._assignment.forget(tps, cause)
         for tp in tps:
             with contextlib.suppress(Exception):  # never exported: nothing to remove
                 self._metrics.ring_fill.remove(tp.topic, str(tp.partition))

@@ -109,7 +109,7 @@ class Source:
         self._committer = guarantee.committer
         self._control: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
         self._stop = threading.Event()
-        self.assignment = Assignment()
+        self.assignment = Assignment(clock)
         self._last_poll_s = clock()
         self._last_input_s = clock()
         settings = consumer_settings(config, guarantee)

@@ -75,7 +75,7 @@ def produce(
     limit: int | None = None,
     rate: float | None = None,
     progress: bool | None = None,
-    flush_timeout_s: float = 60.0,
+    flush_timeout_s: float | None = None,
     stop: threading.Event | None = None,
 ) -> int:
     """Replay ``workload`` into ``topic`` (created with ``partitions`` if missing).
@@ -84,8 +84,9 @@ def produce(
         limit: messages to send; None = one pass over the recording.
         rate: messages per second (open loop); None = as fast as the broker takes them.
         progress: show a progress bar; None = when stdout is a terminal.
-        flush_timeout_s: how long to wait, after the last message, for the broker's
-            acknowledgements (longer while brokers of a cluster are down).
+        flush_timeout_s: the most seconds to wait, after the last message, for the broker's
+            acknowledgements; None (default): until every delivery report arrived, which
+            librdkafka bounds by the producer's ``message.timeout.ms``.
         stop: when set, the replay ends early (after the message being sent); ``limit`` is
             then the most it sends.
 
@@ -146,7 +147,13 @@ def produce(
                     producer.poll(0.05)
             producer.poll(0)
             bar.update(1)
-        producer.flush(flush_timeout_s)
+        # Every message gets its delivery report by message.timeout.ms (librdkafka's bound):
+        # wait for all of them (or until flush_timeout_s) rather than a fixed time a loaded
+        # broker may need more of.
+        flush_deadline_s = None if flush_timeout_s is None else time.monotonic() + flush_timeout_s
+        while producer.flush(5) > 0:
+            if flush_deadline_s is not None and time.monotonic() > flush_deadline_s:
+                break
     if failed or acked != total:
         raise RuntimeError(f"{total - acked} of {total} messages not acknowledged: {failed[:3]}")
     return acked

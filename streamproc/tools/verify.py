@@ -13,11 +13,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.logs import kafka_logger
 from streamproc.sink import H_OFFSET, H_PARTITION, H_TOPIC
+from streamproc.transient import raise_error, retry_transient
 
 Coord = tuple[str, int, int]
 
@@ -34,7 +35,12 @@ class TopicDump:
 def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> TopicDump:
     """Read ``topic`` from the beginning to its current end (read_committed). When a
     transaction is still open the end is never reached: ``stable`` is then False (after
-    ``timeout_s`` seconds without progress)."""
+    ``timeout_s`` seconds without progress). A topic that does not exist reads as empty;
+    transient broker errors while finding the end are retried for up to ``timeout_s``.
+
+    Raises:
+        KafkaException: the end offsets could not be read (not transient, or past the
+            deadline)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap_servers,
@@ -46,16 +52,12 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> T
         }
     )
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
-        if metadata.error is not None:
+        ends = retry_transient(
+            lambda: _end_offsets(consumer, topic, timeout_s), timeout_s, f"end offsets of {topic}"
+        )
+        if ends is None:
             return TopicDump({}, {})
-        partitions = sorted(metadata.partitions)
-        ends = {}
-        for partition in partitions:
-            _, high = consumer.get_watermark_offsets(
-                KafkaTopicPartition(topic, partition), timeout=timeout_s
-            )
-            ends[partition] = high
+        partitions = sorted(ends)
         todo = {p for p in partitions if ends[p] > 0}
         consumer.assign([KafkaTopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
         records: dict[tuple[int, int], tuple[bytes | None, bytes | None, dict[str, bytes], int]]
@@ -82,6 +84,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> T
                 headers,
                 message.timestamp()[1],
             )
+            idle_polls = 0  # the deadline is on time without progress (a loaded machine)
             if offset + 1 >= ends[partition]:
                 todo.discard(partition)
         return TopicDump(records, ends, stable=not todo)
@@ -89,16 +92,48 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 60.0) -> T
         consumer.close()
 
 
+def _end_offsets(consumer: Consumer, topic: str, timeout_s: float) -> dict[int, int] | None:
+    """High watermark per partition of ``topic``; None when the topic does not exist.
+
+    Raises:
+        KafkaException: a metadata or watermark request failed (transient ones are retried
+            by the caller).
+    """
+    metadata = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+    if metadata.error is not None and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        return None
+    raise_error(metadata.error)  # e.g. LEADER_NOT_AVAILABLE: retried
+    ends = {}
+    for partition in sorted(metadata.partitions):
+        _, high = consumer.get_watermark_offsets(
+            KafkaTopicPartition(topic, partition), timeout=timeout_s
+        )
+        ends[partition] = high
+    return ends
+
+
 def committed_offsets(
-    bootstrap_servers: str, group_id: str, topic: str, partitions: list[int]
+    bootstrap_servers: str,
+    group_id: str,
+    topic: str,
+    partitions: list[int],
+    timeout_s: float = 60.0,
 ) -> dict[int, int]:
-    """The group's committed offset per partition (-1001 = none)."""
+    """The group's committed offset per partition (-1001 = none); transient broker errors
+    (e.g. ``COORDINATOR_LOAD_IN_PROGRESS``) are retried for up to ``timeout_s`` seconds."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap_servers, "group.id": group_id, "logger": kafka_logger()}
     )
-    try:
-        got = consumer.committed([KafkaTopicPartition(topic, p) for p in partitions], timeout=30)
+
+    def committed() -> dict[int, int]:
+        wanted = [KafkaTopicPartition(topic, p) for p in partitions]
+        got = consumer.committed(wanted, timeout=min(30.0, timeout_s))
+        for tp in got:
+            raise_error(tp.error)
         return {tp.partition: tp.offset for tp in got}
+
+    try:
+        return retry_transient(committed, timeout_s, f"committed offsets of {group_id}")
     finally:
         consumer.close()
 

@@ -22,16 +22,34 @@ from streamproc.admin import ensure_topics
 from streamproc.config import Config, load_config
 from streamproc.pipeline import Pipeline, State
 from streamproc.tools.verify import Verdict
+from streamproc.transient import raise_error, retry_transient
 from streamproc.worker.pool import LEAK_EVENT
 
 _CONSUMER_LOGS: list[Path] = []  # logs of `streamproc run` processes started by this test
+_PROCESSES: list[subprocess.Popen[bytes]] = []  # processes started by this test
+STOP_GRACE_S = 20.0  # SIGTERM -> SIGKILL at teardown: a drain on a loaded machine takes a while
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> int:
+    """Stop ``proc`` if it still runs (SIGTERM, SIGKILL after ``grace_s``) and reap it; returns
+    its exit status. Safe to call on a process that already ended."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
 
 
 @pytest.fixture(autouse=True)
 def no_pool_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Pipeline]]:
-    """After the test: every pipeline it created and closed gave every staging slab and output
-    buffer set back (``Pipeline.leaks`` is empty), and no ``streamproc run`` process it started
-    through :func:`start_consumer` (or :func:`watch_consumer_log`) logged a pool leak."""
+    """After the test: every process it started through :func:`start_consumer` is stopped
+    and reaped (whether the test passed or failed: no process outlives its test, none is left
+    for the garbage collector to warn about in a later test); every pipeline it created and
+    closed gave every staging slab and output buffer set back (``Pipeline.leaks`` is empty),
+    and no ``streamproc run`` process it started through :func:`start_consumer` (or
+    :func:`watch_consumer_log`) logged a pool leak."""
     created: list[Pipeline] = []
     original = Pipeline.__init__
 
@@ -41,7 +59,12 @@ def no_pool_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Pipeline]]:
 
     monkeypatch.setattr(Pipeline, "__init__", record)
     _CONSUMER_LOGS.clear()
-    yield created
+    _PROCESSES.clear()
+    try:
+        yield created
+    finally:
+        while _PROCESSES:
+            stop_process(_PROCESSES.pop())
     leaked = [p.leaks for p in created if p.state is State.CLOSED and p.leaks]
     assert not leaked, f"pool leak at close: {leaked}"
     for path in _CONSUMER_LOGS:
@@ -109,26 +132,36 @@ def write_config(path: Path, bootstrap: str, t: Topics, **overrides: Any) -> Pat
 def start_consumer(
     config: Path, log: Path, idle_s: float | None = 2.0, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """``streamproc run`` as a real process (output appended to ``log``)."""
+    """``streamproc run`` as a real process (output appended to ``log``); stopped and reaped
+    at the end of the test if it still runs (:func:`no_pool_leaks`)."""
     args = [sys.executable, "-m", "streamproc", "run", "--config", str(config)]
     if idle_s is not None:
         args += ["--exit-when-idle-s", str(idle_s)]
     watch_consumer_log(log)
     with log.open("ab") as out:  # the child holds its own copy of the descriptor
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
+    _PROCESSES.append(proc)
+    return proc
 
 
-def end_offset_total(bootstrap: str, topic: str) -> int:
-    """Sum of the topic's high watermarks (records written so far)."""
+def end_offset_total(bootstrap: str, topic: str, deadline_s: float = 60.0) -> int:
+    """Sum of the topic's high watermarks (records written so far); transient broker errors
+    (a leader moving, a coordinator loading, a request timing out on a loaded machine) are
+    retried for up to ``deadline_s`` seconds."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+
+    def total() -> int:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        raise_error(metadata.error)
         return sum(
             consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=10)[1]
-            for p in parts
+            for p in metadata.partitions
         )
+
+    try:
+        return retry_transient(total, deadline_s, f"end offsets of {topic}")
     finally:
         consumer.close()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline
 from streamproc.sink import H_MESSAGE, H_STAGE
@@ -240,14 +241,12 @@ def test_values_too_large_for_the_dead_letter_topic_are_dead_lettered_without_th
     # the dead-letter topic's max.message.bytes (10 kB) refuses them at the broker. Neither may
     # stop the consumer: the record goes without its value, saying so, and commits advance.
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     from streamproc.sink import H_VALUE_OMITTED
 
     dlq = f"{topics.dlq}.small"
     topic_config = {"max.message.bytes": "10000"} if limit == "topic" else {}
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    admin.create_topics([NewTopic(dlq, 1, 1, config=topic_config)])[dlq].result(30)
+    assert ensure_topics(bootstrap_servers, {dlq: 1}, topic_config=topic_config) == [dlq]
     producer = Producer({"bootstrap.servers": bootstrap_servers})
     for i in range(6):
         # random bytes: incompressible (the producer compresses with lz4), and not JSON

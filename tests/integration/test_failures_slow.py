@@ -175,13 +175,18 @@ def test_broker_stop_and_start_mid_stream_loses_nothing(tmp_path: Path) -> None:
         summary: list = []
         runner = threading.Thread(target=lambda: summary.append(pipeline.run(exit_when_idle_s=5)))
         runner.start()
-        wait_for(
-            lambda: pipeline.metrics.produced.labels(t.output)._value.get() >= 100,
-            120,
-            "100 results before the broker stops",
-        )
-        broker.restart()
-        runner.join(300)
+        try:
+            wait_for(
+                lambda: pipeline.metrics.produced.labels(t.output)._value.get() >= 100,
+                120,
+                "100 results before the broker stops",
+            )
+            broker.restart()
+            runner.join(300)
+        finally:  # a failed wait must not leave the run going past the test
+            if runner.is_alive():
+                pipeline.request_stop()
+                runner.join(120)
         assert summary and summary[0].exit_code == 0, summary
         verdict = verify(bootstrap, t.input, t.output, t.dlq, t.group)
         report("broker stop/start", verdict)
@@ -215,32 +220,38 @@ def test_pause_rebalance_resume_leaves_no_partition_paused(
     summary: list = []
     runner = threading.Thread(target=lambda: summary.append(pipeline.run(exit_when_idle_s=4)))
     runner.start()
-    wait_for(
-        lambda: (
-            (pipeline.metrics.registry.get_sample_value("streamproc_paused_partitions") or 0) > 0
-        ),
-        60,
-        "a partition paused at the high watermark",
-    )
-    # a second member joins (revoke + assign while paused), then leaves again
-    other_log = tmp_path / "other.log"
-    other = start_consumer(
-        write_config(tmp_path / "c.yaml", bootstrap_servers, topics, **overrides),
-        other_log,
-        idle_s=None,
-    )
-    wait_for(lambda: pipeline.source.assignment.rebalances["revoked"] >= 1, 120, "a rebalance")
-    # Leave only once the new member owns a partition. (librdkafka 2.x does not send
-    # LeaveGroup when a cooperative member with no partition closes mid-rebalance; the group
-    # then waits max.poll.interval.ms for it: see docs/guarantees.md.)
-    wait_for(
-        lambda: any(kind == "assigned" for kind, _, _ in _ownership(other_log)),
-        120,
-        "the new member to own a partition",
-    )
-    other.send_signal(signal.SIGTERM)
-    assert other.wait(60) == 0
-    runner.join(300)
+    try:
+        wait_for(
+            lambda: (
+                (pipeline.metrics.registry.get_sample_value("streamproc_paused_partitions") or 0)
+                > 0
+            ),
+            60,
+            "a partition paused at the high watermark",
+        )
+        # a second member joins (revoke + assign while paused), then leaves again
+        other_log = tmp_path / "other.log"
+        other = start_consumer(
+            write_config(tmp_path / "c.yaml", bootstrap_servers, topics, **overrides),
+            other_log,
+            idle_s=None,
+        )
+        wait_for(lambda: pipeline.source.assignment.rebalances["revoked"] >= 1, 120, "a rebalance")
+        # Leave only once the new member owns a partition. (librdkafka 2.x does not send
+        # LeaveGroup when a cooperative member with no partition closes mid-rebalance; the group
+        # then waits max.poll.interval.ms for it: see docs/guarantees.md.)
+        wait_for(
+            lambda: any(kind == "assigned" for kind, _, _ in _ownership(other_log)),
+            120,
+            "the new member to own a partition",
+        )
+        other.send_signal(signal.SIGTERM)
+        assert other.wait(60) == 0
+        runner.join(300)
+    finally:  # a failed wait must not leave the run going past the test
+        if runner.is_alive():
+            pipeline.request_stop()
+            runner.join(120)
     assert summary and summary[0].exit_code == 0
     verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
     report(f"pause+rebalance+resume {pipeline.source.assignment.rebalances}", verdict)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import yaml
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
+from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline
 from streamproc.records import Record, TopicPartition
@@ -41,10 +42,10 @@ def test_one_oversized_result_never_dead_letters_its_valid_neighbours(
     # record; only the oversized results may be dead-lettered (stage produce).
     total = 300
     output = f"{topics.output}.small"
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    admin.create_topics([NewTopic(output, 3, 1, config={"max.message.bytes": "65536"})])[
-        output
-    ].result(30)
+    created = ensure_topics(
+        bootstrap_servers, {output: 3}, topic_config={"max.message.bytes": "65536"}
+    )
+    assert created == [output]
     produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
     config = load_config(
         overrides={
@@ -105,21 +106,26 @@ def test_exit_when_idle_waits_for_the_first_assignment_after_a_member_died(
     bootstrap_servers: str, topics: Topics, tmp_path: Path
 ) -> None:
     # A member killed with -9 holds its partitions until the coordinator expires it (its
-    # session timeout, 15 s here). A run with --exit-when-idle-s meanwhile is not idle: with an
+    # session timeout, 45 s here). A run with --exit-when-idle-s meanwhile is not idle: with an
     # assignment bound shorter than that it fails and says why; without, it waits, processes
     # everything and exits 0. (It used to exit 0 with "0 consumed" after its own session
-    # timeout of 6 s.)
+    # timeout of 6 s.) The input is written before the doomed member joins, which starts at
+    # the end (it must hold the partitions, not process them): the impatient run then starts
+    # right after the kill, well inside the 45 s even on a loaded machine (with a 15 s session
+    # and the input written after the kill, a loaded machine let the member expire first).
     total = 200
+    produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     log = tmp_path / "consumer.log"
     kafka = {
         "bootstrap_servers": bootstrap_servers,
         "group_id": topics.group,
         "commit_interval_ms": 200,
-        "session_timeout_ms": 15_000,
+        "session_timeout_ms": 6_000,
     }
+    doomed_kafka = {**kafka, "session_timeout_ms": 45_000, "auto_offset_reset": "latest"}
     doomed = start_consumer(
-        write_config(tmp_path / "doomed.yaml", bootstrap_servers, topics, kafka=kafka),
+        write_config(tmp_path / "doomed.yaml", bootstrap_servers, topics, kafka=doomed_kafka),
         log,
         idle_s=None,
     )
@@ -128,19 +134,13 @@ def test_exit_when_idle_waits_for_the_first_assignment_after_a_member_died(
     finally:
         doomed.kill()
         doomed.wait(10)
-    produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
-    short = {**kafka, "session_timeout_ms": 6_000, "assignment_timeout_s": 3}
+    short = {**kafka, "assignment_timeout_s": 3}
     impatient = write_config(tmp_path / "short.yaml", bootstrap_servers, topics, kafka=short)
     run = _run_until_idle(impatient, timeout_s=120)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "no partition assigned within 3 s" in run.stderr
     assert "0 consumed" in run.stdout
-    patient = write_config(
-        tmp_path / "patient.yaml",
-        bootstrap_servers,
-        topics,
-        kafka={**kafka, "session_timeout_ms": 6_000},
-    )
+    patient = write_config(tmp_path / "patient.yaml", bootstrap_servers, topics, kafka=kafka)
     run = _run_until_idle(patient, timeout_s=180)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{total} consumed" in run.stdout

@@ -1,0 +1,172 @@
+"""``run --exit-when-idle-s`` across a lost assignment (issue 22, item 4), on a broker these tests
+own: its only node stops mid-stream for longer than the consumer's session, so the group
+session times out ("partitions lost") and the consumer holds no partition until the broker is
+back and the coordinator has expired the old member. That time is not idle: the run either
+waits, rejoins and processes every input (exit 0), or, past ``kafka.assignment_timeout_s``,
+exits 1 naming the timeout. (It used to exit 0 a few seconds after the loss with most inputs
+never processed.)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamproc.admin import ensure_topics
+from streamproc.pipeline import Pipeline, RunSummary
+from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import verify
+from tests.integration.conftest import Topics, make_config, report, wait_for
+
+pytestmark = pytest.mark.timeout(600)  # a broker of their own, stopped and started again
+TOTAL = 600
+IDLE_S = 2.0
+SESSION_TIMEOUT_MS = 6_000  # the broker's group.min.session.timeout.ms: a short test
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[LocalKafka]:
+    """A broker of this module's own, so its tests can stop it; running again after each."""
+    run_dir = Path(tempfile.mkdtemp(prefix="streamproc-idle-exit-"))
+    kafka = LocalKafka(run_dir, ensure_kafka_jars())
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _topics(bootstrap: str) -> Topics:
+    suffix = uuid.uuid4().hex[:6]
+    t = Topics(f"lost.{suffix}", f"lost.out.{suffix}", f"lost.{suffix}.dlq", f"g-{suffix}")
+    ensure_topics(bootstrap, {t.input: 3, t.output: 3, t.dlq: 1})
+    produce("trades", t.input, bootstrap, 3, limit=TOTAL, progress=False)
+    return t
+
+
+def _pipeline(bootstrap: str, t: Topics, **kafka: Any) -> Pipeline:
+    """A slow model (50 ms per batch of 4): the broker stops while most input waits."""
+    settings = {"bootstrap_servers": bootstrap, "group_id": t.group, "commit_interval_ms": 200}
+    slow = {"workload": "tests.support.slow:make_workload", "options": {"delay_s": 0.05}}
+    pipeline = {"name": "p", "input_topic": t.input, "output_topic": t.output, **slow}
+    return Pipeline(
+        make_config(
+            bootstrap,
+            t,
+            kafka={**settings, "session_timeout_ms": SESSION_TIMEOUT_MS, **kafka},
+            pipelines=[pipeline],
+            shutdown_timeout_s=10,
+        )
+    )
+
+
+class _Run:
+    """``pipeline.run(exit_when_idle_s=IDLE_S)`` on a thread; joined by the test's teardown."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.summary: list[RunSummary] = []
+        self.thread = threading.Thread(
+            target=lambda: self.summary.append(pipeline.run(exit_when_idle_s=IDLE_S))
+        )
+        self.thread.start()
+
+    def results(self, topic: str) -> float:
+        metrics = self.pipeline.metrics
+        return metrics.counter_value(metrics.produced, topic=topic)
+
+    def lost(self) -> bool:
+        return self.pipeline.source.assignment.rebalances["lost"] >= 1
+
+    def finish(self, timeout_s: float) -> RunSummary:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), f"the run did not end within {timeout_s:.0f} s"
+        assert self.summary, "the run raised (see the log)"
+        return self.summary[0]
+
+    def stop(self) -> None:
+        """Teardown: stop the run if the test failed while it ran."""
+        if self.thread.is_alive():
+            self.pipeline.request_stop()
+            self.thread.join(120)
+
+
+def _stop_mid_stream_until_lost(broker: LocalKafka, run: _Run, topic: str) -> None:
+    wait_for(
+        lambda: run.results(topic) >= 100 or not run.thread.is_alive(),
+        180,
+        "100 results before the broker stops",
+    )
+    assert run.thread.is_alive(), (
+        f"the run ended before the broker stopped: {run.summary} after "
+        f"{run.results(topic):.0f} of {TOTAL} results"
+    )
+    assert run.results(topic) < TOTAL, "the stream ended before the broker stopped"
+    broker.stop()
+    wait_for(run.lost, 120, "the consumer's session to time out (partitions lost)")
+
+
+def test_time_without_partitions_after_a_loss_is_not_idle(broker: LocalKafka) -> None:
+    bootstrap = broker.bootstrap_servers
+    t = _topics(bootstrap)
+    run = _Run(_pipeline(bootstrap, t))
+    try:
+        _stop_mid_stream_until_lost(broker, run, t.output)
+        # Quiet and nothing in flight (the lost partitions' records were dropped), but no
+        # partition assigned: many idle windows pass and the run must still be running.
+        run.thread.join(5 * IDLE_S)
+        assert run.thread.is_alive(), (
+            f"the run ended while no partition was assigned: {run.summary} after "
+            f"{run.results(t.output):.0f} of {TOTAL} results"
+        )
+    finally:
+        broker.restart()
+    try:
+        summary = run.finish(300)  # rejoin (the coordinator expires the old member), drain
+    finally:
+        run.stop()
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap, t.input, t.output, t.dlq, t.group)
+    report("idle exit after a lost assignment", verdict)
+    assert verdict.inputs == TOTAL and verdict.missing == [] and verdict.committed_equals_end
+    assert run.pipeline.source.assignment.rebalances["assigned"] >= 2  # assigned again
+
+
+def test_no_partition_within_the_assignment_timeout_after_a_loss_exits_1_naming_it(
+    broker: LocalKafka,
+) -> None:
+    bootstrap = broker.bootstrap_servers
+    t = _topics(bootstrap)
+    run = _Run(_pipeline(bootstrap, t, assignment_timeout_s=8))
+    try:
+        try:
+            _stop_mid_stream_until_lost(broker, run, t.output)
+            summary = run.finish(120)  # the broker stays down: no rejoin within 8 s
+        finally:
+            broker.restart()
+    finally:
+        run.stop()
+    assert summary.exit_code == 1, summary
+    assert summary.error is not None
+    assert (
+        "no partition assigned within 8 s (kafka.assignment_timeout_s) after the group lost "
+        "its partitions" in summary.error
+    ), summary.error
+    # Nothing was lost: a run after the broker is back processes the rest.
+    again = _Run(_pipeline(bootstrap, t))
+    try:
+        assert again.finish(300).exit_code == 0
+    finally:
+        again.stop()
+    verdict = verify(bootstrap, t.input, t.output, t.dlq, t.group)
+    report("assignment timeout after a lost assignment, then a second run", verdict)
+    assert verdict.inputs == TOTAL and verdict.missing == [] and verdict.committed_equals_end

@@ -1,0 +1,190 @@
+"""``run --exit-when-idle-s``: time with no partition assigned is never idle, nor is the time
+before an assigned partition's first fetch (streamproc.idle), over the source and its rebalance
+handler on the in-package fake consumer and clock, and the lag monitor's measurement of
+partitions with nothing to read. The same on a real broker whose only node stops mid-stream:
+tests/integration/test_idle_exit.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.idle import IdleExit, Verdict
+from streamproc.lag import LagMonitor
+from streamproc.metrics import Metrics
+from streamproc.records import TopicPartition
+from tests.unit.test_source import TP, Harness
+
+IDLE_S = 2.0
+TIMEOUT_S = 30.0
+OTHER = TopicPartition("in", 1)
+
+
+def _check(
+    h: Harness, watch: IdleExit, drained: bool = True, unfetched: tuple[TopicPartition, ...] = ()
+) -> Verdict:
+    state = h.source.assignment
+    return watch.check(
+        h.clock(),
+        state.unassigned,
+        h.source.last_input_s,
+        state.last_rebalance_s,
+        unfetched,
+        lambda: drained,
+    )
+
+
+def _assigned_and_quiet(messages: int = 0) -> tuple[Harness, IdleExit]:
+    h = Harness(messages)
+    watch = IdleExit(IDLE_S, TIMEOUT_S, started_s=h.clock())
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    h.clock.advance(IDLE_S)
+    return h, watch
+
+
+def test_assigned_quiet_and_drained_is_idle_and_work_or_a_recent_rebalance_is_not() -> None:
+    h, watch = _assigned_and_quiet()
+    assert _check(h, watch) is Verdict.IDLE
+    assert _check(h, watch, drained=False) is Verdict.BUSY
+    h.consumer.schedule_assign([OTHER])  # a rebalance restarts the quiet window
+    h.poll()
+    assert _check(h, watch) is Verdict.BUSY
+    h.clock.advance(IDLE_S)
+    assert _check(h, watch) is Verdict.IDLE
+
+
+def test_waiting_for_the_first_assignment_is_not_idle_and_is_bounded() -> None:
+    h = Harness(0)
+    watch = IdleExit(IDLE_S, TIMEOUT_S, started_s=h.clock())
+    h.consumer.schedule_assign([])  # cooperative rebalances also call on_assign with nothing
+    h.poll()
+    h.clock.advance(TIMEOUT_S - 0.1)
+    assert _check(h, watch) is Verdict.UNASSIGNED
+    h.clock.advance(0.1)
+    assert _check(h, watch) is Verdict.UNASSIGNED_TOO_LONG
+    unassigned = h.source.assignment.unassigned
+    assert unassigned is not None and unassigned.cause == "start"
+    message = str(watch.error(unassigned, "g", ["in"]))
+    assert "no partition assigned within 30 s (kafka.assignment_timeout_s) of start" in message
+
+
+def test_after_the_partitions_are_lost_the_unassigned_time_is_not_idle_and_is_bounded() -> None:
+    # Issue 22, item 4: the only broker stopped, the session timed out ("partitions lost"),
+    # and the wait for the rejoin counted as idle: exit 0 with most inputs never processed.
+    h, watch = _assigned_and_quiet(messages=3)
+    assert h.tracker.pending(TP) == 3  # consumed, not done: busy
+    assert _check(h, watch, drained=h.tracker.total_pending() == 0) is Verdict.BUSY
+    h.consumer.schedule_lost([TP])
+    h.poll()
+    assert h.tracker.total_pending() == 0  # lost: its records are dropped, uncommitted
+    lost_at_s = h.clock()
+    for _ in range(int(TIMEOUT_S / IDLE_S) - 1):  # quiet, drained, many idle windows long
+        h.clock.advance(IDLE_S)
+        assert _check(h, watch) is Verdict.UNASSIGNED
+    h.clock.now_s = lost_at_s + TIMEOUT_S
+    assert _check(h, watch) is Verdict.UNASSIGNED_TOO_LONG
+    unassigned = h.source.assignment.unassigned
+    assert unassigned is not None and unassigned == (lost_at_s, "lost")
+    message = str(watch.error(unassigned, "g", ["in"]))
+    assert "within 30 s (kafka.assignment_timeout_s) after the group lost its partitions" in message
+
+
+def test_the_timeout_counts_from_the_loss_and_a_new_assignment_ends_the_stretch() -> None:
+    h, watch = _assigned_and_quiet()
+    h.clock.advance(TIMEOUT_S)  # a long assigned life before the loss does not count
+    h.consumer.schedule_lost([TP])
+    h.poll()
+    h.clock.advance(TIMEOUT_S / 2)
+    assert _check(h, watch) is Verdict.UNASSIGNED
+    h.consumer.schedule_assign([TP])  # the rejoin
+    h.poll()
+    assert h.source.assignment.unassigned is None
+    assert _check(h, watch) is Verdict.BUSY  # the assignment is a rebalance: window restarts
+    h.clock.advance(IDLE_S)
+    assert _check(h, watch) is Verdict.IDLE
+
+
+def test_revoking_some_partitions_keeps_the_run_assigned_and_revoking_the_last_does_not() -> None:
+    h, watch = _assigned_and_quiet()
+    h.consumer.schedule_assign([OTHER])
+    h.poll()
+    h.consumer.schedule_revoke([OTHER])
+    h.poll()
+    assert h.source.assignment.unassigned is None
+    h.clock.advance(IDLE_S)
+    assert _check(h, watch) is Verdict.IDLE
+    h.consumer.schedule_revoke([TP])
+    h.poll()
+    unassigned = h.source.assignment.unassigned
+    assert unassigned is not None and unassigned.cause == "revoked"
+    h.clock.advance(IDLE_S * 5)
+    assert _check(h, watch) is Verdict.UNASSIGNED
+    h.clock.advance(TIMEOUT_S)
+    assert _check(h, watch) is Verdict.UNASSIGNED_TOO_LONG
+    assert "after a rebalance revoked the last one" in str(watch.error(unassigned, "g", ["in"]))
+
+
+def test_a_partition_that_delivered_nothing_holds_the_exit_until_measured_or_the_bound() -> None:
+    # A loaded machine took over 2 s from the assignment to the first fetch: with nothing in
+    # the rings the run exited 0 before its first record arrived.
+    h, watch = _assigned_and_quiet()
+    assert _check(h, watch, unfetched=(TP,)) is Verdict.UNFETCHED
+    assert _check(h, watch, drained=False, unfetched=(TP,)) is Verdict.BUSY
+    assert _check(h, watch) is Verdict.IDLE  # measured empty (or delivered): idle
+    h.clock.advance(TIMEOUT_S)  # never measured: it stops holding the exit after the bound
+    assert _check(h, watch, unfetched=(TP,)) is Verdict.IDLE
+
+
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.value
+
+
+class _Admin:
+    """list_offsets (latest) and list_consumer_group_offsets over fixed offsets."""
+
+    def __init__(self, ends: dict[TopicPartition, int], committed: dict[TopicPartition, int]):
+        self.ends, self.committed = ends, committed
+
+    def list_offsets(self, request: dict[KafkaTopicPartition, Any], **_: Any) -> dict[Any, _Done]:
+        return {
+            k: _Done(SimpleNamespace(offset=self.ends[TopicPartition(k.topic, k.partition)]))
+            for k in request
+        }
+
+    def list_consumer_group_offsets(self, requests: list[Any], **_: Any) -> dict[str, _Done]:
+        parts = [
+            KafkaTopicPartition(
+                k.topic, k.partition, self.committed[TopicPartition(k.topic, k.partition)]
+            )
+            for request in requests
+            for k in request.topic_partitions
+        ]
+        return {"g": _Done(SimpleNamespace(topic_partitions=parts))}
+
+
+def test_the_lag_monitor_says_which_partitions_not_consumed_from_have_nothing_to_read() -> None:
+    third = TopicPartition("in", 2)
+    positions: dict[TopicPartition, int | None] = {TP: None, OTHER: None, third: 7}
+    admin = _Admin({TP: 5, OTHER: 9, third: 9}, {TP: 5, OTHER: 3})
+    now = [50.0]
+    monitor = LagMonitor(
+        {"bootstrap.servers": "fake:9092"},
+        "g",
+        positions.copy,
+        Metrics(),
+        clock=lambda: now[0],
+        admin_factory=lambda _: admin,  # type: ignore[arg-type,return-value]
+    )
+    assert monitor.refresh() == {TP: 0, OTHER: 6, third: 2}
+    assert monitor.empty_at == {TP: 50.0}  # OTHER has 6 to read; third delivered already
+    positions[TP] = 5
+    now[0] = 60.0
+    monitor.refresh()
+    assert monitor.empty_at == {}  # only partitions that delivered nothing are listed
