@@ -7,7 +7,7 @@ enough to feed the device for that refetch.
 
 from __future__ import annotations
 
-import threading
+from typing import Any
 
 from streamproc.admin import ensure_topics
 from streamproc.config import load_config
@@ -58,31 +58,45 @@ def test_a_backlog_larger_than_the_ring_is_cut_in_full_batches_across_resumes(
         }
     )
     pipeline = Pipeline(config)
-    registry = pipeline.metrics.registry
-    seen = {"paused": 0.0, "fill": 0.0}
-    stop = threading.Event()
-
-    def sample() -> None:  # what a scrape would read while the backlog drains
-        while not stop.wait(0.01):
-            paused = registry.get_sample_value("streamproc_paused_partitions") or 0.0
-            fill = registry.get_sample_value(
-                "streamproc_ring_fill_ratio", {"topic": single, "partition": "0"}
-            )
-            seen["paused"] = max(seen["paused"], paused)
-            seen["fill"] = max(seen["fill"], fill or 0.0)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        summary = pipeline.run(exit_when_idle_s=1.0)
-    finally:
-        stop.set()
-        sampler.join(5)
+    metrics = pipeline.metrics
+    fill = _Recorded(metrics.ring_fill.labels(single, "0"))
+    paused = _Recorded(metrics.paused)
+    # every value the source exports, as a scrape at that moment would read it (sampling the
+    # registry from a thread missed the peak when that thread was starved on a loaded machine)
+    metrics.ring_fill = _Labels(metrics.ring_fill, {(single, "0"): fill})  # type: ignore[assignment]
+    metrics.paused = paused  # type: ignore[assignment]
+    summary = pipeline.run(exit_when_idle_s=1.0)
     assert summary.exit_code == 0, summary.error
     verdict = verify(bootstrap_servers, single, topics.output, topics.dlq, topics.group)
     report("backlog across resumes", verdict)
     assert verdict.missing == [] and verdict.committed_equals_end
     # the gauges moved while it ran (they were refreshed only once per commit interval)
-    assert seen["paused"] == 1.0
-    assert seen["fill"] >= 0.75
+    assert max(paused.values) == 1.0
+    assert max(fill.values) >= 0.75
     assert summary.batch_sizes[single] == {16: total // 16}
+
+
+class _Recorded:
+    """A gauge (child) that keeps every value set on it, then sets it."""
+
+    def __init__(self, gauge: Any) -> None:
+        self._gauge = gauge
+        self.values: list[float] = [0.0]
+
+    def set(self, value: float) -> None:
+        self.values.append(value)
+        self._gauge.set(value)
+
+
+class _Labels:
+    """A labelled gauge whose chosen children are :class:`_Recorded`."""
+
+    def __init__(self, gauge: Any, recorded: dict[tuple[str, str], _Recorded]) -> None:
+        self._gauge = gauge
+        self._recorded = recorded
+
+    def labels(self, *values: str) -> Any:
+        return self._recorded.get(values) or self._gauge.labels(*values)
+
+    def remove(self, *values: str) -> None:
+        self._gauge.remove(*values)

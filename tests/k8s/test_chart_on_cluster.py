@@ -390,7 +390,11 @@ def test_uninstall_leaves_nothing() -> None:
     assert RELEASE in installed and installed <= {RELEASE, EOS_RELEASE}, installed
     for release in sorted(installed):
         helm("uninstall", release, "--namespace", NS, "--wait", "--timeout", "180s")
-    release_objects = "all,configmap,serviceaccount,poddisruptionbudget,scaledobject,secret"
+    release_objects = "all,configmap,serviceaccount,poddisruptionbudget,secret"
+    # ScaledObjects only where KEDA's CRDs are installed (K8S_CHECKS=ci builds no KEDA: asking
+    # for the type there fails with "the server doesn't have a resource type")
+    if kubectl("api-resources", "--api-group=keda.sh", "-o", "name").strip():
+        release_objects += ",scaledobject"
 
     def left() -> str:  # terminating pods included
         selector = "app.kubernetes.io/name=streamproc"

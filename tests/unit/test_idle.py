@@ -6,7 +6,6 @@ tests/integration/test_idle_exit.py."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -138,41 +137,34 @@ def test_a_partition_that_delivered_nothing_holds_the_exit_until_measured_or_the
     assert _check(h, watch, unfetched=(TP,)) is Verdict.IDLE
 
 
-class _Done:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self.value
-
-
-class _Admin:
-    """list_offsets (latest) and list_consumer_group_offsets over fixed offsets."""
+class _Probe:
+    """The lag monitor's probe consumer over fixed offsets: watermarks (earliest 0) and the
+    group's committed offsets (-1001, librdkafka's "none", where the group has none)."""
 
     def __init__(self, ends: dict[TopicPartition, int], committed: dict[TopicPartition, int]):
-        self.ends, self.committed = ends, committed
+        self.ends, self.committed_offsets = ends, committed
 
-    def list_offsets(self, request: dict[KafkaTopicPartition, Any], **_: Any) -> dict[Any, _Done]:
-        return {
-            k: _Done(SimpleNamespace(offset=self.ends[TopicPartition(k.topic, k.partition)]))
-            for k in request
-        }
+    def get_watermark_offsets(self, ktp: KafkaTopicPartition, **_: Any) -> tuple[int, int]:
+        return 0, self.ends[TopicPartition(ktp.topic, ktp.partition)]
 
-    def list_consumer_group_offsets(self, requests: list[Any], **_: Any) -> dict[str, _Done]:
-        parts = [
+    def committed(self, asked: list[KafkaTopicPartition], **_: Any) -> list[KafkaTopicPartition]:
+        return [
             KafkaTopicPartition(
-                k.topic, k.partition, self.committed[TopicPartition(k.topic, k.partition)]
+                k.topic,
+                k.partition,
+                self.committed_offsets.get(TopicPartition(k.topic, k.partition), -1001),
             )
-            for request in requests
-            for k in request.topic_partitions
+            for k in asked
         ]
-        return {"g": _Done(SimpleNamespace(topic_partitions=parts))}
+
+    def close(self) -> None:
+        pass
 
 
 def test_the_lag_monitor_says_which_partitions_not_consumed_from_have_nothing_to_read() -> None:
     third = TopicPartition("in", 2)
     positions: dict[TopicPartition, int | None] = {TP: None, OTHER: None, third: 7}
-    admin = _Admin({TP: 5, OTHER: 9, third: 9}, {TP: 5, OTHER: 3})
+    probe = _Probe({TP: 5, OTHER: 9, third: 9}, {TP: 5, OTHER: 3})
     now = [50.0]
     monitor = LagMonitor(
         {"bootstrap.servers": "fake:9092"},
@@ -180,7 +172,7 @@ def test_the_lag_monitor_says_which_partitions_not_consumed_from_have_nothing_to
         positions.copy,
         Metrics(),
         clock=lambda: now[0],
-        admin_factory=lambda _: admin,  # type: ignore[arg-type,return-value]
+        probe_factory=lambda _: probe,
     )
     assert monitor.refresh() == {TP: 0, OTHER: 6, third: 2}
     assert monitor.empty_at == {TP: 50.0}  # OTHER has 6 to read; third delivered already
