@@ -17,6 +17,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -86,166 +87,79 @@ def run_fault(
     check(scenario.finish())
 
 
-@pytest.mark.parametrize("guarantee", GUARANTEES)
-def test_input_partition_leader_killed(
-    cluster: LocalCluster,
-    nemesis: Nemesis,
-    scenarios: list[Scenario],
-    tmp_path: Path,
-    guarantee: str,
-) -> None:
-    run_fault(
-        cluster,
-        nemesis,
-        scenarios,
-        tmp_path,
-        "input leader killed",
-        guarantee,
-        "kill",
-        20,
-        lambda s, n: [n.leader_of(s.topics.input, 0)],
-    )
+def _two_down(s: Scenario, n: Nemesis) -> list[int]:
+    leader = n.leader_of(s.topics.output, 0)
+    return [leader, next(i for i in (1, 2, 3) if i != leader)]
 
 
-@pytest.mark.parametrize("guarantee", GUARANTEES)
-def test_output_partition_leader_killed(
-    cluster: LocalCluster,
-    nemesis: Nemesis,
-    scenarios: list[Scenario],
-    tmp_path: Path,
-    guarantee: str,
-) -> None:
-    run_fault(
-        cluster,
-        nemesis,
-        scenarios,
-        tmp_path,
-        "output leader killed",
-        guarantee,
-        "kill",
-        20,
-        lambda s, n: [n.leader_of(s.topics.output, 0)],
-    )
+@dataclass(frozen=True)
+class Fault:
+    """One scenario: ``fault`` injected into ``victims`` for ``fault_s`` seconds."""
+
+    name: str
+    fault: str
+    fault_s: float
+    victims: Callable[[Scenario, Nemesis], list[int]]
+    before: Callable[[Scenario], None] | None = None
+    guarantees: tuple[str, ...] = GUARANTEES
 
 
-@pytest.mark.parametrize("guarantee", GUARANTEES)
-def test_broker_stalled_30_s(
-    cluster: LocalCluster,
-    nemesis: Nemesis,
-    scenarios: list[Scenario],
-    tmp_path: Path,
-    guarantee: str,
-) -> None:
-    run_fault(
-        cluster,
-        nemesis,
-        scenarios,
-        tmp_path,
-        "output leader stalled",
-        guarantee,
-        "pause",
-        30,
-        lambda s, n: [n.leader_of(s.topics.output, 0)],
-    )
-
-
-@pytest.mark.parametrize("guarantee", GUARANTEES)
-def test_two_of_three_brokers_down_60_s(
-    cluster: LocalCluster,
-    nemesis: Nemesis,
-    scenarios: list[Scenario],
-    tmp_path: Path,
-    guarantee: str,
-) -> None:
-    def two(s: Scenario, n: Nemesis) -> list[int]:
-        leader = n.leader_of(s.topics.output, 0)
-        return [leader, next(i for i in (1, 2, 3) if i != leader)]
-
-    run_fault(cluster, nemesis, scenarios, tmp_path, "two brokers down", guarantee, "kill", 60, two)
-
-
-@pytest.mark.parametrize("guarantee", GUARANTEES)
-def test_active_controller_killed(
-    cluster: LocalCluster,
-    nemesis: Nemesis,
-    scenarios: list[Scenario],
-    tmp_path: Path,
-    guarantee: str,
-) -> None:
-    run_fault(
-        cluster,
-        nemesis,
-        scenarios,
-        tmp_path,
-        "controller killed",
-        guarantee,
-        "kill",
-        20,
-        lambda s, n: [n.controller()],
-    )
-
-
-def test_transaction_coordinator_killed_mid_transaction(
-    cluster: LocalCluster, nemesis: Nemesis, scenarios: list[Scenario], tmp_path: Path
-) -> None:
-    """Exactly-once only: at-least-once has no transaction (transactions are open all the time
-    while results flow: commit_interval_ms 200)."""
-    run_fault(
-        cluster,
-        nemesis,
-        scenarios,
-        tmp_path,
+FAULTS = (
+    Fault("input leader killed", "kill", 20, lambda s, n: [n.leader_of(s.topics.input, 0)]),
+    Fault("output leader killed", "kill", 20, lambda s, n: [n.leader_of(s.topics.output, 0)]),
+    Fault("output leader stalled", "pause", 30, lambda s, n: [n.leader_of(s.topics.output, 0)]),
+    Fault("two brokers down", "kill", 60, _two_down),
+    Fault("controller killed", "kill", 20, lambda s, n: [n.controller()]),
+    # exactly-once only: at-least-once has no transaction (transactions are open all the time
+    # while results flow: commit_interval_ms 200)
+    Fault(
         "transaction coordinator killed",
-        "exactly_once",
         "kill",
         20,
         lambda s, n: [n.transaction_coordinator(s.transactional_id())],
-    )
-
-
-@pytest.mark.parametrize("guarantee", GUARANTEES)
-def test_group_coordinator_killed_during_rebalance(
-    cluster: LocalCluster,
-    nemesis: Nemesis,
-    scenarios: list[Scenario],
-    tmp_path: Path,
-    guarantee: str,
-) -> None:
-    """A second consumer joins (a rebalance) as the group's coordinator is killed."""
-    run_fault(
-        cluster,
-        nemesis,
-        scenarios,
-        tmp_path,
+        guarantees=("exactly_once",),
+    ),
+    # a second consumer joins (a rebalance) as the group's coordinator is killed
+    Fault(
         "group coordinator killed",
-        guarantee,
         "kill",
         20,
         lambda s, n: [n.group_coordinator(s.topics.group)],
         before=lambda s: s.add_consumer("b"),
-    )
+    ),
+    # clients lose their route to the leader of an output partition; the brokers still reach
+    # each other (replication has its own listener), so the leader stays leader
+    Fault("cut off from leader", "cut", 30, lambda s, n: [n.leader_of(s.topics.output, 0)]),
+)
 
 
-@pytest.mark.parametrize("guarantee", GUARANTEES)
-def test_cut_off_from_a_leader_30_s(
+@pytest.mark.parametrize(
+    ("fault", "guarantee"),
+    [
+        pytest.param(f, g, id=f"{f.name.replace(' ', '_')}-{g}")
+        for f in FAULTS
+        for g in f.guarantees
+    ],
+)
+def test_fault(
     cluster: LocalCluster,
     nemesis: Nemesis,
     scenarios: list[Scenario],
     tmp_path: Path,
+    fault: Fault,
     guarantee: str,
 ) -> None:
-    """Clients lose their route to the leader of an output partition; the brokers still reach
-    each other (replication has its own listener), so the leader stays leader."""
     run_fault(
         cluster,
         nemesis,
         scenarios,
         tmp_path,
-        "cut off from leader",
+        fault.name,
         guarantee,
-        "cut",
-        30,
-        lambda s, n: [n.leader_of(s.topics.output, 0)],
+        fault.fault,
+        fault.fault_s,
+        fault.victims,
+        fault.before,
     )
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 
+from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.sink import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE
@@ -57,10 +57,7 @@ def test_a_result_the_broker_refuses_is_dead_lettered_and_the_rest_commit(
     bootstrap_servers: str, topics: Topics, guarantee: str, compression: str
 ) -> None:
     output = f"{topics.output}.small"
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    admin.create_topics([NewTopic(output, 3, 1, config={"max.message.bytes": "65536"})])[
-        output
-    ].result(30)
+    ensure_topics(bootstrap_servers, {output: 3}, topic_config={"max.message.bytes": "65536"})
     produce("trades", topics.input, bootstrap_servers, 3, limit=TOTAL, progress=False)
     ends = read_topic(bootstrap_servers, topics.input).end_offsets
     oversized = {(p, o) for p, end in ends.items() for o in range(end) if o % EVERY == AT}
