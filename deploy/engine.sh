@@ -23,27 +23,9 @@ log() { printf 'engine: %s\n' "$*" >&2; }
 missing() { log "MISSING: $*"; exit 1; }
 is_root() { [[ "$(id -u)" == 0 ]]; }
 
-apt_install() {
-  if ! is_root || ! command -v apt-get >/dev/null; then
-    missing "$* (install them: apt-get install $*)"
-  fi
-  log "installing $* with apt-get ..."
-  export DEBIAN_FRONTEND=noninteractive
-  # A lock held by another apt run is waited for, not fought over.
-  apt-get -o DPkg::Lock::Timeout=300 update -qq
-  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "$@" >/dev/null
-}
-
 # --- 1. packages --------------------------------------------------------------------------------
-want=()
-command -v dockerd >/dev/null || want+=(docker.io)
-command -v iptables >/dev/null || want+=(iptables)
-command -v debootstrap >/dev/null || want+=(debootstrap)
-command -v docker >/dev/null || want+=(docker.io)
-if ((${#want[@]} > 0)); then
-  mapfile -t want < <(printf '%s\n' "${want[@]}" | sort -u)
-  apt_install "${want[@]}"
-fi
+"$(dirname "${BASH_SOURCE[0]}")/packages.sh" dockerd:docker.io docker:docker.io iptables:iptables \
+  debootstrap:debootstrap || exit 1
 
 # --- 2. the engine ------------------------------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then

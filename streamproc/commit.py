@@ -432,7 +432,7 @@ class TransactionalCommitter:
         learned = self._refusals.learned()
         # a refused record is the reason; the commit's own error then only says the
         # transaction had failed before ("Erroneous state")
-        reason = learned or ("unknown" if err is None else err.name())
+        reason = learned or self._transactions.abort_reason
         self._metrics.transaction_aborts.labels(reason).inc()
         if learned:
             self._fruitless = 0

@@ -216,6 +216,11 @@ class Metrics:
             ["reason"],
             registry=reg,
         )
+        self.producer_renewals = Counter(
+            "streamproc_producer_renewals",
+            "Transactional producers replaced because a call into them never returned",
+            registry=reg,
+        )
         self.late_results = Counter(
             "streamproc_late_results",
             "Results for partitions no longer owned (not committed)",

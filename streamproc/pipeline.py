@@ -178,7 +178,7 @@ class Pipeline:
             ExactlyOnce(
                 self.tracker,
                 self.metrics,
-                Transactions(producer),
+                Transactions(producer, renew=lambda: self.sink.renew_producer()),
                 max_aborts=config.kafka.max_transaction_aborts,
             )
             if config.exactly_once

@@ -332,6 +332,10 @@ class Sink:
         producer_factory: ProducerFactory = Producer,
     ) -> None:
         self._producer = producer
+        self._settings = settings
+        # Producers replaced while a call was still inside them (renew_producer): kept alive,
+        # never polled nor destroyed (destroying a handle a thread is inside is not safe).
+        self._wedged: list[ProducerClient] = []
         self._closed = False
         # The producer for records sent again alone (see the module docstring); made on need.
         self._alone_settings = {**settings, "linger.ms": 0, "batch.num.messages": 1}
@@ -366,6 +370,18 @@ class Sink:
 
     def start(self) -> None:
         self._thread.start()
+
+    def renew_producer(self) -> ProducerClient:
+        """Replace the results producer by a fresh one with the same settings and return it
+        (exactly-once: a transactional call into the old one never returned, see
+        ``streamproc.transactions``). The old one is kept, never polled again: its records
+        belong to the transaction the fresh one's ``init_transactions`` aborts. Call with the
+        transaction lock held (no record is produced meanwhile)."""
+        fresh = build_producer(self._settings, self._producer_factory)
+        self._wedged.append(self._producer)
+        self._producer = fresh
+        self._metrics.producer_renewals.inc()
+        return fresh
 
     def _serve(self) -> None:
         while not self._stop.is_set():

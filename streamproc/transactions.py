@@ -16,7 +16,14 @@ Error handling follows the transactional producer's contract:
   as a timeout) and return False: the caller rewinds every assigned partition to its
   committed offset and drops work of the aborted generation;
 * fatal error (e.g. fenced by a newer instance with the same ``transactional.id``: we are the
-  zombie) -> :class:`~streamproc.errors.FatalPipelineError`; this process stops, nobody else.
+  zombie) -> :class:`~streamproc.errors.FatalPipelineError`; this process stops, nobody else;
+* a call that never returns (wedged: still inside the client :data:`WEDGED_GRACE_S` after its own
+  timeout) -> the producer is replaced by a fresh one with the same ``transactional.id``, whose
+  ``init_transactions`` fences the wedged one and aborts its transaction; then as an abort.
+  librdkafka 2.16 can wait forever for a group coordinator that is gone
+  (``send_offsets_to_transaction``; confluentinc/librdkafka#5456 and #5511): seen with the broker
+  that led an input partition and coordinated the group killed for 20 s (tests/faults), the
+  source thread then stuck for good in that call, no progress 8 minutes after the broker was back.
 
 ``transactional.id`` must be stable per instance (e.g. ``<group>-<StatefulSet pod name>``) so a
 restarted instance fences its predecessor and aborts the predecessor's open transaction.
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -37,6 +44,42 @@ from streamproc.records import TopicPartition
 
 log = get_logger(__name__)
 
+T = TypeVar("T")
+
+# Seconds past a transactional call's own timeout after which it is judged wedged.
+WEDGED_GRACE_S = 15.0
+WEDGED = "wedged_call"  # the abort reason of a replaced producer (transaction_aborts_total)
+
+
+class WedgedCall(Exception):
+    """A transactional call that did not return within its timeout plus the grace."""
+
+
+def bounded(name: str, call: Callable[[], T], limit_s: float) -> T:
+    """``call()`` on a daemon thread of its own; its result or exception.
+
+    Raises:
+        WedgedCall: ``call`` did not return within ``limit_s`` seconds (it goes on running;
+            nothing waits for it, and the process can still exit).
+    """
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller
+            outcome.append((False, exc))
+        done.set()
+
+    threading.Thread(target=run, name=f"txn-{name}", daemon=True).start()
+    if not done.wait(limit_s):
+        raise WedgedCall(f"{name} did not return in {limit_s:.0f} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
 
 class Transactions:
     """The transaction state of one transactional producer.
@@ -45,14 +88,27 @@ class Transactions:
         producer: a producer configured with ``transactional.id``.
         timeout_s: timeout of each transactional call, in seconds.
         max_attempts: tries of each transactional call on retriable errors.
+        renew: replaces a wedged producer: returns a fresh one with the same settings (the
+            caller keeps the wedged one alive: a thread is still inside it) and makes it the
+            one that produces from now on. None: a wedged call stops the pipeline.
+        grace_s: seconds past ``timeout_s`` after which a call is judged wedged.
     """
 
     def __init__(
-        self, producer: ProducerClient, timeout_s: float = 30.0, max_attempts: int = 5
+        self,
+        producer: ProducerClient,
+        timeout_s: float = 30.0,
+        max_attempts: int = 5,
+        renew: Callable[[], ProducerClient] | None = None,
+        grace_s: float = WEDGED_GRACE_S,
     ) -> None:
         self._producer = producer
         self._timeout_s = timeout_s
         self._max_attempts = max_attempts
+        self._renew = renew
+        self._limit_s = timeout_s + grace_s
+        self.renewals = 0
+        self._renewed = False  # the last abort replaced a wedged producer
         self.lock = threading.RLock()
         self._open = False
         self.commits = 0
@@ -69,6 +125,13 @@ class Transactions:
         self.failed: KafkaError | None = None
         self.must_abort: KafkaError | None = None
         producer.init_transactions(timeout_s)  # fences older instances, aborts their txn
+
+    @property
+    def abort_reason(self) -> str:
+        """Why the last transaction aborted: the error's name, :data:`WEDGED` or unknown."""
+        if self._renewed:
+            return WEDGED
+        return "unknown" if self.abort_error is None else self.abort_error.name()
 
     def produce(self, produce: Callable[..., None], *args: Any) -> None:
         """Run ``produce`` inside the open transaction (beginning one if needed)."""
@@ -96,7 +159,8 @@ class Transactions:
         """Commit the open transaction with ``offsets``; False when it had to be aborted.
 
         Raises:
-            FatalPipelineError: fatal producer error (fenced zombie, unrecoverable state).
+            FatalPipelineError: fatal producer error (fenced zombie, unrecoverable state), or a
+                wedged call whose producer could not be replaced.
         """
         with self.lock:
             if not self._open and not offsets:
@@ -120,15 +184,22 @@ class Transactions:
                 )
             except KafkaException as exc:
                 return self._handle(exc)
+            except WedgedCall as exc:
+                self._replace(exc)
+                return False
             self._open = False
             self.commits += 1
             return True
 
     def _retrying(self, name: str, call: Callable[[], None]) -> None:
-        """``call()``, again on a retriable error, at most ``max_attempts`` times."""
+        """``call()``, again on a retriable error, at most ``max_attempts`` times.
+
+        Raises:
+            WedgedCall: a try did not return in time (see :func:`bounded`).
+        """
         for attempt in range(1, self._max_attempts + 1):
             try:
-                call()
+                bounded(name, call, self._limit_s)
                 return
             except KafkaException as exc:
                 err = exc.args[0]
@@ -151,19 +222,65 @@ class Transactions:
     def _abort(self, err: KafkaError) -> None:
         """Abort the open transaction because of ``err`` (the caller holds the lock)."""
         log.warning("aborting transaction", error=err.str(), code=err.name())
-        self._retrying(
-            "abort_transaction", lambda: self._producer.abort_transaction(self._timeout_s)
-        )
+        try:
+            self._retrying(
+                "abort_transaction", lambda: self._producer.abort_transaction(self._timeout_s)
+            )
+        except WedgedCall as exc:
+            self._replace(exc)
+            return
         self._open = False
         self.failed = self.must_abort = None
         self.aborts += 1
         self.abort_error = err
+        self._renewed = False
+
+    def _replace(self, wedged: WedgedCall) -> None:
+        """A call never returned: take a fresh producer whose ``init_transactions`` fences the
+        wedged one (its open transaction aborts); the transaction counts as aborted (the
+        caller holds the lock).
+
+        Raises:
+            FatalPipelineError: no ``renew`` was given, or the fresh producer failed too.
+        """
+        if self._renew is None:
+            raise FatalPipelineError(f"transactional producer wedged: {wedged}") from None
+        log.error(
+            "transactional call never returned; replacing the producer",
+            error=str(wedged),
+            renewals=self.renewals + 1,
+        )
+        producer = self._renew()
+        try:
+            self._producer = producer
+            self._retrying("init_transactions", lambda: producer.init_transactions(self._timeout_s))
+        except (KafkaException, WedgedCall) as exc:
+            raise FatalPipelineError(
+                f"transactional producer wedged ({wedged}) and its replacement failed: {exc}"
+            ) from None
+        self.renewals += 1
+        self._open = False
+        self.failed = self.must_abort = None
+        self.aborts += 1
+        self.abort_error = None
+        self._renewed = True
 
     def abort(self) -> None:
-        """Abort the open transaction, if any (shutdown without a clean drain)."""
+        """Abort the open transaction, if any (the pipeline is stopping without a clean drain;
+        a wedged abort is logged and left: the broker aborts the transaction at its timeout,
+        or the next instance's ``init_transactions`` does)."""
         with self.lock:
-            if self._open:
-                self._producer.abort_transaction(self._timeout_s)
-                self._open = False
-                self.failed = self.must_abort = None
-                self.aborts += 1
+            if not self._open:
+                return
+            producer = self._producer
+            try:
+                bounded(
+                    "abort_transaction",
+                    lambda: producer.abort_transaction(self._timeout_s),
+                    self._limit_s,
+                )
+            except WedgedCall as exc:
+                log.error("abort at stop never returned", error=str(exc))
+            self._open = False
+            self.failed = self.must_abort = None
+            self.aborts += 1

@@ -1,0 +1,138 @@
+"""A transactional call that never returns (exactly-once), over the in-package fakes.
+
+librdkafka 2.16 can wait forever in ``send_offsets_to_transaction`` for a group coordinator that
+is gone (confluentinc/librdkafka#5456, #5511). tests/faults saw it with the broker that led an
+input partition and coordinated the group killed for 20 s: the source thread stayed in that
+call, and nothing progressed for 8 minutes after the broker was back. The pipeline must replace
+the producer (the fresh one's ``init_transactions`` fences the wedged one), abort, rewind and go
+on; without a way to replace it, stop with an error naming the call.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from streamproc.commit import OffsetTracker
+from streamproc.edges import KafkaTopicPartition
+from streamproc.errors import FatalPipelineError
+from streamproc.guarantees import ExactlyOnce
+from streamproc.metrics import Metrics
+from streamproc.records import Record
+from streamproc.sink import Sink, source_headers
+from streamproc.testing import FakeConsumer, FakeProducer, factory
+from streamproc.transactions import WEDGED, Transactions
+from tests.unit.test_source import TP
+
+BOUND_S = 30.0  # the test's own bound on a commit (old code: it never returned)
+
+
+@dataclass
+class WedgingProducer(FakeProducer):
+    """``send_offsets_to_transaction`` blocks until :attr:`release` is set (never, unless the
+    test ends)."""
+
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def send_offsets_to_transaction(
+        self, positions: list[KafkaTopicPartition], group_metadata: Any, timeout: float = -1
+    ) -> None:
+        self._call("send_offsets_to_transaction")
+        self.release.wait()
+
+
+class Pipeline:
+    """An exactly-once sink over a producer that wedges; a fresh fake replaces it."""
+
+    def __init__(self, n: int, renew: bool = True) -> None:
+        self.tracker = OffsetTracker()
+        self.metrics = Metrics()
+        self.wedging = WedgingProducer()
+        self.fresh = FakeProducer()
+        transactions = Transactions(
+            self.wedging,
+            timeout_s=0.05,
+            grace_s=0.05,
+            renew=(lambda: self.sink.renew_producer()) if renew else None,
+        )
+        self.guarantee = ExactlyOnce(self.tracker, self.metrics, transactions)
+        self.fatal: list[BaseException] = []
+        self.sink = Sink(
+            self.wedging,
+            {},
+            self.guarantee,
+            self.metrics,
+            self.fatal.append,
+            producer_factory=factory(self.fresh),
+        )
+        self.consumer = FakeConsumer({})
+        self.n = n
+
+    def consume(self) -> list[Record]:
+        """Inputs 0..n-1 under a fresh generation (an assignment, or a rewind)."""
+        self.tracker.revoke([TP])
+        generation = self.tracker.assign([TP])[TP]
+        records = [Record(TP, o, b"k", b"in%d" % o, (), 0, 0.0, generation) for o in range(self.n)]
+        self.tracker.consumed_many(records)
+        return records
+
+    def send(self, records: list[Record]) -> None:
+        values = [b"r%d" % r.offset for r in records]
+        self.sink.send_results(
+            "out", records, values, [list(source_headers(r)) for r in records], "in.dlq"
+        )
+
+    def commit(self) -> bool:
+        """The source thread's commit, bounded by the test (old code never returned)."""
+        outcome: list[bool | BaseException] = []
+
+        def run() -> None:
+            try:
+                outcome.append(self.guarantee.committer.commit(self.consumer, synchronous=True))
+            except BaseException as exc:  # handed to the test
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(BOUND_S)
+        assert outcome, f"the commit did not return in {BOUND_S:.0f} s"
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels or {})
+
+
+def test_a_wedged_commit_replaces_the_producer_aborts_and_the_rewound_work_commits() -> None:
+    h = Pipeline(4)
+    try:
+        h.send(h.consume())
+        assert len(h.wedging.pending) == 4  # in the wedged producer's transaction
+        assert h.commit() is False  # judged wedged: aborted, the caller rewinds
+        assert h.fresh.calls == ["init_transactions"]  # fences the wedged one, aborts its txn
+        assert h.sample("streamproc_transaction_aborts_total", {"reason": WEDGED}) == 1
+        assert h.sample("streamproc_producer_renewals_total") == 1
+        # the aborted work is retired: a late result of it is not produced anywhere
+        h.send(h.consume())  # the rewind: the same inputs, a fresh generation
+        assert [p.value for p in h.fresh.pending] == [b"r0", b"r1", b"r2", b"r3"]
+        assert len(h.wedging.pending) == 4  # nothing more went to the wedged producer
+        assert h.commit() is True
+        assert h.fresh.calls[-2:] == ["send_offsets_to_transaction", "commit_transaction"]
+        assert h.tracker.watermarks([TP]) == {TP: 4}
+        assert not h.fatal
+    finally:
+        h.wedging.release.set()
+
+
+def test_a_wedged_commit_without_a_replacement_stops_naming_the_call() -> None:
+    h = Pipeline(2, renew=False)
+    try:
+        h.send(h.consume())
+        with pytest.raises(FatalPipelineError, match="send_offsets_to_transaction"):
+            h.commit()
+    finally:
+        h.wedging.release.set()
