@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -185,6 +186,8 @@ def run_cmd(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # `kill -USR1 <pid>`: every thread's stack to stderr (a process that does not stop)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         summary = pipeline.run(exit_when_idle_s=exit_when_idle_s)
     except StreamprocError as exc:

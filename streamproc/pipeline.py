@@ -651,6 +651,7 @@ class Pipeline:
             return
         self.state = State.DRAINING
         timeout_s = self.config.shutdown_timeout_s
+        log.info("draining", shutdown_timeout_s=timeout_s)
         deadline_s = time.monotonic() + timeout_s
         # Step 1
         self.source.stop_fetching()

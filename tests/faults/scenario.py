@@ -252,6 +252,10 @@ class Scenario:
             try:
                 codes.append(consumer.wait(120))
             except subprocess.TimeoutExpired:
+                # it did not stop: its threads' stacks to its log (faulthandler), then kill it
+                consumer.send_signal(signal.SIGUSR1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    consumer.wait(5)
                 consumer.kill()
                 codes.append(consumer.wait())
         t = self.topics
