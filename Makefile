@@ -148,7 +148,7 @@ test-slow: venv kafka-jars
 # A three-node local cluster (replication factor 3, min.insync.replicas 2) under faults: leaders,
 # the controller and coordinators killed, a broker stalled, two down, a client cut off, a seeded
 # random schedule (tests/faults; root for iptables; docs/guarantees.md "Faults"). Replay a
-# schedule with STREAMPROC_FAULTS_SEED=<seed>; STREAMPROC_FAULTS_SCHEDULE_S sets its length.
+# schedule with FAULTS_SEED=<seed>; FAULTS_SCHEDULE_S sets its length.
 # test-faults-ci: the short seeded subset .ci/run runs (the random schedule under both
 # guarantees, FAULTS_CI_SCHEDULE_S seconds each, seed FAULTS_CI_SEED; about 10 minutes).
 .PHONY: test-faults test-faults-ci
@@ -160,7 +160,7 @@ test-faults: venv kafka-jars
 
 test-faults-ci: venv kafka-jars
 	deploy/packages.sh iptables:iptables
-	STREAMPROC_FAULTS_SEED=$(FAULTS_CI_SEED) STREAMPROC_FAULTS_SCHEDULE_S=$(FAULTS_CI_SCHEDULE_S) \
+	FAULTS_SEED=$(FAULTS_CI_SEED) FAULTS_SCHEDULE_S=$(FAULTS_CI_SCHEDULE_S) \
 	  $(PY) -m pytest -m faults tests/faults/test_faults.py -k random_schedule -s \
 	  -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -137,6 +137,11 @@ class Guarantee(Protocol):
         now is purged by the abort and produced again after the rewind."""
         ...
 
+    def producer_error(self, err: KafkaError) -> bool:
+        """The producer raised a fatal error ``err`` outside any call of the sink's (from
+        ``poll``). True: the guarantee recovers; False: the pipeline stops."""
+        ...
+
 
 class AtLeastOnce:
     """Results are produced at once; an input is done when its record is acknowledged.
@@ -177,6 +182,10 @@ class AtLeastOnce:
         return None
 
     def failed(self) -> bool:
+        return False
+
+    def producer_error(self, err: KafkaError) -> bool:
+        """An idempotent producer's fatal error (e.g. a sequence gap) ends the pipeline."""
         return False
 
 
@@ -306,3 +315,8 @@ class ExactlyOnce:
 
     def failed(self) -> bool:
         return self.transactions.failed is not None
+
+    def producer_error(self, err: KafkaError) -> bool:
+        """Recovered: the next commit replaces the producer (see ``streamproc.transactions``)."""
+        self.transactions.producer_error(err)
+        return True

@@ -385,7 +385,13 @@ class Sink:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            try:
+                self._producer.poll(0.05)
+            except KafkaException as exc:  # a fatal error of the producer
+                err = exc.args[0]
+                if not self._guarantee.producer_error(err):
+                    self._on_fatal(FatalPipelineError(f"producer failed: {err.str()}"))
+                    return
             alone = self._alone
             if alone is not None:
                 alone.poll(0)

@@ -11,19 +11,23 @@ Error handling follows the transactional producer's contract:
 * retriable error (e.g. ``CONCURRENT_TRANSACTIONS``, ``COORDINATOR_LOAD_IN_PROGRESS``) from
   ``send_offsets_to_transaction`` or ``commit_transaction`` -> retry that call (bounded by
   ``max_attempts``);
-* abortable error, or a record refused before sending for no fault of its own
-  (:attr:`Transactions.must_abort`) -> ``abort_transaction`` (retried on a retriable error such
-  as a timeout) and return False: the caller rewinds every assigned partition to its
-  committed offset and drops work of the aborted generation;
-* fatal error (e.g. fenced by a newer instance with the same ``transactional.id``: we are the
-  zombie) -> :class:`~streamproc.errors.FatalPipelineError`; this process stops, nobody else;
-* a call that never returns (wedged: still inside the client :data:`WEDGED_GRACE_S` after its own
-  timeout) -> the producer is replaced by a fresh one with the same ``transactional.id``, whose
-  ``init_transactions`` fences the wedged one and aborts its transaction; then as an abort.
-  librdkafka 2.16 can wait forever for a group coordinator that is gone
-  (``send_offsets_to_transaction``; confluentinc/librdkafka#5456 and #5511): seen with the broker
-  that led an input partition and coordinated the group killed for 20 s (tests/faults), the
-  source thread then stuck for good in that call, no progress 8 minutes after the broker was back.
+* abortable error, a retriable one whose tries are spent (e.g. timeouts while brokers are down),
+  or a record refused before sending for no fault of its own (:attr:`Transactions.must_abort`)
+  -> ``abort_transaction`` (retried on a retriable error) and return False: the caller rewinds
+  every assigned partition to its committed offset and drops work of the aborted generation;
+* fatal error that says another instance owns the ``transactional.id`` (fenced: we are the
+  zombie) or that it may not be used -> :class:`~streamproc.errors.FatalPipelineError`; this
+  process stops, nobody else;
+* any other fatal error (the producer's own state, e.g. ``INVALID_TXN_STATE`` when the
+  transaction coordinator failed over during an abort: seen with two of three brokers down),
+  an abort that fails, or a call that never returns (wedged: still inside the client
+  :data:`WEDGED_GRACE_S` after its own timeout) -> the producer is replaced by a fresh one with
+  the same ``transactional.id``, whose ``init_transactions`` fences the old one and aborts its
+  transaction; then as an abort. librdkafka 2.16 can wait forever for a group coordinator that
+  is gone (``send_offsets_to_transaction``; confluentinc/librdkafka#5456 and #5511): seen with
+  the broker that led an input partition and coordinated the group killed for 20 s
+  (tests/faults), the source thread then stuck in that call, no progress 8 minutes after the
+  broker was back.
 
 ``transactional.id`` must be stable per instance (e.g. ``<group>-<StatefulSet pod name>``) so a
 restarted instance fences its predecessor and aborts the predecessor's open transaction.
@@ -49,6 +53,17 @@ T = TypeVar("T")
 # Seconds past a transactional call's own timeout after which it is judged wedged.
 WEDGED_GRACE_S = 15.0
 WEDGED = "wedged_call"  # the abort reason of a replaced producer (transaction_aborts_total)
+
+# Fatal errors that say another instance owns the transactional.id (this one is the zombie) or
+# that it may not be used: the pipeline stops. A fresh producer would fence the rightful owner.
+_OWNERSHIP = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
 
 
 class WedgedCall(Exception):
@@ -108,7 +123,9 @@ class Transactions:
         self._renew = renew
         self._limit_s = timeout_s + grace_s
         self.renewals = 0
-        self._renewed = False  # the last abort replaced a wedged producer
+        self._renewed: str | None = None  # why the last abort replaced the producer
+        # a fatal error the sink's poll raised (any thread sets it; the next commit acts)
+        self.fatal_error: KafkaError | None = None
         self.lock = threading.RLock()
         self._open = False
         self.commits = 0
@@ -129,8 +146,8 @@ class Transactions:
     @property
     def abort_reason(self) -> str:
         """Why the last transaction aborted: the error's name, :data:`WEDGED` or unknown."""
-        if self._renewed:
-            return WEDGED
+        if self._renewed is not None:
+            return self._renewed
         return "unknown" if self.abort_error is None else self.abort_error.name()
 
     def produce(self, produce: Callable[..., None], *args: Any) -> None:
@@ -163,6 +180,10 @@ class Transactions:
                 wedged call whose producer could not be replaced.
         """
         with self.lock:
+            fatal = self.fatal_error
+            if fatal is not None:
+                self._fatal(fatal)
+                return False
             if not self._open and not offsets:
                 return True
             must_abort = self.must_abort
@@ -185,11 +206,18 @@ class Transactions:
             except KafkaException as exc:
                 return self._handle(exc)
             except WedgedCall as exc:
-                self._replace(exc)
+                self._replace(str(exc), WEDGED)
                 return False
             self._open = False
             self.commits += 1
             return True
+
+    def producer_error(self, err: KafkaError) -> None:
+        """A fatal error the producer raised outside a transactional call (from ``poll``, on
+        the sink's thread): nothing more is produced into the transaction, and the next
+        :meth:`commit` replaces the producer (or stops, for an ownership error)."""
+        self.failed = self.failed or err
+        self.fatal_error = self.fatal_error or err
 
     def _retrying(self, name: str, call: Callable[[], None]) -> None:
         """``call()``, again on a retriable error, at most ``max_attempts`` times.
@@ -208,16 +236,28 @@ class Transactions:
                 log.warning(f"{name}: retriable error; retrying", attempt=attempt, error=err.str())
 
     def _handle(self, exc: KafkaException) -> bool:
+        """A commit failed: replace a fatally failed producer, else abort (retries spent on a
+        retriable error, e.g. a timeout while brokers are down, abort too)."""
         err = exc.args[0]
         if err.fatal():
-            raise FatalPipelineError(
-                f"transactional producer failed fatally ({err.str()}); another instance with "
-                "the same transactional.id may have fenced this one"
-            ) from None
-        if err.txn_requires_abort():
+            self._fatal(err)
+        else:
             self._abort(err)
-            return False
-        raise FatalPipelineError(f"transaction commit failed: {err.str()}") from None
+        return False
+
+    def _fatal(self, err: KafkaError) -> None:
+        """The producer failed fatally with ``err``: stop for an ownership error, else replace
+        it (the caller holds the lock).
+
+        Raises:
+            FatalPipelineError: another instance fenced this one, or it may not use the id.
+        """
+        if err.code() in _OWNERSHIP:
+            raise FatalPipelineError(
+                f"transactional producer failed fatally ({err.str()}): another instance with "
+                "the same transactional.id fenced this one, or it may not use that id"
+            ) from None
+        self._replace(f"fatal producer error: {err.str()}", err.name())
 
     def _abort(self, err: KafkaError) -> None:
         """Abort the open transaction because of ``err`` (the caller holds the lock)."""
@@ -227,43 +267,46 @@ class Transactions:
                 "abort_transaction", lambda: self._producer.abort_transaction(self._timeout_s)
             )
         except WedgedCall as exc:
-            self._replace(exc)
+            self._replace(str(exc), WEDGED)
+            return
+        except KafkaException as exc:  # the abort failed: a fresh producer aborts for us
+            failed = exc.args[0]
+            if failed.fatal():
+                self._fatal(failed)
+            else:
+                self._replace(f"abort failed: {failed.str()}", err.name())
             return
         self._open = False
         self.failed = self.must_abort = None
         self.aborts += 1
         self.abort_error = err
-        self._renewed = False
+        self._renewed = None
 
-    def _replace(self, wedged: WedgedCall) -> None:
-        """A call never returned: take a fresh producer whose ``init_transactions`` fences the
-        wedged one (its open transaction aborts); the transaction counts as aborted (the
-        caller holds the lock).
+    def _replace(self, why: str, reason: str) -> None:
+        """The producer cannot go on (``why``): take a fresh one whose ``init_transactions``
+        fences the old one (its open transaction aborts); the transaction counts as aborted
+        with ``reason`` (:attr:`abort_reason`). The caller holds the lock.
 
         Raises:
             FatalPipelineError: no ``renew`` was given, or the fresh producer failed too.
         """
         if self._renew is None:
-            raise FatalPipelineError(f"transactional producer wedged: {wedged}") from None
-        log.error(
-            "transactional call never returned; replacing the producer",
-            error=str(wedged),
-            renewals=self.renewals + 1,
-        )
+            raise FatalPipelineError(f"transactional producer failed: {why}") from None
+        log.error("replacing the transactional producer", error=why, renewals=self.renewals + 1)
         producer = self._renew()
         try:
             self._producer = producer
             self._retrying("init_transactions", lambda: producer.init_transactions(self._timeout_s))
         except (KafkaException, WedgedCall) as exc:
             raise FatalPipelineError(
-                f"transactional producer wedged ({wedged}) and its replacement failed: {exc}"
+                f"transactional producer failed ({why}) and its replacement failed: {exc}"
             ) from None
         self.renewals += 1
         self._open = False
-        self.failed = self.must_abort = None
+        self.failed = self.must_abort = self.fatal_error = None
         self.aborts += 1
         self.abort_error = None
-        self._renewed = True
+        self._renewed = reason
 
     def abort(self) -> None:
         """Abort the open transaction, if any (the pipeline is stopping without a clean drain;

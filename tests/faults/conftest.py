@@ -6,7 +6,7 @@ again (every node running, every replica of the internal topics in sync), and af
 the nemesis undoes whatever fault is left (killed nodes restarted, stopped ones continued, cut
 routes reconnected), also when the test failed.
 
-``STREAMPROC_FAULTS_HEAP_MB`` sets each node's Java heap (default 320).
+``FAULTS_HEAP_MB`` sets each node's Java heap (default 320).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ HEALTHY_TIMEOUT_S = 240.0
 def cluster() -> Iterator[LocalCluster]:
     """Three KRaft nodes on loopback for the session, stopped at the end even on failure."""
     run_dir = Path(tempfile.mkdtemp(prefix="streamproc-faults-"))
-    heap_mb = int(os.environ.get("STREAMPROC_FAULTS_HEAP_MB", "320"))
+    heap_mb = int(os.environ.get("FAULTS_HEAP_MB", "320"))
     cluster = LocalCluster(run_dir, ensure_kafka_jars(), heap_mb=heap_mb)
     cluster.start()
     try:

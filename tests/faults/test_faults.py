@@ -7,7 +7,7 @@ nothing dead-lettered, committed == end, results in offset order per source part
 and under exactly-once (read_committed) 0 duplicates. At-least-once duplicates and the recovery
 times are printed (``-s``) and summed up at the end of the session.
 
-``STREAMPROC_FAULTS_SEED`` replays a random schedule; ``STREAMPROC_FAULTS_SCHEDULE_S`` sets its
+``FAULTS_SEED`` replays a random schedule; ``FAULTS_SCHEDULE_S`` sets its
 length (default 600 s, a fault every 20-40 s).
 """
 
@@ -166,7 +166,7 @@ def test_fault(
 SCHEDULE_FAULTS = ("kill leader", "kill controller", "kill coordinator", "pause", "cut", "two down")
 
 
-@pytest.mark.timeout(float(os.environ.get("STREAMPROC_FAULTS_SCHEDULE_S", "600")) + 1500)
+@pytest.mark.timeout(float(os.environ.get("FAULTS_SCHEDULE_S", "600")) + 1500)
 @pytest.mark.parametrize("guarantee", GUARANTEES)
 def test_random_schedule(
     cluster: LocalCluster,
@@ -176,11 +176,10 @@ def test_random_schedule(
     guarantee: str,
 ) -> None:
     """A seeded random fault every 20-40 s (lasting 5-15 s) for the schedule's length."""
-    seed = int(os.environ.get("STREAMPROC_FAULTS_SEED") or random.randrange(1 << 31))
-    length_s = float(os.environ.get("STREAMPROC_FAULTS_SCHEDULE_S", "600"))
+    seed = int(os.environ.get("FAULTS_SEED") or random.randrange(1 << 31))
+    length_s = float(os.environ.get("FAULTS_SCHEDULE_S", "600"))
     print(
-        f"\n[random schedule {guarantee}] STREAMPROC_FAULTS_SEED={seed} "
-        f"STREAMPROC_FAULTS_SCHEDULE_S={length_s:.0f}",
+        f"\n[random schedule {guarantee}] FAULTS_SEED={seed} FAULTS_SCHEDULE_S={length_s:.0f}",
         flush=True,
     )
     rng = random.Random(seed)

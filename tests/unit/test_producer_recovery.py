@@ -1,4 +1,5 @@
-"""A transactional call that never returns (exactly-once), over the in-package fakes.
+"""A transactional producer that cannot go on (exactly-once), over the in-package fakes: a call
+that never returns, a fatal error from ``poll``, an abort that fails.
 
 librdkafka 2.16 can wait forever in ``send_offsets_to_transaction`` for a group coordinator that
 is gone (confluentinc/librdkafka#5456, #5511). tests/faults saw it with the broker that led an
@@ -6,6 +7,12 @@ input partition and coordinated the group killed for 20 s: the source thread sta
 call, and nothing progressed for 8 minutes after the broker was back. The pipeline must replace
 the producer (the fresh one's ``init_transactions`` fences the wedged one), abort, rewind and go
 on; without a way to replace it, stop with an error naming the call.
+
+With two of three brokers down for 60 s, an abort during the transaction coordinator's failover
+left the producer in a fatal state (``INVALID_TXN_STATE``, raised from ``poll`` on the sink's
+thread) and the process exited 1. A fatal error that is not about who owns the
+``transactional.id`` is the producer's own: a fresh one replaces it. A fenced producer (another
+instance took the id over) still stops: a fresh one would fence the rightful owner.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from streamproc.commit import OffsetTracker
 from streamproc.edges import KafkaTopicPartition
@@ -23,7 +31,7 @@ from streamproc.guarantees import ExactlyOnce
 from streamproc.metrics import Metrics
 from streamproc.records import Record
 from streamproc.sink import Sink, source_headers
-from streamproc.testing import FakeConsumer, FakeProducer, factory
+from streamproc.testing import FakeConsumer, FakeProducer, factory, kafka_error
 from streamproc.transactions import WEDGED, Transactions
 from tests.unit.test_source import TP
 
@@ -44,13 +52,30 @@ class WedgingProducer(FakeProducer):
         self.release.wait()
 
 
-class Pipeline:
-    """An exactly-once sink over a producer that wedges; a fresh fake replaces it."""
+@dataclass
+class FailingPoll(FakeProducer):
+    """``poll`` raises ``error`` (fatal) once; the next ``poll`` sets :attr:`handled`."""
 
-    def __init__(self, n: int, renew: bool = True) -> None:
+    error: KafkaError | None = None
+    handled: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def poll(self, timeout: float = -1) -> int:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise KafkaException(error)
+        self.handled.set()
+        return 0
+
+
+class Pipeline:
+    """An exactly-once sink over a producer that fails (wedges, unless another is given); a
+    fresh fake replaces it."""
+
+    def __init__(self, n: int, renew: bool = True, producer: FakeProducer | None = None) -> None:
         self.tracker = OffsetTracker()
         self.metrics = Metrics()
-        self.wedging = WedgingProducer()
+        self.wedging = producer if producer is not None else WedgingProducer()
         self.fresh = FakeProducer()
         transactions = Transactions(
             self.wedging,
@@ -136,3 +161,50 @@ def test_a_wedged_commit_without_a_replacement_stops_naming_the_call() -> None:
             h.commit()
     finally:
         h.wedging.release.set()
+
+
+def test_a_fatal_error_from_poll_replaces_the_producer_and_the_pipeline_goes_on() -> None:
+    failing = FailingPoll(error=kafka_error(KafkaError.INVALID_TXN_STATE, fatal=True))
+    h = Pipeline(3, producer=failing)
+    h.send(h.consume())
+    h.sink.start()
+    try:
+        assert failing.handled.wait(BOUND_S)  # the sink's thread polled past the error
+        assert h.guarantee.failed() and not h.fatal  # noted, not a reason to stop
+        assert h.commit() is False  # replaced, aborted: the caller rewinds
+        assert h.fresh.calls == ["init_transactions"]
+        reason = {"reason": "INVALID_TXN_STATE"}
+        assert h.sample("streamproc_transaction_aborts_total", reason) == 1
+        assert h.sample("streamproc_producer_renewals_total") == 1
+        h.send(h.consume())
+        assert h.commit() is True
+        assert [p.value for p in h.fresh.pending + h.fresh.delivered] == [b"r0", b"r1", b"r2"]
+        assert h.tracker.watermarks([TP]) == {TP: 3}
+    finally:
+        h.sink.close(1.0)
+    assert not h.fatal
+
+
+def test_an_abort_that_fails_fatally_replaces_the_producer() -> None:
+    failing = FakeProducer()
+    failing.fail_next(
+        "commit_transaction", kafka_error(KafkaError._TIMED_OUT, txn_requires_abort=True)
+    )
+    failing.fail_next("abort_transaction", kafka_error(KafkaError.INVALID_TXN_STATE, fatal=True))
+    h = Pipeline(2, producer=failing)
+    h.send(h.consume())
+    assert h.commit() is False
+    assert failing.calls[-2:] == ["commit_transaction", "abort_transaction"]
+    assert h.fresh.calls == ["init_transactions"]
+    h.send(h.consume())
+    assert h.commit() is True and h.tracker.watermarks([TP]) == {TP: 2}
+
+
+def test_a_fenced_producer_still_stops_and_is_not_replaced() -> None:
+    fenced = FakeProducer()
+    fenced.fail_next("commit_transaction", kafka_error(KafkaError.PRODUCER_FENCED, fatal=True))
+    h = Pipeline(2, producer=fenced)
+    h.send(h.consume())
+    with pytest.raises(FatalPipelineError, match="fenced"):
+        h.commit()
+    assert h.fresh.calls == []  # a fresh producer would fence the rightful owner
