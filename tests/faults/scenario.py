@@ -52,6 +52,8 @@ class Outcome:
     recoveries: list[Recovery]
     caught_up_s: float | None
     elapsed_s: float
+    aborts: int = 0  # transactions aborted (exactly-once), from the consumers' logs
+    renewals: int = 0  # transactional producers replaced, from the consumers' logs
 
     def line(self) -> str:
         firsts = [r.first_result_s for r in self.recoveries if r.first_result_s is not None]
@@ -64,7 +66,8 @@ class Outcome:
             f"committed==end={v.committed_equals_end} stable={v.output_stable} "
             f"out_of_order={len(self.out_of_order)} exit={self.exit_codes} "
             f"heal->first_result_s={first} heal->committed==end_s={caught} "
-            f"faults={len(self.recoveries)} elapsed_s={self.elapsed_s:.0f}"
+            f"faults={len(self.recoveries)} aborts={self.aborts} renewals={self.renewals} "
+            f"elapsed_s={self.elapsed_s:.0f}"
         )
 
 
@@ -269,10 +272,20 @@ class Scenario:
             self.recoveries,
             caught_up,
             time.monotonic() - self._started_s,
+            *self._log_counts(),
         )
         RESULTS.append(outcome.line())
         print("\n" + outcome.line(), flush=True)
         return outcome
+
+    def _log_counts(self) -> tuple[int, int]:
+        """Aborted transactions and replaced producers, counted in the consumers' logs."""
+        aborts = renewals = 0
+        for log in self.tmp_path.glob("consumer-*.log"):
+            text = log.read_text(errors="replace")
+            aborts += text.count('"event": "aborting transaction"')
+            renewals += text.count('"event": "replacing the transactional producer"')
+        return aborts, renewals
 
     def stop(self) -> None:
         """Kill whatever consumer still runs (teardown after a failure) and wait for it."""
