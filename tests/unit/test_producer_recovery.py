@@ -33,6 +33,7 @@ from streamproc.records import Record
 from streamproc.sink import Sink, source_headers
 from streamproc.testing import FakeConsumer, FakeProducer, factory, kafka_error
 from streamproc.transactions import WEDGED, Transactions
+from tests.unit.test_refusals import consume_again
 from tests.unit.test_source import TP
 
 BOUND_S = 30.0  # the test's own bound on a commit (old code: it never returned)
@@ -97,12 +98,7 @@ class Pipeline:
         self.n = n
 
     def consume(self) -> list[Record]:
-        """Inputs 0..n-1 under a fresh generation (an assignment, or a rewind)."""
-        self.tracker.revoke([TP])
-        generation = self.tracker.assign([TP])[TP]
-        records = [Record(TP, o, b"k", b"in%d" % o, (), 0, 0.0, generation) for o in range(self.n)]
-        self.tracker.consumed_many(records)
-        return records
+        return consume_again(self.tracker, self.n)
 
     def send(self, records: list[Record]) -> None:
         values = [b"r%d" % r.offset for r in records]

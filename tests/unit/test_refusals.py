@@ -28,6 +28,15 @@ def _broker(produced: Produced) -> KafkaError | None:
     return TOO_LARGE if len(produced.value or b"") > LIMIT else None
 
 
+def consume_again(tracker: OffsetTracker, n: int) -> list[Record]:
+    """The inputs 0..n-1 of TP under a fresh generation (an assignment, or a rewind)."""
+    tracker.revoke([TP])
+    generation = tracker.assign([TP])[TP]
+    records = [Record(TP, o, b"k", b"in%d" % o, (), 0, 0.0, generation) for o in range(n)]
+    tracker.consumed_many(records)
+    return records
+
+
 class EosSink:
     """An exactly-once sink over a fake transactional producer whose broker refuses records
     over LIMIT bytes; the output topic's limit is known, the producer compresses."""
@@ -50,12 +59,7 @@ class EosSink:
         self.n = n
 
     def consume(self) -> list[Record]:
-        """The inputs 0..n-1 under a fresh generation (an assignment, or a rewind)."""
-        self.tracker.revoke([TP])
-        generation = self.tracker.assign([TP])[TP]
-        records = [Record(TP, o, b"k", b"in%d" % o, (), 0, 0.0, generation) for o in range(self.n)]
-        self.tracker.consumed_many(records)
-        return records
+        return consume_again(self.tracker, self.n)
 
     def send(self, records: list[Record], big: set[int]) -> None:
         values = [b"x" * 2 * LIMIT if r.offset in big else b"r%d" % r.offset for r in records]
