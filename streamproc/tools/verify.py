@@ -8,6 +8,7 @@ coordinates (topic, partition, offset), which every result and dead-letter recor
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -235,6 +236,49 @@ def verify(
         examples=example_values,
         output_stable=outputs.stable and dlq.stable,
     )
+
+
+CommitSample = tuple[float, dict[int, int]]  # (wall-clock ms, committed offset per partition)
+
+
+def replayed_after_commit(
+    outputs: TopicDump,
+    input_topic: str,
+    commits: list[CommitSample],
+    margin_ms: float = 1000.0,
+) -> list[Coord]:
+    """Results produced again for an input whose offset was already committed: at-least-once
+    duplicates beyond the work since the last successful commit (empty when every duplicate is
+    work a rewind to the last commit repeats).
+
+    Args:
+        outputs: the output topic (:func:`read_topic`); each record's timestamp is its
+            CreateTime (ms), set when streamproc produced it.
+        input_topic: only results of this input topic count.
+        commits: the group's committed offsets sampled over the run, in time order (a
+            committed offset is the next offset to consume).
+        margin_ms: a copy is judged against the last sample at least this much older than
+            the copy (clock granularity, and the time between a sample's answer and its
+            recording).
+
+    Returns:
+        The source coordinates of every copy after the first (by timestamp) created when the
+        group had already committed past its offset, in output order.
+    """
+    copies: dict[Coord, list[tuple[int, tuple[int, int]]]] = {}
+    for position, (_, _, headers, ts) in sorted(outputs.records.items()):
+        coord = _source_coord(headers)
+        if coord is not None and coord[0] == input_topic:
+            copies.setdefault(coord, []).append((ts, position))
+    times = [t for t, _ in commits]
+    beyond: list[tuple[tuple[int, int], Coord]] = []
+    for coord, found in copies.items():
+        _, partition, offset = coord
+        for ts, position in sorted(found)[1:]:
+            i = bisect.bisect_right(times, ts - margin_ms) - 1
+            if i >= 0 and offset < commits[i][1].get(partition, -1):
+                beyond.append((position, coord))
+    return [coord for _, coord in sorted(beyond)]
 
 
 def _as_bytes(data: str | bytes | None) -> bytes | None:

@@ -22,14 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamproc.admin import ensure_topics
+from streamproc.logs import kafka_logger
 from streamproc.sink import H_OFFSET, H_PARTITION
 from streamproc.tools.kafka_local import LocalCluster
 from streamproc.tools.replay import produce
-from streamproc.tools.verify import Verdict, committed_offsets, read_topic, verify
+from streamproc.tools.verify import (
+    CommitSample,
+    TopicDump,
+    Verdict,
+    committed_offsets,
+    read_topic,
+    replayed_after_commit,
+    verify,
+)
 from tests.integration.conftest import Topics, end_offset_total, start_consumer, write_config
 
 PARTITIONS = 6
 CAUGHT_UP_TIMEOUT_S = 420.0
+COMMIT_SAMPLE_S = 0.5  # how often the group's committed offsets are sampled
 LOAD_AFTER_HEAL_S = 15.0  # the replay goes on this long after the last heal
 RESULTS: list[str] = []  # one line per scenario, printed at the end of the session
 
@@ -52,6 +62,7 @@ class Outcome:
     recoveries: list[Recovery]
     caught_up_s: float | None
     elapsed_s: float
+    beyond_commit: list[tuple[str, int, int]]  # results produced again after their commit
     aborts: int = 0  # transactions aborted (exactly-once), from the consumers' logs
     renewals: int = 0  # transactional producers replaced, from the consumers' logs
 
@@ -63,6 +74,7 @@ class Outcome:
         return (
             f"[{self.name} {self.guarantee}] inputs={v.inputs} results={v.results} "
             f"dead={v.dead_lettered} missing={len(v.missing)} duplicates={v.duplicates} "
+            f"duplicates_after_commit={len(self.beyond_commit)} "
             f"committed==end={v.committed_equals_end} stable={v.output_stable} "
             f"out_of_order={len(self.out_of_order)} exit={self.exit_codes} "
             f"heal->first_result_s={first} heal->committed==end_s={caught} "
@@ -93,8 +105,11 @@ class Scenario:
     _replay: threading.Thread | None = None
     _replay_error: list[BaseException] = field(default_factory=list)
     _stop_replay: threading.Event = field(default_factory=threading.Event)
+    _stop_sampling: threading.Event = field(default_factory=threading.Event)
     _started_s: float = 0.0
     _last_heal_s: float | None = None
+    _commits: list[CommitSample] = field(default_factory=list)
+    _sampler: threading.Thread | None = None
 
     def __post_init__(self) -> None:
         suffix = uuid.uuid4().hex[:8]
@@ -116,6 +131,8 @@ class Scenario:
         self._started_s = time.monotonic()
         t = self.topics
         ensure_topics(self.bootstrap, {t.input: PARTITIONS, t.output: PARTITIONS, t.dlq: 1})
+        self._sampler = threading.Thread(target=self._sample_commits, name="commits", daemon=True)
+        self._sampler.start()
         self.add_consumer("a")
         produce("trades", t.input, self.bootstrap, PARTITIONS, limit=warmup, progress=False)
         self.wait_results(warmup)
@@ -172,6 +189,36 @@ class Scenario:
         for consumer in self.consumers:
             code = consumer.poll()
             assert code is None, f"{self.name}: streamproc exited with {code} during the run"
+
+    def _sample_commits(self) -> None:
+        """Record the group's committed offsets every :data:`COMMIT_SAMPLE_S` seconds until
+        the load ends (a sample the cluster does not answer is skipped); the at-least-once
+        check (:func:`replayed_after_commit`) judges every duplicate against them."""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.topics.group,
+                "enable.auto.commit": False,
+                "logger": kafka_logger(),
+            }
+        )
+        wanted = [TopicPartition(self.topics.input, p) for p in range(PARTITIONS)]
+        try:
+            while not self._stop_sampling.wait(COMMIT_SAMPLE_S):
+                with contextlib.suppress(KafkaException):
+                    got = consumer.committed(wanted, timeout=5)
+                    if all(tp.error is None for tp in got):
+                        offsets = {tp.partition: tp.offset for tp in got}
+                        self._commits.append((time.time() * 1000.0, offsets))
+        finally:
+            consumer.close()
+
+    def _end_sampling(self) -> None:
+        self._stop_sampling.set()
+        if self._sampler is not None:
+            self._sampler.join(60)
 
     # -- recovery --------------------------------------------------------------------------
     def healed(self, fault: str, window_s: float = 120.0) -> Recovery:
@@ -261,17 +308,20 @@ class Scenario:
                     consumer.wait(5)
                 consumer.kill()
                 codes.append(consumer.wait())
+        self._end_sampling()
         t = self.topics
         verdict = verify(self.bootstrap, t.input, t.output, t.dlq, t.group)
+        outputs = read_topic(self.bootstrap, t.output)
         outcome = Outcome(
             self.name,
             self.guarantee,
             verdict,
-            out_of_order(self.bootstrap, t.output),
+            out_of_order(outputs, t.output),
             codes,
             self.recoveries,
             caught_up,
             time.monotonic() - self._started_s,
+            replayed_after_commit(outputs, t.input, self._commits),
             *self._log_counts(),
         )
         RESULTS.append(outcome.line())
@@ -294,15 +344,15 @@ class Scenario:
                 consumer.kill()
             consumer.wait(60)
         self._stop_replay.set()
+        self._end_sampling()
         if self._replay is not None:
             self._replay.join(CAUGHT_UP_TIMEOUT_S)
 
 
-def out_of_order(bootstrap: str, output_topic: str) -> list[str]:
+def out_of_order(dump: TopicDump, output_topic: str) -> list[str]:
     """Results whose source offset is not above every earlier new source offset of the same
     source partition in the same output partition (a result delivered again after a rewind is
     not new and does not count). Empty when every partition's results are in offset order."""
-    dump = read_topic(bootstrap, output_topic)
     highest: dict[tuple[int, int], int] = defaultdict(lambda: -1)
     seen: set[tuple[int, int]] = set()
     wrong: list[str] = []
@@ -329,6 +379,11 @@ def check(outcome: Outcome) -> None:
     assert v.dead_lettered == 0, f"{name}: {v.dead_lettered} valid records dead-lettered"
     assert v.committed_equals_end, f"{name}: committed {v.committed} != end {v.end_offsets}"
     assert not outcome.out_of_order, f"{name}: out of order: {outcome.out_of_order[:3]}"
+    # at-least-once duplicates are work a rewind to the last commit repeats, never more
+    assert not outcome.beyond_commit, (
+        f"{name}: {len(outcome.beyond_commit)} results produced again after their offset was "
+        f"committed, e.g. {outcome.beyond_commit[:3]}"
+    )
     if outcome.guarantee == "exactly_once":
         assert v.output_stable, f"{name}: a transaction was left open"
         assert v.duplicates == 0, f"{name}: {v.duplicates} duplicates under exactly-once"
