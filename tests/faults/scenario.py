@@ -140,6 +140,20 @@ class Scenario:
             target=self._run_replay, args=(self.records - warmup,), name="replay", daemon=True
         )
         self._replay.start()
+        self._wait_replay_running(warmup)
+
+    def _wait_replay_running(self, warmup: int, timeout_s: float = 120.0) -> None:
+        """Wait until the paced replay wrote past the warm-up: its set-up (metadata, topic
+        check) is done before any fault can hit it (a schedule's first fault came while the
+        replay's metadata request was in flight, and the replay gave up after 30 s)."""
+        deadline_s = time.monotonic() + timeout_s
+        while end_offset_total(self.bootstrap, self.topics.input) <= warmup:
+            assert not self._replay_error, f"{self.name}: replay failed: {self._replay_error[0]}"
+            assert self._replay is not None and self._replay.is_alive(), (
+                f"{self.name}: the replay ended before it sent anything"
+            )
+            assert time.monotonic() < deadline_s, f"{self.name}: the replay did not start"
+            time.sleep(0.2)
 
     def _run_replay(self, count: int) -> None:
         try:
