@@ -51,8 +51,15 @@ def helm(*args: str, timeout_s: float = 900) -> str:
     return run([HELM, *args], timeout_s=timeout_s)
 
 
-def wait_for(what: str, condition: Callable[[], T], timeout_s: float, every_s: float = 1.0) -> T:
-    """Polls CONDITION until it returns something truthy (returned); fails after TIMEOUT_S."""
+def wait_for(
+    what: str,
+    condition: Callable[[], T],
+    timeout_s: float,
+    every_s: float = 1.0,
+    diagnose: str | None = None,
+) -> T:
+    """Polls CONDITION until it returns something truthy (returned); fails after TIMEOUT_S,
+    with :func:`diagnosis` of the namespace DIAGNOSE when given (pods, events, logs)."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while True:
@@ -60,7 +67,10 @@ def wait_for(what: str, condition: Callable[[], T], timeout_s: float, every_s: f
         if last:
             return last
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} ({last!r})")
+            message = f"timed out after {timeout_s:.0f} s waiting for {what} ({last!r})"
+            if diagnose is not None:
+                message += f"\n{diagnosis(diagnose)}"
+            raise AssertionError(message)
         time.sleep(every_s)
 
 

@@ -128,7 +128,7 @@ def topics() -> None:
 
 def test_install_and_replay_the_three_workloads() -> None:
     install(RELEASE, "at-least-once.yaml")
-    running = wait_for("one Ready pod", lambda: all_ready(NS, SELECTOR, 1), 60)
+    running = wait_for("one Ready pod", lambda: all_ready(NS, SELECTOR, 1), START_S, diagnose=NS)
     assert running[0]["spec"]["containers"][0]["image"] == "streamproc:cpu"
     replays = replay_all(video=60, iot=120, trades=400)
     sent = [r.finish() for r in replays]
@@ -198,7 +198,7 @@ def test_force_deleted_pod_mid_stream_loses_nothing() -> None:
     # and leaves no duplicate; the hard kills are in the liveness and exactly-once tests)
     kubectl("delete", "pod", "-n", NS, victim, "--grace-period=0", "--force")
     assert replay.finish() == 1200
-    after = wait_for("a new Ready pod", lambda: all_ready(NS, SELECTOR, 1), START_S)
+    after = wait_for("a new Ready pod", lambda: all_ready(NS, SELECTOR, 1), START_S, diagnose=NS)
     assert after[0]["metadata"]["name"] != victim
     found = wait_for("every result and commit", lambda: complete(PIPELINES, GROUP), 600, 5)
     report("force-delete", found)
@@ -208,7 +208,7 @@ def test_scale_up_readiness_gate_and_one_owner_per_partition() -> None:
     follower = LogFollower(NS, SELECTOR)
     try:
         install(RELEASE, "at-least-once.yaml", "--set", "replicaCount=3")
-        running = wait_for("3 Ready pods", lambda: all_ready(NS, SELECTOR, 3), START_S)
+        running = wait_for("3 Ready pods", lambda: all_ready(NS, SELECTOR, 3), START_S, diagnose=NS)
         owners = wait_for("each partition owned by one of 3 pods", lambda: one_owner_each(3), 120)
         print(f"[scale 3] partitions per pod: {[len(tps) for tps in owners.values()]}")
         # Readiness gates on /readyz: a pod turns Ready only after its partitions are assigned,
@@ -243,7 +243,7 @@ def test_rolling_update_loses_nothing_and_never_shares_a_partition() -> None:
             "--set", "config.batching.max_wait_ms=25",
         )  # fmt: skip
         kubectl("rollout", "status", "-n", NS, "deployment/sp-streamproc", f"--timeout={START_S}s")
-        new = wait_for("3 new Ready pods", lambda: all_ready(NS, SELECTOR, 3), START_S)
+        new = wait_for("3 new Ready pods", lambda: all_ready(NS, SELECTOR, 3), START_S, diagnose=NS)
         assert not old & {p["metadata"]["name"] for p in new}, "not every pod was replaced"
         for r in replays:
             r.finish()
@@ -261,7 +261,7 @@ def test_rolling_update_loses_nothing_and_never_shares_a_partition() -> None:
 
 def test_scale_back_down_to_one_owner() -> None:
     install(RELEASE, "at-least-once.yaml")
-    wait_for("1 Ready pod", lambda: all_ready(NS, SELECTOR, 1), START_S)
+    wait_for("1 Ready pod", lambda: all_ready(NS, SELECTOR, 1), START_S, diagnose=NS)
     owners = wait_for("one pod owning every partition", lambda: one_owner_each(1), 120)
     print(f"[scale 1] partitions per pod: {[len(tps) for tps in owners.values()]}")
     for r in replay_all(video=20, iot=40, trades=200):
@@ -285,7 +285,7 @@ def test_liveness_restarts_a_wedged_process() -> None:
     )
     messages = [e["message"] for e in events["items"] if e["reason"] == "Unhealthy"]
     assert any("Liveness probe failed" in m for m in messages), messages
-    wait_for("the restarted pod Ready", lambda: all_ready(NS, SELECTOR, 1), START_S)
+    wait_for("the restarted pod Ready", lambda: all_ready(NS, SELECTOR, 1), START_S, diagnose=NS)
     print(f"[liveness] {name}: restarts {before} -> {restarts(restarted[0])}")
     for r in replay_all(video=20, iot=40, trades=200):
         r.finish()
@@ -301,7 +301,7 @@ def test_helm_test_passes() -> None:
 
 def test_exactly_once_statefulset_killed_mid_stream_no_duplicates() -> None:
     install(EOS_RELEASE, "exactly-once.yaml")
-    running = wait_for("2 Ready pods", lambda: all_ready(NS, EOS_SELECTOR, 2), START_S)
+    running = wait_for("2 Ready pods", lambda: all_ready(NS, EOS_SELECTOR, 2), START_S, diagnose=NS)
     names = sorted(p["metadata"]["name"] for p in running)
     assert names == ["eos-streamproc-0", "eos-streamproc-1"]
     pipeline = [("trades", *EOS_TOPICS)]
@@ -319,7 +319,9 @@ def test_exactly_once_statefulset_killed_mid_stream_no_duplicates() -> None:
     kubectl("delete", "pod", "-n", NS, "eos-streamproc-1", "--grace-period=0", "--force")
     assert replay.is_alive(), "the replay finished during the kills: not mid-stream"
     assert replay.finish() == 1500
-    back = wait_for("both pods back and Ready", lambda: all_ready(NS, EOS_SELECTOR, 2), START_S)
+    back = wait_for(
+        "both pods back and Ready", lambda: all_ready(NS, EOS_SELECTOR, 2), START_S, diagnose=NS
+    )
     assert sorted(p["metadata"]["name"] for p in back) == names
     assert restarts(next(p for p in back if p["metadata"]["name"] == "eos-streamproc-0")) >= 1
     found = wait_for("every result and commit", lambda: complete(pipeline, EOS_GROUP), 600, 5)

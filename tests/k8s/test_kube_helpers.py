@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.k8s import kube
 from tests.k8s.kube import LogFollower, wait_for
 
 # "ended" logs one line and exits (a pod deleted under the follower); "live" logs one line and
@@ -72,3 +73,12 @@ def test_log_follower_stop_closes_every_pipe_and_reaps_every_kubectl(
         for pid in pids():  # never leave the stand-in's sleep behind, whatever failed
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_timed_out_wait_carries_the_namespace_diagnosis(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Ready pod that never came said only "(None)": the pods, events and logs now come with it
+    monkeypatch.setattr(kube, "diagnosis", lambda namespace: f"pods and events of {namespace}")
+    with pytest.raises(
+        AssertionError, match=r"waiting for one Ready pod \(None\)\npods and events"
+    ):
+        wait_for("one Ready pod", lambda: None, 0.0, 0.0, diagnose="streaming")
