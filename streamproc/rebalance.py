@@ -33,8 +33,14 @@ from streamproc.lane import Lane
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
+from streamproc.transient import raise_error, retry_transient
 
 log = get_logger(__name__)
+
+# How long a rewind keeps asking for the committed offsets through transient errors (the group
+# coordinator moving after a broker stalled or died), in seconds; the poll loop waits meanwhile,
+# well within max.poll.interval.ms (300 s by default).
+REWIND_DEADLINE_S = 120.0
 
 
 def _names(tps: Iterable[TopicPartition]) -> list[str]:
@@ -206,11 +212,18 @@ class RebalanceHandler:
 
     def rewind(self, consumer: ConsumerClient) -> None:
         """After an aborted transaction: every assigned partition restarts from its committed
-        offset, with a fresh ring and generation (the sink drops results of the old one)."""
+        offset, with a fresh ring and generation (the sink drops results of the old one).
+
+        Raises:
+            KafkaException: the committed offsets could not be read: a transient error (the
+                group coordinator moving, a timeout) still after :data:`REWIND_DEADLINE_S`
+                seconds, or any other error."""
         state = self._assignment
         state.last_rebalance_s = time.monotonic()  # not idle while rewinding
         tps = sorted(state.assigned)
-        committed = consumer.committed([ktp(tp) for tp in tps], timeout=30)
+        committed = retry_transient(
+            lambda: _committed(consumer, tps), REWIND_DEADLINE_S, "committed offsets to rewind to"
+        )
         self._tracker.revoke(tps)
         self._start(tps)
         for part in committed:
@@ -239,3 +252,12 @@ class RebalanceHandler:
         for tp in tps:
             with contextlib.suppress(Exception):  # never exported: nothing to remove
                 self._metrics.ring_fill.remove(tp.topic, str(tp.partition))
+
+
+def _committed(consumer: ConsumerClient, tps: list[TopicPartition]) -> list[KafkaTopicPartition]:
+    """The group's committed offsets of ``tps``; a partition's own error is raised (and so
+    retried when transient, like a refused request)."""
+    committed = consumer.committed([ktp(tp) for tp in tps], timeout=30)
+    for part in committed:
+        raise_error(part.error)
+    return committed

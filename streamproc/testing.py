@@ -101,13 +101,15 @@ class FakeConsumer:
     Rebalances are scripted: :meth:`schedule_assign`, :meth:`schedule_revoke` and
     :meth:`schedule_lost` queue a callback that the next :meth:`consume` runs first, on the
     caller's thread, as librdkafka does. Commits go to :attr:`committed_offsets`;
-    :attr:`commit_errors` makes the next commits raise.
+    :attr:`commit_errors` makes the next commits raise, :attr:`committed_errors` the next
+    reads of the committed offsets.
     """
 
     logs: Mapping[TopicPartition, Sequence[bytes | None]]
     calls: list[tuple[str, Any]] = field(default_factory=list)
     committed_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     commit_errors: deque[KafkaError] = field(default_factory=deque)
+    committed_errors: deque[KafkaError] = field(default_factory=deque)
     positions: dict[TopicPartition, int] = field(default_factory=dict)
     paused: set[TopicPartition] = field(default_factory=set)
     delivered: int = 0
@@ -201,6 +203,9 @@ class FakeConsumer:
     def committed(
         self, partitions: list[KafkaTopicPartition], timeout: float = -1
     ) -> list[KafkaTopicPartition]:
+        self.calls.append(("committed", [_ours(p) for p in partitions]))
+        if self.committed_errors:
+            raise KafkaException(self.committed_errors.popleft())
         return [
             KafkaTopicPartition(p.topic, p.partition, self.committed_offsets.get(_ours(p), -1001))
             for p in partitions

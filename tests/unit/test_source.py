@@ -197,6 +197,29 @@ def test_an_aborted_transaction_rewinds_to_the_committed_offsets_with_a_new_gene
     assert [r.offset for r in h.cut().records] == [2, 3, 4, 5]  # processed again
 
 
+def test_the_rewind_after_an_abort_retries_a_coordinator_that_moved() -> None:
+    # a stalled broker (the group coordinator): the abort's rewind read the committed offsets
+    # while the coordinator moved, got NOT_COORDINATOR and stopped the process (exit 1)
+    producer = FakeProducer()
+    h = Harness(6, guarantee=_exactly_once(producer))
+    h.consumer.committed_offsets[TP] = 2
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    assert all(h.guarantee.send(r, lambda: None) for r in h.cut().records[:2])
+    producer.fail_next(
+        "commit_transaction", kafka_error(KafkaError._FENCED, txn_requires_abort=True)
+    )
+    h.consumer.committed_errors.extend(
+        [kafka_error(KafkaError.NOT_COORDINATOR), kafka_error(KafkaError._TIMED_OUT)]
+    )
+    h.poll(advance_s=1.5)
+    assert producer.calls[-1] == "abort_transaction"
+    assert len(h.consumer.calls_named("committed")) == 3  # twice refused, then answered
+    assert h.consumer.calls_named("seek")[-1] == (TP, 2)  # back to the committed offset
+    h.poll()
+    assert [r.offset for r in h.cut().records] == [2, 3, 4, 5]  # processed again
+
+
 def test_a_retriable_send_offsets_error_is_retried_not_fatal() -> None:
     producer = FakeProducer()
     h = Harness(4, guarantee=_exactly_once(producer))
