@@ -18,7 +18,7 @@ from streamproc.config import load_config
 from streamproc.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.lane import CutBatch, Lane
 from streamproc.metrics import Metrics
-from streamproc.records import TopicPartition
+from streamproc.records import Record, TopicPartition
 from streamproc.source import Source
 from streamproc.testing import FakeClock, FakeConsumer, FakeProducer, factory, kafka_error
 from streamproc.transactions import Transactions
@@ -172,19 +172,26 @@ def _exactly_once(producer: FakeProducer) -> Callable[[OffsetTracker, Metrics], 
     return lambda tracker, metrics: ExactlyOnce(tracker, metrics, Transactions(producer))
 
 
-def test_an_aborted_transaction_rewinds_to_the_committed_offsets_with_a_new_generation() -> None:
-    producer = FakeProducer()
+def _commit_to_abort(producer: FakeProducer) -> tuple[Harness, list[Record]]:
+    """Exactly-once from committed offset 2 of 6: records 2..5 fetched, 2 and 3 sent inside
+    the transaction, and the next commit fails so that the transaction aborts."""
     h = Harness(6, guarantee=_exactly_once(producer))
     h.consumer.committed_offsets[TP] = 2
     h.consumer.schedule_assign([TP])
     h.poll()
     assert h.consumer.positions[TP] == 6  # 2..5 fetched
     batch = h.cut().records
-    old_generation = batch[0].generation
     assert all(h.guarantee.send(r, lambda: None) for r in batch[:2])  # in the transaction
     producer.fail_next(
         "commit_transaction", kafka_error(KafkaError._FENCED, txn_requires_abort=True)
     )
+    return h, batch
+
+
+def test_an_aborted_transaction_rewinds_to_the_committed_offsets_with_a_new_generation() -> None:
+    producer = FakeProducer()
+    h, batch = _commit_to_abort(producer)
+    old_generation = batch[0].generation
     h.poll(advance_s=1.5)
     assert producer.calls[-1] == "abort_transaction"
     assert h.consumer.calls_named("seek")[-1] == (TP, 2)  # back to the committed offset
@@ -201,14 +208,7 @@ def test_the_rewind_after_an_abort_retries_a_coordinator_that_moved() -> None:
     # a stalled broker (the group coordinator): the abort's rewind read the committed offsets
     # while the coordinator moved, got NOT_COORDINATOR and stopped the process (exit 1)
     producer = FakeProducer()
-    h = Harness(6, guarantee=_exactly_once(producer))
-    h.consumer.committed_offsets[TP] = 2
-    h.consumer.schedule_assign([TP])
-    h.poll()
-    assert all(h.guarantee.send(r, lambda: None) for r in h.cut().records[:2])
-    producer.fail_next(
-        "commit_transaction", kafka_error(KafkaError._FENCED, txn_requires_abort=True)
-    )
+    h, _ = _commit_to_abort(producer)
     h.consumer.committed_errors.extend(
         [kafka_error(KafkaError.NOT_COORDINATOR), kafka_error(KafkaError._TIMED_OUT)]
     )
