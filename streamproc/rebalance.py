@@ -33,7 +33,7 @@ from streamproc.lane import Lane
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
-from streamproc.transient import raise_error, retry_transient
+from streamproc.transient import read_committed, retry_transient
 
 log = get_logger(__name__)
 
@@ -222,7 +222,9 @@ class RebalanceHandler:
         state.last_rebalance_s = time.monotonic()  # not idle while rewinding
         tps = sorted(state.assigned)
         committed = retry_transient(
-            lambda: _committed(consumer, tps), REWIND_DEADLINE_S, "committed offsets to rewind to"
+            lambda: read_committed(consumer, [ktp(tp) for tp in tps], 30),
+            REWIND_DEADLINE_S,
+            "committed offsets to rewind to",
         )
         self._tracker.revoke(tps)
         self._start(tps)
@@ -252,12 +254,3 @@ class RebalanceHandler:
         for tp in tps:
             with contextlib.suppress(Exception):  # never exported: nothing to remove
                 self._metrics.ring_fill.remove(tp.topic, str(tp.partition))
-
-
-def _committed(consumer: ConsumerClient, tps: list[TopicPartition]) -> list[KafkaTopicPartition]:
-    """The group's committed offsets of ``tps``; a partition's own error is raised (and so
-    retried when transient, like a refused request)."""
-    committed = consumer.committed([ktp(tp) for tp in tps], timeout=30)
-    for part in committed:
-        raise_error(part.error)
-    return committed

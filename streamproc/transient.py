@@ -8,8 +8,9 @@ the request's own timeout (``_TIMED_OUT``, ``_TRANSPORT``). Such a failure is re
 deadline (tenacity, exponential backoff); anything else is raised at once.
 
 Used by the tools that judge a run from the outside (``streamproc.tools.verify``), by topic
-creation (``streamproc.admin``) and by the test helpers; the pipeline's own clients retry
-inside librdkafka.
+creation (``streamproc.admin``), by the rewind after an aborted transaction (reading the committed
+offsets while a group coordinator moves: ``streamproc.rebalance``) and by the test helpers; the
+pipeline's other requests are retried inside librdkafka.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from streamproc.edges import ConsumerClient
 from streamproc.logs import get_logger
 
 log = get_logger(__name__)
@@ -65,6 +68,21 @@ def raise_error(err: KafkaError | None) -> None:
     :func:`retry_transient` retries them like raised ones."""
     if err is not None:
         raise KafkaException(err)
+
+
+def read_committed(
+    consumer: ConsumerClient, partitions: list[KafkaTopicPartition], timeout_s: float
+) -> list[KafkaTopicPartition]:
+    """The group's committed offsets of ``partitions`` (one request, ``timeout_s`` seconds);
+    a partition's own error is raised like a refused request, so that :func:`retry_transient`
+    retries it when transient.
+
+    Raises:
+        KafkaException: the request or a partition failed."""
+    committed = consumer.committed(partitions, timeout=timeout_s)
+    for part in committed:
+        raise_error(part.error)
+    return committed
 
 
 def retry_transient(call: Callable[[], T], deadline_s: float, what: str) -> T:

@@ -19,7 +19,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.logs import kafka_logger
 from streamproc.sink import H_OFFSET, H_PARTITION, H_TOPIC
-from streamproc.transient import raise_error, retry_transient
+from streamproc.transient import raise_error, read_committed, retry_transient
 
 Coord = tuple[str, int, int]
 
@@ -128,9 +128,7 @@ def committed_offsets(
 
     def committed() -> dict[int, int]:
         wanted = [KafkaTopicPartition(topic, p) for p in partitions]
-        got = consumer.committed(wanted, timeout=min(30.0, timeout_s))
-        for tp in got:
-            raise_error(tp.error)
+        got = read_committed(consumer, wanted, min(30.0, timeout_s))
         return {tp.partition: tp.offset for tp in got}
 
     try:
@@ -190,10 +188,15 @@ def verify(
     dlq_topic: str,
     group_id: str,
     examples: int = 3,
+    outputs: TopicDump | None = None,
 ) -> Verdict:
-    """Count missing and duplicate results per input record and compare commits with ends."""
+    """Count missing and duplicate results per input record and compare commits with ends.
+
+    ``outputs``: the output topic when the caller already read it (:func:`read_topic`), for
+    checks of its own on the same records; read here when None."""
     inputs = read_topic(bootstrap_servers, input_topic)
-    outputs = read_topic(bootstrap_servers, output_topic)
+    if outputs is None:
+        outputs = read_topic(bootstrap_servers, output_topic)
     dlq = read_topic(bootstrap_servers, dlq_topic)
     seen: Counter[Coord] = Counter()
     first_result_ts: dict[Coord, int] = {}

@@ -35,6 +35,7 @@ from streamproc.tools.verify import (
     replayed_after_commit,
     verify,
 )
+from streamproc.transient import read_committed
 from tests.integration.conftest import Topics, end_offset_total, start_consumer, write_config
 
 PARTITIONS = 6
@@ -222,10 +223,9 @@ class Scenario:
         try:
             while not self._stop_sampling.wait(COMMIT_SAMPLE_S):
                 with contextlib.suppress(KafkaException):
-                    got = consumer.committed(wanted, timeout=5)
-                    if all(tp.error is None for tp in got):
-                        offsets = {tp.partition: tp.offset for tp in got}
-                        self._commits.append((time.time() * 1000.0, offsets))
+                    got = read_committed(consumer, wanted, 5)
+                    offsets = {tp.partition: tp.offset for tp in got}
+                    self._commits.append((time.time() * 1000.0, offsets))
         finally:
             consumer.close()
 
@@ -324,8 +324,8 @@ class Scenario:
                 codes.append(consumer.wait())
         self._end_sampling()
         t = self.topics
-        verdict = verify(self.bootstrap, t.input, t.output, t.dlq, t.group)
         outputs = read_topic(self.bootstrap, t.output)
+        verdict = verify(self.bootstrap, t.input, t.output, t.dlq, t.group, outputs=outputs)
         outcome = Outcome(
             self.name,
             self.guarantee,
