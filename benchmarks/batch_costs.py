@@ -18,18 +18,18 @@ import time
 
 import torch
 
-from streamproc.batcher import Batcher
-from streamproc.buffers import PartitionBuffers
-from streamproc.commit import OffsetTracker
-from streamproc.decoders import DecodeThreads, ThreadDecoder
-from streamproc.devices import DeviceLoad
-from streamproc.dispatch import Dispatcher
-from streamproc.lane import Lane
+from streamproc.decode.decoders import DecodeThreads, ThreadDecoder
+from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
+from streamproc.device.devices import DeviceLoad
+from streamproc.device.dispatch import Dispatcher
+from streamproc.device.precision import build_model
+from streamproc.intake.batcher import Batcher
+from streamproc.intake.lane import Lane
+from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
+from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Record, TopicPartition
 from streamproc.tools.bench.cpu import thread_cpu
-from streamproc.worker import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
-from streamproc.worker.precision import build_model
 from streamproc.workloads import load_workload
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 

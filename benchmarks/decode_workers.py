@@ -40,13 +40,13 @@ from confluent_kafka.admin import AdminClient
 
 from streamproc import logs
 from streamproc.config import load_config
-from streamproc.decode_sizing import DecodeSizer, DecodeSizingPolicy
-from streamproc.decoders import DecodeThreads, ThreadDecoder
+from streamproc.decode.decoders import DecodeThreads, ThreadDecoder
+from streamproc.decode.sizing import DecodeSizer, DecodeSizingPolicy
+from streamproc.device import StagingPool
 from streamproc.metrics import Metrics
 from streamproc.pipeline import Pipeline
 from streamproc.records import Record, TopicPartition
 from streamproc.tools.replay import produce
-from streamproc.worker import StagingPool
 from streamproc.workloads import load_workload
 
 Bounds = tuple[int, int, int]  # (min, start, max)

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from streamproc import logs
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
+from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
 from streamproc.tools import bench
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars

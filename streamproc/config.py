@@ -77,7 +77,7 @@ class KafkaConfig(_Section):
 
 
 ModelPrecision = Literal["fp32", "bf16", "fp16", "int8"]
-"""``worker.precision`` / ``pipelines[].precision`` (streamproc.worker.precision checks, at
+"""``worker.precision`` / ``pipelines[].precision`` (streamproc.device.precision checks, at
 start-up, that the device and the workload support it)."""
 
 
@@ -183,7 +183,7 @@ class WorkerConfig(_Section):
     ``cuda:N`` may not). When set it overrides ``device``; unset (the default), the single
     ``device`` is used: ``auto`` (cuda:0 when CUDA is visible, else cpu), ``cpu`` or ``cuda``.
     A CUDA device the process does not see fails at start-up. Each cut batch goes to the device
-    expected to finish it first (``streamproc.devices``).
+    expected to finish it first (``streamproc.device.devices``).
 
     ``max_in_flight_batches`` is per device: batches between cut and produce on one device
     (and its output buffer sets). ``staging_buffers`` is per device too: a pipeline's staging
@@ -193,7 +193,7 @@ class WorkerConfig(_Section):
 
     ``precision``: the models' precision (``fp32``, ``bf16``, ``fp16``, ``int8``), unless a
     ``pipelines[]`` entry sets its own; checked at start-up against the device and the workload
-    (``streamproc/worker/precision.py`` has the table).
+    (``streamproc/device/precision.py`` has the table).
 
     Decode workers (threads, or processes with ``decode_mode: process``), shared by every
     pipeline: ``decode_workers`` is the count at start. With neither bound set the count stays
@@ -211,10 +211,10 @@ class WorkerConfig(_Section):
     ``priority_admission`` (pipelines of different priorities in one process): a lane's launch
     on a device waits while a more urgent lane's batch is pending there, at most
     ``priority_max_defer_ms``, and on a CPU a less urgent call runs with half its intra-op
-    threads while a more urgent lane is active (``streamproc/admission.py``); ``false`` lets
+    threads while a more urgent lane is active (``streamproc/device/admission.py``); ``false`` lets
     the lanes' device threads compete as the OS schedules them.
 
-    Model failures (``streamproc/worker/recovery.py``): a batch whose model call raises is
+    Model failures (``streamproc/device/recovery.py``): a batch whose model call raises is
     narrowed down to the rows that fail alone (only those are dead-lettered, stage ``model``).
     ``on_model_failure`` says what a model judged broken (failing for every row) does:
     ``dead_letter`` (default: its rows are dead-lettered, as any failing row) or ``stop`` (the

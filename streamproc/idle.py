@@ -26,7 +26,7 @@ import enum
 from collections.abc import Callable, Collection
 
 from streamproc.errors import FatalPipelineError
-from streamproc.rebalance import Unassigned
+from streamproc.intake.rebalance import Unassigned
 from streamproc.records import TopicPartition
 
 _CAUSES = {
@@ -85,7 +85,7 @@ class IdleExit:
         """Decide at ``now_s`` (monotonic seconds).
 
         Args:
-            unassigned: :attr:`~streamproc.rebalance.Assignment.unassigned` (one read).
+            unassigned: :attr:`~streamproc.intake.rebalance.Assignment.unassigned` (one read).
             last_input_s: monotonic seconds of the last record taken in.
             last_rebalance_s: monotonic seconds of the last assign/revoke/lost/rewind.
             unfetched: assigned partitions that delivered no record and were not measured

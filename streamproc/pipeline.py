@@ -10,7 +10,7 @@ Threads of one process (docs/architecture.md lists what each owns and the lock o
 
 A *pipeline* is one ``pipelines[]`` entry of the config (DESIGN.md's word); the class
 :class:`Pipeline` is the process hosting all of them (the name of DESIGN.md's library API). The
-runtime of one pipeline is a :class:`~streamproc.lane.Lane` with its dispatcher, device workers
+runtime of one pipeline is a :class:`~intake.lane.Lane` with its dispatcher, device workers
 and result handler.
 """
 
@@ -26,15 +26,8 @@ from dataclasses import dataclass, field
 import torch
 from confluent_kafka import Consumer, Producer
 
-from streamproc.admin import cluster_metadata, ensure_topics, max_message_bytes, partition_count
-from streamproc.admission import DeviceAdmission
-from streamproc.batcher import Batcher
-from streamproc.buffers import PartitionBuffers
-from streamproc.clients import build_admin
-from streamproc.commit import OffsetTracker
 from streamproc.config import Config, PipelineConfig, Scalar
-from streamproc.decode_sizing import DecodeRoutePolicy, DecodeSizer, DecodeSizingPolicy
-from streamproc.decoders import (
+from streamproc.decode.decoders import (
     DecodeProcesses,
     Decoder,
     DecodeThreads,
@@ -42,23 +35,8 @@ from streamproc.decoders import (
     ProcessDecoder,
     ThreadDecoder,
 )
-from streamproc.devices import DeviceLoad, DeviceSpec, select_devices
-from streamproc.dispatch import Dispatcher
-from streamproc.edges import AdminFactory, ConsumerFactory, ProducerFactory
-from streamproc.errors import FatalPipelineError
-from streamproc.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
-from streamproc.health import HealthServer
-from streamproc.idle import IdleExit, Verdict
-from streamproc.lag import LagMonitor
-from streamproc.lane import Lane
-from streamproc.logs import get_logger
-from streamproc.metrics import Metrics
-from streamproc.records import Priority, TopicPartition
-from streamproc.results import ResultHandler
-from streamproc.sink import Sink, build_producer, producer_settings
-from streamproc.source import Source
-from streamproc.transactions import Transactions
-from streamproc.worker import (
+from streamproc.decode.sizing import DecodeRoutePolicy, DecodeSizer, DecodeSizingPolicy
+from streamproc.device import (
     DeviceResult,
     DeviceWorker,
     PoolLeak,
@@ -66,9 +44,36 @@ from streamproc.worker import (
     Resequencer,
     StagingPool,
 )
-from streamproc.worker.pool import report_leaks
-from streamproc.worker.precision import build_model
-from streamproc.worker.recovery import Outcome
+from streamproc.device.admission import DeviceAdmission
+from streamproc.device.devices import DeviceLoad, DeviceSpec, select_devices
+from streamproc.device.dispatch import Dispatcher
+from streamproc.device.precision import build_model
+from streamproc.device.recovery import Outcome
+from streamproc.device.staging import report_leaks
+from streamproc.errors import FatalPipelineError
+from streamproc.health import HealthServer
+from streamproc.idle import IdleExit, Verdict
+from streamproc.intake.batcher import Batcher
+from streamproc.intake.lane import Lane
+from streamproc.intake.rings import PartitionBuffers
+from streamproc.intake.source import Source
+from streamproc.kafka.admin import (
+    cluster_metadata,
+    ensure_topics,
+    max_message_bytes,
+    partition_count,
+)
+from streamproc.kafka.clients import build_admin
+from streamproc.kafka.lag import LagMonitor
+from streamproc.kafka.protocols import AdminFactory, ConsumerFactory, ProducerFactory
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
+from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.offsets.transactions import Transactions
+from streamproc.output.results import ResultHandler
+from streamproc.output.sink import Sink, build_producer, producer_settings
+from streamproc.records import Priority, TopicPartition
 from streamproc.workloads import ModelFn, Workload, load_workload
 
 log = get_logger(__name__)

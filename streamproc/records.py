@@ -119,7 +119,7 @@ class Batch:
 
     ``records`` is never empty (checked). Per partition, records are in offset order.
     ``priority`` is the most urgent class among its records (device admission orders lanes by
-    it; see :mod:`streamproc.admission`).
+    it; see :mod:`streamproc.device.admission`).
     """
 
     batch_id: int

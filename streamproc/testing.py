@@ -1,6 +1,6 @@
 """In-package fakes of the Kafka clients and the clock, for unit tests of streamproc's own logic.
 
-They implement the protocols of ``streamproc.edges`` with in-memory state and record every call,
+They implement the protocols of ``kafka.protocols`` with in-memory state and record every call,
 so seek-back, rewind, commit retries, revokes with in-flight batches and late results are
 testable without a broker. They are not a broker: no replication, no fetch sessions, no
 transactions on the broker side. Integration tests always run against a real Apache Kafka broker.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.edges import (
+from streamproc.kafka.protocols import (
     ConsumerClient,
     DeliveryCallback,
     ProducerClient,

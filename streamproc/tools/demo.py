@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
+from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce, recording_size

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from confluent_kafka import Producer
 from tqdm import tqdm
 
-from streamproc.admin import ensure_topics
+from streamproc.kafka.admin import ensure_topics
 from streamproc.logs import kafka_logger
 from streamproc.records import Headers
 from streamproc.workloads.registry import BUILTIN_WORKLOADS, BuiltinWorkload

@@ -3,7 +3,7 @@
 Reads the whole input, output and dead-letter topics (``isolation.level=read_committed``) and
 the consumer group's committed offsets. Every input record is identified by its source
 coordinates (topic, partition, offset), which every result and dead-letter record carries in its
-``streamproc.source.*`` headers.
+``streamproc.intake.source.*`` headers.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from streamproc.kafka.transient import raise_error, read_committed, retry_transient
 from streamproc.logs import kafka_logger
-from streamproc.sink import H_OFFSET, H_PARTITION, H_TOPIC
-from streamproc.transient import raise_error, read_committed, retry_transient
+from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TOPIC
 
 Coord = tuple[str, int, int]
 

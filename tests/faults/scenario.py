@@ -21,9 +21,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamproc.admin import ensure_topics
+from streamproc.kafka.admin import ensure_topics
+from streamproc.kafka.transient import read_committed
 from streamproc.logs import kafka_logger
-from streamproc.sink import H_OFFSET, H_PARTITION
+from streamproc.output.sink import H_OFFSET, H_PARTITION
 from streamproc.tools.kafka_local import LocalCluster
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import (
@@ -35,7 +36,6 @@ from streamproc.tools.verify import (
     replayed_after_commit,
     verify,
 )
-from streamproc.transient import read_committed
 from tests.integration.conftest import Topics, end_offset_total, start_consumer, write_config
 
 PARTITIONS = 6

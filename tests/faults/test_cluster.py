@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from streamproc.admin import ensure_topics
+from streamproc.kafka.admin import ensure_topics
 from streamproc.tools.kafka_local import CLUSTER_SETTINGS, LocalCluster
 from streamproc.tools.nemesis import Nemesis, coordinator_partition
 

@@ -18,12 +18,12 @@ import yaml
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.admin import ensure_topics
 from streamproc.config import Config, load_config
+from streamproc.device.staging import LEAK_EVENT
+from streamproc.kafka.admin import ensure_topics
+from streamproc.kafka.transient import raise_error, retry_transient
 from streamproc.pipeline import Pipeline, State
 from streamproc.tools.verify import Verdict
-from streamproc.transient import raise_error, retry_transient
-from streamproc.worker.pool import LEAK_EVENT
 
 _CONSUMER_LOGS: list[Path] = []  # logs of `streamproc run` processes started by this test
 _PROCESSES: list[subprocess.Popen[bytes]] = []  # processes started by this test

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from streamproc.output.sink import H_OFFSET, H_PARTITION
 from streamproc.pipeline import Pipeline
-from streamproc.sink import H_OFFSET, H_PARTITION
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, make_config

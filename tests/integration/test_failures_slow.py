@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
+from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce

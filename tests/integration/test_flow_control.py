@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
+from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify

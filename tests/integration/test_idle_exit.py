@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from streamproc.admin import ensure_topics
+from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamproc import logs
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
 from streamproc.errors import ConfigError
+from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
 from streamproc.tools.kafka_local import free_port
 from streamproc.tools.replay import produce

@@ -14,10 +14,10 @@ import threading
 
 import pytest
 
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
+from streamproc.kafka.admin import ensure_topics
+from streamproc.output.sink import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE
 from streamproc.pipeline import Pipeline, RunSummary
-from streamproc.sink import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, report

@@ -17,14 +17,14 @@ import yaml
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
+from streamproc.device.staging import LEAK_EVENT
+from streamproc.kafka.admin import ensure_topics
+from streamproc.output.sink import H_OFFSET, H_STAGE
 from streamproc.pipeline import Pipeline
 from streamproc.records import Record, TopicPartition
-from streamproc.sink import H_OFFSET, H_STAGE
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify
-from streamproc.worker.pool import LEAK_EVENT
 from tests.integration.conftest import (
     Topics,
     report,

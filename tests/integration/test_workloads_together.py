@@ -9,10 +9,10 @@ import uuid
 import orjson
 from confluent_kafka import Producer
 
-from streamproc.admin import ensure_topics
 from streamproc.config import load_config
+from streamproc.kafka.admin import ensure_topics
+from streamproc.output.sink import H_CLASS, H_STAGE
 from streamproc.pipeline import Pipeline
-from streamproc.sink import H_CLASS, H_STAGE
 from streamproc.tools.replay import messages
 from streamproc.tools.verify import read_topic, verify
 from streamproc.workloads.iot import WINDOW

@@ -17,7 +17,7 @@ from datetime import datetime
 import orjson
 import pytest
 
-from streamproc.admin import ensure_topics
+from streamproc.kafka.admin import ensure_topics
 from streamproc.tools.verify import Verdict, read_topic, verify
 from tests.k8s.kube import (
     BOOTSTRAP,

@@ -11,10 +11,10 @@ from typing import Any
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.idle import IdleExit, Verdict
-from streamproc.lag import LagMonitor
+from streamproc.kafka.lag import LagMonitor
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
-from tests.unit.test_source import TP, Harness
+from tests.unit.intake.test_source import TP, Harness
 
 IDLE_S = 2.0
 TIMEOUT_S = 30.0

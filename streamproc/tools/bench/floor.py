@@ -2,9 +2,9 @@
 
 What it does per message is what streamproc must do at the least for the same promise:
 
-* the results producer streamproc builds (:func:`streamproc.sink.producer_settings`: idempotent,
+* the results producer streamproc builds (:func:`output.sink.producer_settings`: idempotent,
   ``acks=all``, ``linger.ms`` 2, lz4) and the consumer settings of its source
-  (:func:`streamproc.source.consumer_settings`: no auto commit, ``fetch.wait.max.ms`` 20);
+  (:func:`streamproc.intake.source.consumer_settings`: no auto commit, ``fetch.wait.max.ms`` 20);
 * the result headers streamproc writes: source topic, partition and offset, and the timing
   header (``streamproc.timing``: queue wait, inference and processing milliseconds);
 * a delivery callback per message; an input offset counts as done only from its result's
@@ -35,13 +35,13 @@ import torch
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.commit import OffsetTracker
 from streamproc.config import Config
 from streamproc.errors import RecordError
-from streamproc.guarantees import AtLeastOnce
+from streamproc.intake.source import consumer_settings
 from streamproc.metrics import Metrics
-from streamproc.records import Record, TopicPartition
-from streamproc.sink import (
+from streamproc.offsets.guarantees import AtLeastOnce
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.sink import (
     H_CLASS,
     H_MESSAGE,
     H_OFFSET,
@@ -53,7 +53,7 @@ from streamproc.sink import (
     produce_waiting,
     producer_settings,
 )
-from streamproc.source import consumer_settings
+from streamproc.records import Record, TopicPartition
 from streamproc.tools.bench.cpu import CpuMeter
 from streamproc.workloads import Encoded, load_workload
 

@@ -1,0 +1,129 @@
+"""The dispatcher: cut a batch when a device can take one, decode it into a staging slab, and
+place it on the device expected to finish it first.
+
+One dispatcher thread per lane (input topic)::
+
+    DeviceLoad.wait_capacity (some device below its in-flight limit)
+      -> Lane.next_cut (the batcher decides, under the lane's lock)
+      -> lease a staging slab (held by the batch id) -> the Decoder fills it (threads or
+         processes, straight into the slab)
+      -> DeviceLoad.place (expected finish first; see device.devices) -> DeviceWorker.submit
+
+Batch ids count 1, 2, 3, ... per lane without gaps: the lane's resequencer hands results over in
+that order. A device's in-flight slot is freed once the batch's results were handed to the sink
+(:meth:`~device.devices.DeviceLoad.released`), so at most ``max_in_flight_batches`` batches
+per device are between cut and produce. Decode failures (and oversized values) travel with the
+batch as per-row errors and are dead-lettered by the result handler, in order with the other
+results.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from streamproc.decode.decoders import Decoder
+from streamproc.device import DeviceJob, DeviceWorker, StagingPool
+from streamproc.device.devices import DeviceLoad
+from streamproc.intake.lane import Lane
+from streamproc.intake.rings import FlowControl
+from streamproc.metrics import Metrics
+from streamproc.records import Batch
+
+STALL_CHECK_PERIOD_S = 0.5
+"""The dispatcher checks for stalled devices at most this often (it did per batch: a lock and a
+scan of every device's batches, for a report whose timeout is ``device_stall_timeout_s``)."""
+
+
+class Dispatcher:
+    """Feeds one lane's device workers.
+
+    Args:
+        lane: the lane whose cuts it takes.
+        decoder: fills a leased slab from the batch's records.
+        pool: the lane's staging slabs.
+        workers: one device worker per device, in the order of ``load.labels``.
+        load: the lane's placement state (capacity, device choice).
+        apply_flow: hands resume decisions to the source thread.
+        metrics: process metrics.
+        on_fatal: called with an exception that stops the dispatcher.
+
+    Raises:
+        ValueError: ``workers`` and ``load`` disagree on the number of devices.
+    """
+
+    def __init__(
+        self,
+        lane: Lane,
+        decoder: Decoder,
+        pool: StagingPool,
+        workers: Sequence[DeviceWorker],
+        load: DeviceLoad,
+        apply_flow: Callable[[FlowControl], None],
+        metrics: Metrics,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        if len(workers) != len(load.labels):
+            raise ValueError(f"{len(workers)} workers for devices {load.labels}")
+        topic = self.topic = lane.topic
+        self._lane = lane
+        self._decoder = decoder
+        self._pool = pool
+        self._workers = tuple(workers)
+        self._load = load
+        self._apply_flow = apply_flow
+        self._metrics = metrics
+        self._on_fatal = on_fatal
+        self._batch_size = metrics.batch_size.labels(topic)
+        self._queue_wait = metrics.queue_wait.labels(topic)
+        self._pool_in_use = metrics.pool_in_use.labels(topic)
+        self._stop = threading.Event()
+        self._next_batch_id = 0
+        self._next_stall_check_s = 0.0
+        self.batch_sizes: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._run, name=f"dispatch-{topic}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop cutting batches (rings keep their records, uncommitted) and join."""
+        self._stop.set()
+        self._lane.wake()
+        self._load.wake()  # a dispatcher waiting for a device with room
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            while self._load.wait_capacity(self._stop):
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                job = self._decode(batch)
+                device = self._load.place(batch.batch_id, len(batch))
+                self._workers[device].submit(job)
+                now_s = time.monotonic()
+                if now_s >= self._next_stall_check_s:  # the lag thread checks every tick too
+                    self._next_stall_check_s = now_s + STALL_CHECK_PERIOD_S
+                    self._load.check_stalls()
+        except BaseException as exc:
+            self._on_fatal(exc)
+
+    def _next_batch(self) -> Batch | None:
+        cut = self._lane.next_cut(self._stop)
+        if cut is None:
+            return None
+        self._apply_flow(cut.flow)
+        self._next_batch_id += 1
+        n = len(cut.records)
+        self.batch_sizes[n] = self.batch_sizes.get(n, 0) + 1
+        self._batch_size.observe(n)
+        self._queue_wait.observe_many(cut.cut_at_s - cut.consumed_s)
+        return Batch(self._next_batch_id, tuple(cut.records), cut.cut_at_s, cut.reason)
+
+    def _decode(self, batch: Batch) -> DeviceJob:
+        slab = self._pool.lease(batch_id=batch.batch_id)
+        assert slab is not None
+        self._pool_in_use.set(self._pool.in_use)
+        return DeviceJob(batch, slab, self._decoder.decode(batch.records, slab))

@@ -1,0 +1,178 @@
+"""The resequencer: one lane's completed batches, from any of its devices, back in cut order.
+
+Two devices finish batches out of order (a fast one overtakes a slow one). Per input partition,
+results must still be produced in offset order, and the batcher cuts a partition's records in
+offset order into batches with increasing ids (``1, 2, 3, ...`` per lane). So the lane hands
+results to its result handler in batch-id order, which is offset order within every partition::
+
+    completion-<device> threads (device-<cpu:K> on CPU) --put(result, release)--> held {id: result}
+        results-<topic> thread: waits for the next id -> on_result (encode, produce)
+                                -> release (output buffers back) -> on_released (in-flight slot)
+
+A result that arrives early waits here, holding its device's output buffer set; a device with
+all its sets held waits too, so the wait is bounded by the devices' in-flight limits (no queue
+grows). The dispatcher places each batch on the device expected to finish it first, so results
+mostly arrive in order already and little is held. With one device nothing is ever held.
+
+Ownership: the held results and the next id belong to the resequencer (its condition; a leaf
+lock: nothing else is taken while it is held, and callbacks run outside it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from streamproc.device.worker import DeviceResult, Release
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
+
+log = get_logger(__name__)
+
+
+class Resequencer:
+    """Hands one lane's :class:`DeviceResult` values to ``on_result`` in batch-id order.
+
+    Args:
+        topic: the lane's input topic (thread name, logs).
+        on_result: the result handler, called on the ``results-<topic>`` thread, one batch at a
+            time, ids ``first_batch_id, first_batch_id + 1, ...`` without gaps.
+        on_released: called with the batch id after ``on_result`` returned and the batch's
+            output buffers were released (the lane's in-flight accounting).
+        on_fatal: called with an exception raised by ``on_result`` (the thread then stops; what
+            it holds is released at :meth:`close`).
+        first_batch_id: the id of the lane's first batch (the dispatcher counts from 1).
+        metrics: where ``streamproc_results_waiting_batches{topic}`` is kept (optional).
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        on_result: Callable[[DeviceResult], None],
+        on_released: Callable[[int], None],
+        on_fatal: Callable[[BaseException], None],
+        first_batch_id: int = 1,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._waiting = None if metrics is None else metrics.results_waiting.labels(topic)
+        self._reported = -1  # the gauge's value (set on the first report)
+        self.topic = topic
+        self._on_result = on_result
+        self._on_released = on_released
+        self._on_fatal = on_fatal
+        self._cond = threading.Condition()
+        self._held: dict[int, tuple[DeviceResult, Release]] = {}
+        self._next = first_batch_id
+        self._closing = False
+        self._closed = False
+        self.max_waiting = 0  # most results ever waiting for an earlier batch (tests, benches)
+        self._thread = threading.Thread(target=self._run, name=f"results-{topic}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def held(self) -> int:
+        """Completed results not handed over yet (the next one included, if here)."""
+        with self._cond:
+            return len(self._held)
+
+    @property
+    def next_batch_id(self) -> int:
+        """The batch whose result goes out next."""
+        with self._cond:
+            return self._next
+
+    def put(self, result: DeviceResult, release: Release) -> None:
+        """A device completed ``result`` (completion threads). Its outputs stay valid until the
+        resequencer calls ``release``, after the handler, or at :meth:`close` if dropped.
+
+        Raises:
+            ValueError: the batch id was already handed over or is held (a device reported a
+                batch twice).
+        """
+        batch_id = result.batch.batch_id
+        with self._cond:
+            if batch_id < self._next or batch_id in self._held:
+                raise ValueError(f"batch {batch_id} completed twice (next is {self._next})")
+            closed = self._closed
+            if not closed:
+                self._held[batch_id] = result, release
+                waiting = self._waiting_now()
+                self.max_waiting = max(self.max_waiting, waiting)
+                if batch_id == self._next:
+                    self._cond.notify_all()
+        if not closed:
+            self._report(waiting)
+            return
+        # closed: nobody hands it over any more (a device that outlived the drain)
+        log.warning("result after close dropped", topic=self.topic, batch_id=batch_id)
+        release()
+        self._on_released(batch_id)
+
+    def _waiting_now(self) -> int:
+        """Held results behind the first batch id not completed yet (under the condition);
+        results merely queued for the results thread do not count."""
+        first_missing = self._next
+        while first_missing in self._held:
+            first_missing += 1
+        return len(self._held) - (first_missing - self._next)
+
+    def _report(self, waiting: int) -> None:
+        """Set the waiting gauge when the count changed (twice per batch it mostly did not)."""
+        if self._waiting is not None and waiting != self._reported:
+            self._reported = waiting
+            self._waiting.set(waiting)
+
+    def _run(self) -> None:
+        try:
+            while (item := self._take()) is not None:
+                result, release = item
+                try:
+                    self._on_result(result)
+                finally:
+                    release()
+                    self._on_released(result.batch.batch_id)
+        except BaseException as exc:
+            self._on_fatal(exc)
+
+    def _take(self) -> tuple[DeviceResult, Release] | None:
+        """The next batch's result, once here; None when closing and it is not here."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._next in self._held or self._closing)
+            item = self._held.pop(self._next, None)
+            if item is not None:
+                self._next += 1
+            waiting = self._waiting_now()
+        self._report(waiting)
+        return item
+
+    def close(self, timeout_s: float) -> None:
+        """Hand over every result that can go in order, then stop (idempotent; call after the
+        lane's device workers closed, so no result is still coming but from a stuck device).
+
+        Results still waiting behind a batch that never completed are dropped (their inputs
+        stay uncommitted and are consumed again after a restart) and their output buffers
+        released; a warning names the batch they waited for.
+        """
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        with self._cond:
+            self._closed = True
+            dropped = sorted(self._held.items())
+            self._held.clear()
+            waiting_for = self._next
+        if dropped:
+            log.warning(
+                "results dropped at close: they waited for an earlier batch that never "
+                "completed (their inputs stay uncommitted)",
+                topic=self.topic,
+                waiting_for_batch=waiting_for,
+                dropped_batches=[batch_id for batch_id, _ in dropped],
+            )
+        for batch_id, (_, release) in dropped:
+            release()
+            self._on_released(batch_id)

@@ -1,0 +1,394 @@
+"""When to cut a batch: a pure policy over ring views and an injected clock.
+
+The dispatcher asks :meth:`Batcher.decide` only when a device slot is free, so batches are cut
+at dispatch time (never on a timer while the device is busy). A cut happens when
+
+(a) the batch target is reached: ``target`` messages are waiting (``target`` comes from the
+    :class:`AdaptiveBatchSize` model, at most ``max_batch_size``), or their bytes reach
+    ``max_batch_bytes``;
+(b) a waiting message reached its deadline: consume time + its priority class's max wait
+    (``high`` waits least; latency-critical classes therefore cut early). Deadlines count from
+    the consume time, never from when the device became free.
+
+(c) no further message is expected before the earliest deadline: the lane's typical gap
+    between consecutive messages (:class:`ArrivalGaps`, the median of the recent gaps between
+    the consume times of the messages cut) is longer than the time left. Waiting would then add
+    latency and no batching (video at 19 msg/s with a 50 ms max wait: each frame waited up to
+    50 ms for a second one that came after it). The median, not the mean rate: bursts after
+    idle (8 messages within 1 ms every 2 s) have a mean rate of 4 msg/s, which predicts no
+    second message within 5 ms even mid-burst and cut the first message of each burst alone;
+    their median gap is well under a millisecond, so the burst forms one batch.
+
+Every cut is at most the **batch cap**: the largest batch the lane's devices can run now
+(:meth:`Batcher.set_cap`; the device workers lower it when a device runs out of memory and raise
+it again after a quiet period, see :mod:`streamproc.device.recovery`). It bounds the target, and
+the adaptive model explores and chooses only sizes up to it.
+
+Otherwise the answer is "wait until the earliest deadline". Records leave the rings
+earliest-deadline-first across partitions (in offset order within one), so an old low-priority
+record eventually outranks fresh high-priority ones: nothing starves. Batches are never empty.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import numpy as np
+
+from streamproc.intake.rings import RingView
+from streamproc.records import Priority
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Take up to ``count`` messages now; ``reason`` is "size", "bytes", "deadline" or
+    "sparse" (nothing more expected before the deadline)."""
+
+    count: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to cut yet; ask again at ``until_s`` (monotonic seconds), or None: no messages."""
+
+    until_s: float | None
+
+
+@dataclass
+class AdaptiveBatchSize:
+    """Finds the throughput-optimal batch size for this device and model by measuring.
+
+    Candidate sizes are powers of two up to the cap (plus the cap; ``max_batch_size`` unless
+    :meth:`set_cap` lowered it). A
+    size's service time is the fastest of its last ``window`` batches, trusted once it has
+    ``min_observations`` of them; the target is the size with the best throughput (messages per
+    second). Sizes are explored in increasing order; exploration stops once a size's throughput
+    falls below ``give_up_below`` x the best so far (past the peak, bigger batches only get
+    worse: EfficientNet-Lite0 on 2 CPU cores does 63 img/s at 4 and 21 at 32). Under light load
+    the deadline cuts small batches and the target stays where latency is lowest anyway.
+
+    Why the fastest of a window and not an average: on a shared CPU, interference only ever adds
+    time, and it is not proportional to the work. Measured here with the trades model (a few
+    small layers; each torch call gives up and re-takes the GIL): a 256-row batch took 0.6 ms
+    alone and 1-33 ms while the source, decode and produce threads ran. An average let one such
+    batch during calibration declare the peak passed at 32 rows; batches of 1-16 then carried
+    40 % of a run and throughput fell by a third. The fastest recent batch measures the device
+    and model, and the window (not all history) lets the estimate follow a real slowdown (a
+    shared GPU, thermal limits) within ``window`` batches of that size.
+
+    Why sizes are compared only on fresh measurements: the fastest batch of a size depends on
+    *when* it ran, not only on the size. Calibration times every size on an idle process
+    (trades: 0.07-0.11 ms at any size from 1 to 256); once the stream runs, the size in use is
+    timed while the source, decode and result threads compete for the cores and the GIL (256
+    rows: 0.3-0.6 ms at best, up to 38 ms), and every other size keeps its idle-time best. The
+    size in use therefore always looked worse than the sizes not in use, and the target
+    ratcheted down (a recorded trades run at 80 % load, ``tests/unit/intake/data/``: 256 -> 128 -> 16
+    -> 8 -> 4 -> 2 -> 1 within 200 batches; bench iot runs that ended at batches of 1-2 cost 461
+    CPU-µs per message), because (a) a stale fast time beat the fresh times of the size in use,
+    and (b) the scan for the best size stopped at the first size below ``give_up_below`` x a
+    smaller one's (stale) rate, so an interfered small size hid every larger one, 256 included,
+    however good its own recent measurements were. Now a size's throughput counts towards the
+    target only from its batches among the last ``fresh_for`` observations (of any size), so the
+    sizes compared were measured under the same conditions; the best is the fastest of all fresh
+    sizes (``give_up_below`` only stops *exploring* past the peak); and a size measured only
+    long ago whose old rate would clearly win (beyond ``near_best``) is re-measured, one batch,
+    before it is trusted. That keeps the recovery the window gave: a size that really got faster
+    (or one dropped in a slow second) comes back after one fresh batch.
+
+    Args:
+        max_batch_size: the largest size.
+        cap: the largest size the devices can run now (:meth:`set_cap`; default
+            ``max_batch_size``): candidates above it are left out until it rises.
+        window: batches per size kept for the estimate.
+        min_observations: batches of a size needed before its throughput is trusted.
+        give_up_below: stop exploring larger sizes below this fraction of the best throughput.
+        near_best: aim for the smallest size whose throughput is at least this fraction of the
+            best (lower latency for the same work).
+        explore_every: every this many observations, re-measure a neighbour of the best size
+            (alternately the one below and the one above: the device or model may have warmed
+            up, or be shared).
+        fresh_for: a batch's time counts towards the target for this many observations (of
+            any size) after it, then the size is stale: compared again only once re-measured.
+    """
+
+    max_batch_size: int
+    cap: int = 0
+    window: int = 8
+    min_observations: int = 3
+    give_up_below: float = 0.8
+    near_best: float = 0.95
+    explore_every: int = 50
+    fresh_for: int = 16
+    # per size: (observation number, seconds) of its last ``window`` batches
+    _service_s: dict[int, deque[tuple[int, float]]] = field(default_factory=dict)
+    _observations: int = 0
+    _target: int | None = None  # target() until the next observation (decide() asks often)
+
+    def __post_init__(self) -> None:
+        self.cap = min(self.cap, self.max_batch_size) or self.max_batch_size
+        if self.window < 1 or self.min_observations < 1 or self.fresh_for < 1:
+            raise ValueError(
+                f"window ({self.window}), min_observations ({self.min_observations}) and "
+                f"fresh_for ({self.fresh_for}) must be >= 1"
+            )
+
+    @property
+    def candidates(self) -> list[int]:
+        """Powers of two up to the cap, and the cap."""
+        cap = self.cap
+        sizes = [2**i for i in range(int(math.log2(cap)) + 1)]
+        return sorted({*sizes, cap})
+
+    def set_cap(self, cap: int) -> None:
+        """The devices can run at most ``cap`` rows now (clamped to 1..``max_batch_size``)."""
+        self.cap = max(1, min(cap, self.max_batch_size))
+        self._target = None
+
+    def observe(self, size: int, service_s: float) -> None:
+        """Record that a batch of ``size`` messages took ``service_s`` seconds on the device
+        (ignored unless ``size`` is a candidate and ``service_s`` is positive and finite)."""
+        if size not in self.candidates or not 0 < service_s < math.inf:
+            return
+        recent = self._service_s.get(size)
+        if recent is None:
+            recent = self._service_s[size] = deque(maxlen=self.window)
+        recent.append((self._observations, service_s))
+        self._observations += 1
+        self._target = None
+
+    def throughput(self, size: int) -> float | None:
+        """Measured messages per second at ``size`` (its fastest batch in the window, fresh
+        or not), or None if not measured enough yet."""
+        recent = self._service_s.get(size)
+        if recent is None or len(recent) < min(self.min_observations, self.window):
+            return None
+        return size / min(seconds for _, seconds in recent)
+
+    def _fresh_throughput(self, size: int) -> float | None:
+        """Messages per second at ``size`` from its batches among the last ``fresh_for``
+        observations, or None (none of them, or ``size`` not measured enough yet)."""
+        if self.throughput(size) is None:
+            return None
+        since = self._observations - self.fresh_for
+        fresh = [seconds for seen, seconds in self._service_s[size] if seen >= since]
+        return size / min(fresh) if fresh else None
+
+    def unmeasured(self) -> int | None:
+        """The size to measure next before the target is known (None: none left). Used to
+        calibrate at start-up, before any message waits on the exploration.
+
+        Sizes are measured round-robin (1, 2, 4, ..., then again), not ``min_observations``
+        times each in turn: a shared machine's speed drifts by tens of percent within seconds
+        (measured on the 2-core development VM), and a size measured in a fast second then beat
+        a better size measured in a slow one (the model's rate at 1, 2 and 4 swapped order
+        between repetitions of the same loop). In play
+        are the sizes up to the first never measured or past the peak by the fastest batch so
+        far (the one past the peak gets its full ``min_observations`` too: one interfered batch
+        does not end the exploration).
+        """
+        need = min(self.min_observations, self.window)
+        in_play = [size for size, _ in self._scan()]
+        counts = [len(self._service_s.get(size, ())) for size in in_play]
+        fewest = min(counts)
+        return in_play[counts.index(fewest)] if fewest < need else None
+
+    def _scan(self) -> list[tuple[int, float | None]]:
+        """Candidates in increasing order with the rate of their fastest batch in the window
+        (None: never measured), up to the first never measured or the first past the peak
+        (below ``give_up_below`` x the best before it), that one included."""
+        scanned: list[tuple[int, float | None]] = []
+        best_rate = 0.0
+        for size in self.candidates:
+            recent = self._service_s.get(size)
+            rate = size / min(seconds for _, seconds in recent) if recent else None
+            scanned.append((size, rate))
+            if rate is None or rate < self.give_up_below * best_rate:
+                break  # never measured, or past the peak as far as is known yet
+            best_rate = max(best_rate, rate)
+        return scanned
+
+    def target(self) -> int:
+        """The batch size to aim for now (changes only with :meth:`observe`)."""
+        if self._target is None:
+            self._target = self._choose()
+        return self._target
+
+    def _choose(self) -> int:
+        need = min(self.min_observations, self.window)
+        candidates = self.candidates
+        # explore: the first size up to the peak not measured ``need`` times yet
+        for size, _ in self._scan():
+            if len(self._service_s.get(size, ())) < need:
+                return size
+        # the fastest size by fresh measurements only (all of them: an interfered small size
+        # must not hide a larger one measured just as recently)
+        fresh = {size: rate for size in candidates if (rate := self._fresh_throughput(size))}
+        if not fresh:  # lately only sizes not measured enough (past the peak, cut by deadline)
+            fresh = {size: rate for size in candidates if (rate := self.throughput(size))}
+        best = max(fresh, key=fresh.__getitem__)
+        best_rate = fresh[best]
+        # a size measured only long ago that would clearly win: measure it again first
+        stale = {
+            size: rate
+            for size in candidates
+            if size not in fresh and (rate := self.throughput(size)) is not None
+        }
+        recheck = max(stale, key=stale.__getitem__, default=None)
+        if recheck is not None and self.near_best * stale[recheck] > best_rate:
+            return recheck
+        # Latency tie-break: the smallest size within ``near_best`` of the best throughput.
+        # On a CPU the curve is flat around its peak (EfficientNet-Lite0 here: 4, 8 and 16
+        # within noise), and a batch twice the size makes every message in it wait twice as
+        # long for its result.
+        best = min(size for size, rate in fresh.items() if rate >= self.near_best * best_rate)
+        if self.explore_every and self._observations % self.explore_every == 0:
+            index = candidates.index(best)
+            below = (self._observations // self.explore_every) % 2 == 1
+            neighbour = index - 1 if below else index + 1
+            if 0 <= neighbour < len(candidates):
+                return candidates[neighbour]
+        return best
+
+
+@dataclass
+class ArrivalGaps:
+    """The typical gap between consecutive messages of a lane, from the messages cut.
+
+    Fed with each cut's consume times; keeps the last ``window`` gaps between consecutive
+    consume times (sorted within a cut, and from the newest consume time of the previous
+    cut; never negative) and their median. A backlog fetched in one poll has (nearly) one
+    consume time: the gaps are zero and the batcher keeps waiting for its target, as it should.
+
+    Args:
+        window: gaps kept (messages, not batches: a burst's gaps outnumber the idle gap
+            before it, so the median is the gap inside bursts).
+        min_gaps: gaps needed before :attr:`typical_s` is known.
+    """
+
+    window: int = 32
+    min_gaps: int = 3
+    _gaps_s: deque[float] = field(init=False)
+    _newest_s: float | None = None
+    _typical_s: float | None = None
+    _stale: bool = False
+
+    def __post_init__(self) -> None:
+        self._gaps_s = deque(maxlen=self.window)
+
+    @property
+    def typical_s(self) -> float | None:
+        """The median of the kept gaps (seconds); None until ``min_gaps`` are known. Computed
+        when read, not per cut: the batcher reads it only when a batch below its target waits
+        (a median per cut cost 10 µs of numpy per batch, a third of the dispatcher's time at
+        batches of 4; issue 15)."""
+        if self._stale:
+            gaps = self._gaps_s
+            self._typical_s = statistics.median(gaps) if len(gaps) >= self.min_gaps else None
+            self._stale = False
+        return self._typical_s
+
+    def record(self, consumed_s: Sequence[float] | np.ndarray) -> None:
+        """One batch was cut; ``consumed_s`` are its messages' consume times (monotonic s)."""
+        window = self.window
+        # sorted() of a few values beats numpy's per-call cost; a long cut keeps its newest
+        times = sorted(consumed_s.tolist() if isinstance(consumed_s, np.ndarray) else consumed_s)
+        if not times:
+            return
+        times = times[-(window + 1) :]
+        newest_s = self._newest_s
+        if newest_s is not None and len(times) <= window:
+            # the gap from the previous cut's newest message (never negative: a record older
+            # than it can be cut later, from another partition, earliest deadline first)
+            first = min(newest_s, times[0])
+            self._newest_s = max(newest_s, times[-1])
+            times.insert(0, first)
+        else:
+            self._newest_s = times[-1]
+        self._gaps_s.extend([b - a for a, b in pairwise(times)])
+        self._stale = True
+
+
+class Batcher:
+    """Batch-cut policy.
+
+    Args:
+        max_batch_size: most messages per batch (>= 1).
+        max_batch_bytes: most key+value bytes per batch (the first message is always taken).
+        max_wait_s: per priority class, the longest a message may wait after it was consumed,
+            in seconds, e.g. ``{Priority.HIGH: 0.002, Priority.NORMAL: 0.02}`` (a class left
+            out waits as long as ``NORMAL``); a float applies to every class.
+        adaptive: measure and aim for the throughput-optimal batch size (see
+            :class:`AdaptiveBatchSize`); else always aim for ``max_batch_size`` (or the cap,
+            while :meth:`set_cap` holds it lower).
+    """
+
+    def __init__(
+        self,
+        max_batch_size: int,
+        max_batch_bytes: int,
+        max_wait_s: float | Mapping[Priority, float],
+        adaptive: bool = False,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.max_batch_size = max_batch_size
+        self.max_batch_bytes = max_batch_bytes
+        waits = (
+            max_wait_s if isinstance(max_wait_s, Mapping) else dict.fromkeys(Priority, max_wait_s)
+        )
+        normal = waits.get(Priority.NORMAL, 0.02)
+        # indexed by Priority value (the rings' per-class tables use the same index)
+        self.max_wait_s: tuple[float, ...] = tuple(waits.get(p, normal) for p in Priority)
+        self.sizer = AdaptiveBatchSize(max_batch_size) if adaptive else None
+        self.arrivals = ArrivalGaps()
+        self.cap = max_batch_size
+
+    @property
+    def target(self) -> int:
+        """The batch size aimed for now (never above the cap)."""
+        return self.sizer.target() if self.sizer is not None else self.cap
+
+    def set_cap(self, cap: int) -> None:
+        """The lane's devices can run at most ``cap`` rows per batch now (clamped to
+        1..``max_batch_size``): no cut is larger until the cap rises again."""
+        self.cap = max(1, min(cap, self.max_batch_size))
+        if self.sizer is not None:
+            self.sizer.set_cap(self.cap)
+
+    def unmeasured(self) -> int | None:
+        """Next batch size the adaptive model needs measured, or None (see
+        :meth:`AdaptiveBatchSize.unmeasured`; always None without the adaptive model)."""
+        return self.sizer.unmeasured() if self.sizer is not None else None
+
+    def observe(self, size: int, service_s: float) -> None:
+        """Feed back one batch's device time (used by the adaptive size model)."""
+        if self.sizer is not None:
+            self.sizer.observe(size, service_s)
+
+    def cut(self, consumed_s: Sequence[float] | np.ndarray) -> None:
+        """Feed back one cut batch: its messages' consume times (monotonic seconds; the
+        arrival gaps behind cut (c) of the module docstring)."""
+        self.arrivals.record(consumed_s)
+
+    def decide(self, views: Sequence[RingView], now_s: float) -> Cut | Wait:
+        """Decide on the waiting messages described by ``views`` at time ``now_s``."""
+        if not views:
+            return Wait(None)
+        target = self.target
+        if sum(v.size for v in views) >= target:
+            return Cut(target, "size")
+        if sum(v.bytes for v in views) >= self.max_batch_bytes:
+            return Cut(target, "bytes")
+        deadline_s = min(v.deadline_s(self.max_wait_s) for v in views)
+        if now_s >= deadline_s:
+            return Cut(target, "deadline")
+        gap_s = self.arrivals.typical_s
+        if gap_s is not None and gap_s > deadline_s - now_s:
+            return Cut(target, "sparse")
+        return Wait(deadline_s)

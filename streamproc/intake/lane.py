@@ -1,0 +1,223 @@
+"""A lane: the runtime of one ``pipelines[]`` entry between the source and its dispatcher.
+
+A :class:`Lane` owns its input topic's per-partition rings (:class:`PartitionBuffers`), the
+batch-cut policy (:class:`Batcher`, with its adaptive size and arrival gaps) and the one lock
+that guards both. No other module takes that lock: every thread goes through the small method
+set below, each of which takes it once.
+
+========================  ===================  ==============================================
+method                    called by            does
+========================  ===================  ==============================================
+:meth:`offer`             source thread        push records, track them as consumed
+:meth:`assign`            source thread        fresh rings for newly assigned partitions
+:meth:`revoke`            source thread        drop rings, count what they held
+:meth:`next_cut`          dispatcher thread    wait for a cut, take its records
+:meth:`observe`           result thread        feed one batch's device time to the batcher
+:meth:`cap_batch`         device threads,      a device's batch cap moved (out of memory,
+                          start-up (warm-up)   recovery): the batcher cuts at most the
+                                               smallest cap of the lane's devices
+:meth:`calibrate`         start-up (main)      time the batch sizes the adaptive model needs
+:meth:`wake`              main (close)         wake a dispatcher waiting for a cut
+:meth:`fill_ratios`       source thread        ring fill per partition (gauges)
+========================  ===================  ==============================================
+
+Lock order: a lane's lock may be held while the offset tracker's lock is taken (``offer``
+tracks records as consumed under the lane lock, so a record is never in a ring untracked);
+never the other way round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamproc.intake.batcher import Batcher, Cut
+from streamproc.intake.rings import FlowControl, PartitionBuffers
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.records import Priority, Record, TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """What :meth:`Lane.offer` did with one poll's records of a lane.
+
+    Attributes:
+        accepted: records now in their rings (tracked as consumed), in poll order.
+        refused: per partition whose ring was full (or not assigned), the first refused
+            offset: the source pauses it and seeks back there.
+        pause: partitions that reached the ring's high watermark.
+    """
+
+    accepted: list[Record]
+    refused: dict[TopicPartition, int]
+    pause: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CutBatch:
+    """Records :meth:`Lane.next_cut` took for one batch.
+
+    Attributes:
+        records: in the order the batcher chose (offset order within a partition); never empty.
+        flow: partitions now at or below the low watermark, to resume.
+        cut_at_s: monotonic seconds of the cut.
+        consumed_s: the records' consume times (float64, shape ``(len(records),)``).
+        reason: why it was cut ("size", "bytes", "deadline" or "sparse").
+    """
+
+    records: list[Record]
+    flow: FlowControl
+    cut_at_s: float
+    consumed_s: np.ndarray
+    reason: str
+
+
+class Lane:
+    """One input topic's rings, batch-cut policy and their lock.
+
+    Args:
+        topic: the input topic.
+        buffers: the topic's per-partition rings.
+        batcher: the cut policy (owned from now on: only this lane calls it).
+        tracker: the offset tracker (accepted records are tracked as consumed).
+        default_priority: the class of a message without a ``priority`` header.
+        clock: monotonic clock in seconds (injected for tests).
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        buffers: PartitionBuffers,
+        batcher: Batcher,
+        tracker: OffsetTracker,
+        default_priority: Priority = Priority.NORMAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.topic = topic
+        self.default_priority = default_priority
+        self._buffers = buffers
+        self._batcher = batcher
+        self._tracker = tracker
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._caps: dict[str, int] = {}  # device label -> its batch cap (under _cond)
+
+    # -- source thread ---------------------------------------------------------------------
+    def offer(self, records: Sequence[Record]) -> Offered:
+        """Push one poll's records of this lane into their rings (one lock acquisition).
+
+        A partition whose ring refuses a record (full, or no longer assigned) refuses the rest
+        of its records in this call; accepted records are tracked as consumed before the lock
+        is released, and a waiting dispatcher is woken.
+        """
+        refused: dict[TopicPartition, int] = {}
+        pause: list[TopicPartition] = []
+        accepted: list[Record] = []
+        buffers = self._buffers
+        with self._cond:
+            for record in records:
+                if record.tp in refused:
+                    continue
+                flow = buffers.push(record)
+                if flow is None:
+                    refused[record.tp] = record.offset
+                    continue
+                accepted.append(record)
+                if flow.pause:
+                    pause.extend(flow.pause)
+            if accepted:
+                self._tracker.consumed_many(accepted)
+                self._cond.notify()
+        return Offered(accepted, refused, tuple(pause))
+
+    def assign(self, tps: Iterable[TopicPartition]) -> None:
+        """A fresh, empty ring per partition (whatever it held before is gone)."""
+        fresh = tuple(tps)
+        with self._cond:
+            self._buffers.revoke(fresh)
+            self._buffers.assign(fresh)
+            self._cond.notify_all()
+
+    def revoke(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Drop the rings of ``tps``; returns per partition how many records they still held
+        (those were never dispatched: their offsets stay pending and uncommitted)."""
+        with self._cond:
+            dropped = self._buffers.revoke(tps)
+            self._cond.notify_all()
+        return {tp: len(records) for tp, records in dropped.items()}
+
+    def fill_ratios(self) -> dict[TopicPartition, float]:
+        """Fill of each ring as a fraction of its capacity."""
+        with self._cond:
+            return self._buffers.fill_ratios()
+
+    # -- dispatcher thread -----------------------------------------------------------------
+    def next_cut(self, stop: threading.Event) -> CutBatch | None:
+        """Wait until the batcher says cut, then take the batch's records; None once ``stop``
+        is set (records still in the rings stay there, uncommitted)."""
+        batcher, buffers, cond = self._batcher, self._buffers, self._cond
+        with cond:
+            while not stop.is_set():
+                now_s = self._clock()
+                decision = batcher.decide(buffers.views(), now_s)
+                if isinstance(decision, Cut):
+                    records, flow = buffers.take(
+                        decision.count, batcher.max_batch_bytes, batcher.max_wait_s
+                    )
+                    consumed_s = np.fromiter(
+                        (r.consumed_at_s for r in records), np.float64, len(records)
+                    )
+                    batcher.cut(consumed_s)
+                    return CutBatch(records, flow, now_s, consumed_s, decision.reason)
+                cond.wait(None if decision.until_s is None else decision.until_s - now_s)
+        return None
+
+    def wake(self) -> None:
+        """Wake a dispatcher waiting in :meth:`next_cut` (after its ``stop`` was set)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- result thread / start-up ------------------------------------------------------------
+    def observe(self, size: int, service_s: float) -> None:
+        """One batch of ``size`` messages took ``service_s`` device seconds."""
+        with self._cond:
+            self._batcher.observe(size, service_s)
+
+    def cap_batch(self, device: str, cap: int) -> None:
+        """``device`` can run at most ``cap`` rows per batch now; batches are cut no larger
+        than the smallest cap of the lane's devices (a batch may go to any of them)."""
+        with self._cond:
+            self._caps[device] = cap
+            self._batcher.set_cap(min(self._caps.values()))
+            self._cond.notify_all()
+
+    @property
+    def cap(self) -> int:
+        """The largest batch cut now (rows)."""
+        with self._cond:
+            return self._batcher.cap
+
+    def calibrate(self, time_batch: Callable[[int], float], max_batches: int = 64) -> int:
+        """Start-up: time the batch sizes the adaptive model needs measured (until it knows
+        its target, at most ``max_batches``) with ``time_batch(size) -> device seconds`` (the
+        device worker's :meth:`~streamproc.device.DeviceWorker.time_batch`); returns the
+        batches timed. Without the adaptive model nothing needs measuring."""
+        runs = 0
+        while runs < max_batches:
+            with self._cond:
+                size = self._batcher.unmeasured()
+            if size is None:
+                break
+            self.observe(size, time_batch(size))  # timed outside the lock
+            runs += 1
+        return runs
+
+    @property
+    def target(self) -> int:
+        """The batch size aimed for now."""
+        with self._cond:
+            return self._batcher.target

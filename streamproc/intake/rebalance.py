@@ -1,0 +1,256 @@
+"""Rebalances: what the source thread does when partitions are assigned, revoked or lost, and
+when an aborted transaction rewinds them.
+
+Cooperative-sticky, incremental:
+
+* assign: fresh tracker generation + fresh ring per partition, then resume them (librdkafka keeps
+  a partition's pause state across revoke/re-assign; we never rely on it).
+* revoke: drop the revoked rings, wait (bounded by ``revoke_timeout_s``) for their in-flight
+  batches, commit their watermarks synchronously, forget them.
+* lost: drop and forget without committing.
+* rewind (exactly-once, after an abort): every assigned partition restarts from its committed
+  offset with a fresh ring and generation (results of the old generation are dropped).
+
+Everything here runs on the source thread (librdkafka calls the callbacks from inside
+``consume``), and :class:`Assignment`, the per-partition state of the consumer, is owned by that
+thread: other threads read only the immutable snapshots it publishes (:attr:`Assignment.assigned`,
+:meth:`Assignment.positions`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal, NamedTuple
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.intake.lane import Lane
+from streamproc.kafka.protocols import ConsumerClient, ktp
+from streamproc.kafka.transient import read_committed, retry_transient
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
+from streamproc.offsets.tracker import Committer, OffsetTracker
+from streamproc.records import TopicPartition
+
+log = get_logger(__name__)
+
+# How long a rewind keeps asking for the committed offsets through transient errors (the group
+# coordinator moving after a broker stalled or died), in seconds; the poll loop waits meanwhile,
+# well within max.poll.interval.ms (300 s by default).
+REWIND_DEADLINE_S = 120.0
+
+
+def _names(tps: Iterable[TopicPartition]) -> list[str]:
+    return [f"{tp.topic}[{tp.partition}]" for tp in tps]
+
+
+class Unassigned(NamedTuple):
+    """No partition is assigned since ``since_s`` (monotonic seconds), because of ``cause``:
+    ``start`` (none assigned yet), ``revoked`` (a rebalance took the last one) or ``lost``
+    (the group session ended: the coordinator was unreachable or the poll loop stalled)."""
+
+    since_s: float
+    cause: Literal["start", "revoked", "lost"]
+
+
+class Assignment:
+    """The consumer's per-partition state; written by the source thread only.
+
+    Attributes:
+        generations: assignment generation per assigned partition (records carry it).
+        seek_floors: per partition sought back after a refusal, the offset the next accepted
+            message must have (anything fetched before the seek took effect is dropped).
+        flow_paused: partitions paused by flow control (at the ring's high watermark).
+        fetching: False once the pipeline drains (every partition stays paused).
+        unassigned: since when and why no partition is assigned (from creation until the
+            first assignment, and from a revoke or loss that took the last one until the next
+            assignment); None while one is. One immutable value: safe to read from any thread.
+        last_rebalance_s: monotonic seconds of the last assign/revoke/lost/rewind.
+        rebalances: counts of ``assigned``, ``revoked`` and ``lost`` callbacks.
+
+    Args:
+        clock: monotonic clock in seconds (the source's; tests pass a fake).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.generations: dict[TopicPartition, int] = {}
+        self.seek_floors: dict[TopicPartition, int] = {}
+        self.flow_paused: set[TopicPartition] = set()
+        self._positions: dict[TopicPartition, int | None] = {}
+        self._assigned: frozenset[TopicPartition] = frozenset()
+        self.fetching = True
+        self.unassigned: Unassigned | None = Unassigned(clock(), "start")
+        self.last_rebalance_s = clock()
+        self.rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
+
+    @property
+    def assigned(self) -> frozenset[TopicPartition]:
+        """The assigned partitions (an immutable snapshot: safe to read from any thread)."""
+        return self._assigned
+
+    def positions(self) -> dict[TopicPartition, int | None]:
+        """Next offset to deliver per assigned partition (None before its first message); a
+        copy, safe to call from any thread."""
+        return self._positions.copy()
+
+    def advance(self, tp: TopicPartition, next_offset: int) -> None:
+        """``tp`` delivered everything before ``next_offset`` (source thread)."""
+        self._positions[tp] = next_offset
+
+    def position(self, tp: TopicPartition) -> int | None:
+        return self._positions.get(tp)
+
+    def start(
+        self, tps: Iterable[TopicPartition], generations: Mapping[TopicPartition, int]
+    ) -> None:
+        """``tps`` start afresh under ``generations`` (assign, rewind)."""
+        tps = tuple(tps)
+        self.generations.update(generations)
+        for tp in tps:
+            self.seek_floors.pop(tp, None)
+            self.flow_paused.discard(tp)
+            self._positions[tp] = None
+        self._assigned = self._assigned | frozenset(tps)
+        self.last_rebalance_s = self._clock()
+        if self._assigned:
+            self.unassigned = None
+
+    def forget(self, tps: Iterable[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
+        """``tps`` are no longer ours (``cause``: ``revoked`` or ``lost``)."""
+        tps = tuple(tps)
+        for tp in tps:
+            self.generations.pop(tp, None)
+            self.seek_floors.pop(tp, None)
+            self.flow_paused.discard(tp)
+            self._positions.pop(tp, None)
+        self._assigned = self._assigned - frozenset(tps)
+        self.last_rebalance_s = self._clock()
+        if not self._assigned and self.unassigned is None:
+            self.unassigned = Unassigned(self.last_rebalance_s, cause)
+
+
+class RebalanceHandler:
+    """The assign/revoke/lost callbacks and the rewind; source thread only.
+
+    Args:
+        lanes: per input topic, its lane.
+        tracker: the offset tracker (generations, in-flight counts).
+        committer: commits the revoked partitions' watermarks.
+        assignment: the consumer's per-partition state.
+        metrics: for the ring-fill gauges of partitions that leave.
+        revoke_timeout_s: how long a revoke waits for in-flight batches of its partitions.
+        auto_offset_reset: ``earliest`` or ``latest``: where a rewind starts a partition
+            without a committed offset.
+        on_rewound: called after a rewind (e.g. to refresh gauges).
+    """
+
+    def __init__(
+        self,
+        lanes: Mapping[str, Lane],
+        tracker: OffsetTracker,
+        committer: Committer,
+        assignment: Assignment,
+        metrics: Metrics,
+        revoke_timeout_s: float,
+        auto_offset_reset: str,
+        on_rewound: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._lanes = lanes
+        self._tracker = tracker
+        self._committer = committer
+        self._assignment = assignment
+        self._metrics = metrics
+        self._revoke_timeout_s = revoke_timeout_s
+        self._auto_offset_reset = auto_offset_reset
+        self._on_rewound = on_rewound
+
+    def on_assign(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        state = self._assignment
+        state.rebalances["assigned"] += 1
+        self._start(tps)
+        consumer.incremental_assign(partitions)
+        if state.fetching:
+            consumer.resume(partitions)
+        else:
+            consumer.pause(partitions)
+        log.info("partitions assigned", partitions=_names(tps))
+
+    def on_revoke(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self._assignment.rebalances["revoked"] += 1
+        limits: dict[TopicPartition, int] = {}
+        for tp in tps:
+            lane = self._lanes.get(tp.topic)
+            if lane is not None:
+                limits[tp] = lane.revoke([tp]).get(tp, 0)
+        if not self._tracker.wait_until(limits, self._revoke_timeout_s):
+            log.warning(
+                "revoke budget exceeded; committing what is done",
+                timeout_s=self._revoke_timeout_s,
+            )
+        if not self._committer.commit(consumer, synchronous=True, only=set(tps)):
+            self.rewind(consumer)
+        self._forget(tps, "revoked")
+        consumer.incremental_unassign(partitions)
+        log.info("partitions revoked", partitions=_names(tps))
+
+    def on_lost(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self._assignment.rebalances["lost"] += 1
+        for tp in tps:
+            lane = self._lanes.get(tp.topic)
+            if lane is not None:
+                lane.revoke([tp])
+        self._forget(tps, "lost")
+        consumer.incremental_unassign(partitions)
+        log.warning("partitions lost", partitions=_names(tps))
+
+    def rewind(self, consumer: ConsumerClient) -> None:
+        """After an aborted transaction: every assigned partition restarts from its committed
+        offset, with a fresh ring and generation (the sink drops results of the old one).
+
+        Raises:
+            KafkaException: the committed offsets could not be read: a transient error (the
+                group coordinator moving, a timeout) still after :data:`REWIND_DEADLINE_S`
+                seconds, or any other error."""
+        state = self._assignment
+        state.last_rebalance_s = time.monotonic()  # not idle while rewinding
+        tps = sorted(state.assigned)
+        committed = retry_transient(
+            lambda: read_committed(consumer, [ktp(tp) for tp in tps], 30),
+            REWIND_DEADLINE_S,
+            "committed offsets to rewind to",
+        )
+        self._tracker.revoke(tps)
+        self._start(tps)
+        for part in committed:
+            offset: int = part.offset
+            if offset < 0:
+                offset = OFFSET_BEGINNING if self._auto_offset_reset == "earliest" else OFFSET_END
+            consumer.seek(KafkaTopicPartition(part.topic, part.partition, offset))
+        if state.fetching:
+            consumer.resume([ktp(tp) for tp in tps])
+        log.warning("transaction aborted; rewound to committed offsets", partitions=_names(tps))
+        self._on_rewound()
+
+    def _start(self, tps: list[TopicPartition]) -> None:
+        generations = self._tracker.assign(tps)
+        self._assignment.start(tps, generations)
+        by_lane: dict[str, list[TopicPartition]] = {}
+        for tp in tps:
+            by_lane.setdefault(tp.topic, []).append(tp)
+        for topic, lane_tps in by_lane.items():
+            self._lanes[topic].assign(lane_tps)
+
+    def _forget(self, tps: list[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
+        self._tracker.revoke(tps)
+        self._committer.forget(tps)
+        self._assignment.forget(tps, cause)
+        for tp in tps:
+            with contextlib.suppress(Exception):  # never exported: nothing to remove
+                self._metrics.ring_fill.remove(tp.topic, str(tp.partition))

@@ -1,0 +1,373 @@
+"""The source: the one thread that owns the Kafka consumer.
+
+It polls, wraps each message in a :class:`~streamproc.records.Record`, routes it to its lane's
+rings, applies pause/resume decisions and schedules commits. It never decodes or runs a model,
+and keeps polling while partitions are paused, so group membership survives long device work.
+Commits are made by the guarantee's committer (``offsets.tracker``) and rebalances handled by
+``streamproc.intake.rebalance``, both on this thread.
+
+Flow control: a partition paused at its ring's high watermark is resumed at the low one. Pausing
+makes librdkafka drop the partition's prefetched messages, and a plain resume is fetched again
+only on the broker thread's next idle wake-up (measured: ~1 s after the pause, whatever the
+fetch settings), so the ring ran dry long before. A resume therefore also seeks the partition
+to its next offset, which starts the fetch at once (2 ms on loopback). While partitions are
+paused the source never blocks long in ``consume``: with everything paused it waits on its
+control queue instead (a resume wakes it at once), with some paused at most
+:data:`PAUSED_POLL_S`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+
+from streamproc.config import Config
+from streamproc.intake.lane import Lane
+from streamproc.intake.rebalance import Assignment, RebalanceHandler
+from streamproc.intake.rings import FlowControl
+from streamproc.kafka.clients import build_client
+from streamproc.kafka.protocols import ConsumerClient, ConsumerFactory, MessageLike, ktp
+from streamproc.logs import get_logger, kafka_logger, redact
+from streamproc.metrics import Metrics
+from streamproc.offsets.guarantees import Guarantee
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.records import Priority, Record, TopicPartition
+
+log = get_logger(__name__)
+
+PAUSED_POLL_S = 0.005
+"""Longest blocking ``consume`` while some partitions are paused and others are not (a resume
+queued meanwhile waits at most this long)."""
+GAUGE_INTERVAL_S = 1.0
+"""Ring fill gauges are refreshed at least this often (and at every pause and resume)."""
+
+_STOP_FETCHING = "stop_fetching"
+
+
+def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
+    """The consumer's librdkafka settings: ours, then the user's ``kafka.consumer``, then what
+    the guarantee needs (``isolation.level`` for exactly-once)."""
+    kafka = config.kafka
+    return {
+        "bootstrap.servers": config.bootstrap_servers,
+        "group.id": kafka.group_id,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": kafka.auto_offset_reset,
+        "session.timeout.ms": kafka.session_timeout_ms,
+        "max.poll.interval.ms": kafka.max_poll_interval_ms,
+        # A resumed partition is fetched in the broker's next fetch session; with the
+        # default 500 ms long-poll on idle partitions every pause/resume cycle would stall
+        # that long (measured: 605 msg/s -> see docs/benchmarks.md). Override freely.
+        "fetch.wait.max.ms": 20,
+        "logger": kafka_logger(),
+        **kafka.consumer,
+        **guarantee.consumer_settings,
+    }
+
+
+class Source:
+    """Consumer thread for all lanes of one process.
+
+    Args:
+        config: the validated config.
+        lanes: per input topic, its lane.
+        tracker: the offset tracker.
+        guarantee: its committer commits; its consumer settings apply.
+        metrics: process metrics.
+        on_fatal: called when the consumer hits a fatal error.
+        consumer_factory: builds the consumer from its settings (tests pass a fake).
+        clock: monotonic clock in seconds.
+
+    Raises:
+        ConfigError: librdkafka refused a key or value under ``kafka.consumer``.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        lanes: Mapping[str, Lane],
+        tracker: OffsetTracker,
+        guarantee: Guarantee,
+        metrics: Metrics,
+        on_fatal: Callable[[BaseException], None],
+        consumer_factory: ConsumerFactory = Consumer,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._lanes = lanes
+        self._metrics = metrics
+        self._on_fatal = on_fatal
+        self._clock = clock
+        self._committer = guarantee.committer
+        self._control: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self.assignment = Assignment(clock)
+        self._last_poll_s = clock()
+        self._last_input_s = clock()
+        settings = consumer_settings(config, guarantee)
+        settings["on_commit"] = self._committer.on_commit
+        log.debug(
+            "consumer config",
+            settings=redact({k: v for k, v in settings.items() if not callable(v)}),
+        )
+        self._consumer: ConsumerClient = build_client(consumer_factory, settings, "kafka.consumer")
+        self.rebalance = RebalanceHandler(
+            lanes,
+            tracker,
+            self._committer,
+            self.assignment,
+            metrics,
+            config.revoke_timeout_s,
+            config.kafka.auto_offset_reset,
+            on_rewound=self._export_buffer_gauges,
+        )
+        self._thread = threading.Thread(target=self._run, name="source", daemon=True)
+
+    # -- read from any thread (written by the source thread only) ------------------------
+    @property
+    def last_poll_s(self) -> float:
+        """Monotonic seconds of the last return from ``consume`` (liveness)."""
+        return self._last_poll_s
+
+    @property
+    def last_input_s(self) -> float:
+        """Monotonic seconds when the last record was accepted into a ring."""
+        return self._last_input_s
+
+    def positions(self) -> dict[TopicPartition, int | None]:
+        """Next offset to deliver per assigned partition (None before its first message)."""
+        return self.assignment.positions()
+
+    # -- control from other threads --------------------------------------------------------
+    def subscribe(self) -> None:
+        """Subscribe to the lanes' input topics (rebalances arrive inside :meth:`poll_until`)."""
+        self._consumer.subscribe(
+            list(self._lanes),
+            on_assign=self.rebalance.on_assign,
+            on_revoke=self.rebalance.on_revoke,
+            on_lost=self.rebalance.on_lost,
+        )
+
+    def start(self) -> None:
+        """Subscribe and start the source thread."""
+        self.subscribe()
+        self._thread.start()
+
+    def apply(self, flow: FlowControl) -> None:
+        """Queue a flow-control change for the source thread (thread-safe)."""
+        if flow:
+            self._control.put(flow)
+
+    def stop_fetching(self) -> None:
+        """Pause every assigned partition; polling (and group membership) continues."""
+        self._control.put(_STOP_FETCHING)
+
+    def close(self, timeout_s: float) -> None:
+        """Commit final watermarks, close the consumer (leaving the group), join the thread."""
+        self._stop.set()
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        else:  # never started
+            with contextlib.suppress(Exception):
+                self._consumer.close()
+
+    # -- the source thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.poll_until(self._stop.is_set)
+        except BaseException as exc:
+            self._on_fatal(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                self._commit(synchronous=True)
+            with contextlib.suppress(Exception):
+                self._consumer.close()
+
+    def poll_until(self, done: Callable[[], bool]) -> None:
+        """The poll loop, until ``done()`` (the thread runs it until :meth:`close`; unit tests
+        run it on their own thread with a fake consumer)."""
+        kafka = self._config.kafka
+        timeout_s = kafka.poll_timeout_s
+        commit_every_s = kafka.commit_interval_s
+        clock = self._clock
+        next_commit_s = clock() + commit_every_s
+        next_gauges_s = clock()
+        while not done():
+            self._drain_control()
+            # Take what is already fetched without waiting; only block (for one message) when
+            # nothing is. consume(n, timeout) waits until n messages or the timeout, which at
+            # low rates added up to poll_timeout_ms to every message's latency.
+            messages = self._consumer.consume(kafka.consume_batch_messages, 0)
+            if not messages:
+                messages = self._wait_for_input(timeout_s)
+            now_s = self._last_poll_s = clock()
+            if messages:
+                self._route(messages, now_s)
+            if now_s >= next_commit_s:
+                self._commit(synchronous=False)
+                next_commit_s = now_s + commit_every_s
+            if now_s >= next_gauges_s:
+                self._export_buffer_gauges()
+                next_gauges_s = now_s + GAUGE_INTERVAL_S
+
+    def _wait_for_input(self, timeout_s: float) -> Sequence[MessageLike]:
+        """Block for input, but let a queued resume (or stop) in without delay."""
+        state = self.assignment
+        assigned = state.assigned
+        if assigned and (not state.fetching or assigned <= state.flow_paused):
+            # Nothing can arrive before a resume: wait for one on the control queue.
+            try:
+                item = self._control.get(timeout=timeout_s)
+            except queue.Empty:
+                return []
+            self._control_item(item)
+            return []
+        if state.flow_paused:
+            timeout_s = min(timeout_s, PAUSED_POLL_S)
+        return self._consumer.consume(1, timeout_s)
+
+    def _route(self, messages: Sequence[MessageLike], now_s: float) -> None:
+        """Wrap one poll's messages in records and offer them to their lanes: one lock
+        acquisition per lane and poll, not per message (the per-message work here runs under
+        the GIL with every other stage)."""
+        generations = self.assignment.generations
+        floors = self.assignment.seek_floors
+        lanes = self._lanes
+        by_lane: dict[str, list[Record]] = {}
+        # per topic and partition of this poll: its TopicPartition and generation, looked up
+        # once per poll instead of building and hashing a TopicPartition per message
+        known: dict[str, dict[int, tuple[TopicPartition, int | None]]] = {}
+        for message in messages:
+            if message.error() is not None:
+                self._on_message_error(message)
+                continue
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            assert topic is not None and partition is not None and offset is not None
+            partitions = known.get(topic)
+            if partitions is None:
+                partitions = known[topic] = {}
+            entry = partitions.get(partition)
+            if entry is None:
+                tp = TopicPartition(topic, partition)
+                entry = partitions[partition] = (tp, generations.get(tp))
+            tp, generation = entry
+            if generation is None:
+                continue  # not ours (revoked between fetch and delivery)
+            if floors:
+                floor = floors.get(tp)
+                if floor is not None:
+                    if offset != floor:
+                        continue  # fetched before our seek took effect; it will come again
+                    del floors[tp]
+            raw_headers = message.headers()
+            headers = tuple(raw_headers) if raw_headers else ()
+            default = lanes[topic].default_priority
+            record = Record(
+                tp,
+                offset,
+                message.key(),
+                message.value(),
+                headers,
+                message.timestamp()[1],
+                now_s,
+                generation,
+                Priority.of(headers, default) if headers else default,
+            )
+            batch = by_lane.get(topic)
+            if batch is None:
+                by_lane[topic] = [record]
+            else:
+                batch.append(record)
+        for topic, records in by_lane.items():
+            self._offer(topic, lanes[topic], records)
+
+    def _on_message_error(self, message: MessageLike) -> None:
+        err = message.error()
+        assert err is not None
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning("consumer error", error=str(err))
+
+    def _offer(self, topic: str, lane: Lane, records: list[Record]) -> None:
+        """Offer one lane's records; a partition whose ring is full refuses the rest of its
+        records, is paused, and is sought back to the first refused offset."""
+        offered = lane.offer(records)
+        state = self.assignment
+        consumer = self._consumer
+        for tp, offset in offered.refused.items():
+            # Ring full: refuse, pause, and fetch this offset again after resuming.
+            state.seek_floors[tp] = offset
+            consumer.pause([ktp(tp)])
+            consumer.seek(ktp(tp, offset))
+        accepted = offered.accepted
+        if accepted:
+            self._last_input_s = accepted[-1].consumed_at_s
+            for record in accepted:
+                state.advance(record.tp, record.offset + 1)
+            self._metrics.child(self._metrics.consumed, topic).inc(len(accepted))
+        if offered.pause:
+            consumer.pause([ktp(tp) for tp in offered.pause])
+        if offered.pause or offered.refused:
+            state.flow_paused.update(offered.pause)
+            state.flow_paused.update(offered.refused)
+            self._export_buffer_gauges()
+
+    def _export_buffer_gauges(self) -> None:
+        """Ring fill per partition and the count of partitions paused by flow control."""
+        for lane in self._lanes.values():
+            for tp, fill in lane.fill_ratios().items():
+                self._metrics.ring_fill.labels(tp.topic, str(tp.partition)).set(fill)
+        self._metrics.paused.set(len(self.assignment.flow_paused))
+
+    def _drain_control(self) -> None:
+        while True:
+            try:
+                item = self._control.get_nowait()
+            except queue.Empty:
+                return
+            self._control_item(item)
+
+    def _control_item(self, item: FlowControl | str) -> None:
+        state = self.assignment
+        if item == _STOP_FETCHING:
+            state.fetching = False
+            if state.assigned:
+                self._consumer.pause([ktp(tp) for tp in state.assigned])
+            return
+        assert isinstance(item, FlowControl)
+        self._resume([tp for tp in item.resume if tp in state.generations])
+
+    def _resume(self, tps: list[TopicPartition]) -> None:
+        """Resume partitions paused by flow control, and seek each to its next offset: the
+        seek starts the fetch at once (see the module docstring)."""
+        if not tps:
+            return
+        state = self.assignment
+        state.flow_paused.difference_update(tps)
+        if state.fetching:
+            self._consumer.resume([ktp(tp) for tp in tps])
+            for tp in tps:
+                # A refused record's offset (its floor), else the next offset after the last
+                # record taken. No floor is set here: that next offset may not exist (a
+                # transaction marker, a compacted record); the seek's own barrier drops
+                # anything fetched before it, and the pause already dropped the prefetch.
+                offset = state.seek_floors.get(tp)
+                if offset is None:
+                    offset = state.position(tp)
+                if offset is not None:
+                    self._consumer.seek(ktp(tp, offset))
+        self._export_buffer_gauges()
+
+    def _commit(self, synchronous: bool) -> None:
+        if not self._committer.commit(self._consumer, synchronous):
+            self.rebalance.rewind(self._consumer)

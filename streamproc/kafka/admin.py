@@ -1,0 +1,143 @@
+"""Topic administration with confluent-kafka's AdminClient; Kafka errors become BrokerError."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    ClusterMetadata,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from streamproc.config import Scalar
+from streamproc.errors import BrokerError
+from streamproc.kafka.clients import build_admin
+from streamproc.kafka.protocols import AdminClientLike, AdminFactory
+from streamproc.kafka.transient import retry_transient
+
+
+def _admin(
+    bootstrap_or_config: str | Mapping[str, Scalar], factory: AdminFactory
+) -> tuple[AdminClientLike, str]:
+    config: dict[str, Scalar] = (
+        {"bootstrap.servers": bootstrap_or_config}
+        if isinstance(bootstrap_or_config, str)
+        else dict(bootstrap_or_config)
+    )
+    return factory(config), str(config.get("bootstrap.servers"))
+
+
+def cluster_metadata(
+    bootstrap_or_config: str | Mapping[str, Scalar],
+    timeout_s: float = 30,
+    admin_factory: AdminFactory = build_admin,
+) -> ClusterMetadata:
+    """Topic and broker metadata.
+
+    Raises:
+        BrokerError: the cluster did not answer within ``timeout_s`` seconds.
+    """
+    admin, where = _admin(bootstrap_or_config, admin_factory)
+    try:
+        return admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise BrokerError(
+            f"cannot reach Kafka at {where} within {timeout_s:.0f} s: {exc.args[0].str()}"
+        ) from None
+
+
+def ensure_topics(
+    bootstrap_or_config: str | Mapping[str, Scalar],
+    partitions: dict[str, int],
+    timeout_s: float = 30,
+    topic_config: dict[str, str] | None = None,
+    admin_factory: AdminFactory = build_admin,
+) -> list[str]:
+    """Create each topic with the given partition count unless it exists. Replication factor:
+    the number of brokers, at most 3. Returns the topics created.
+
+    Args:
+        bootstrap_or_config: ``host:port`` or AdminClient settings (with security settings).
+        partitions: topic -> partition count (-1: the broker default).
+        topic_config: topic-level settings for the topics created (e.g. the bench's
+            ``message.timestamp.type=LogAppendTime``); existing topics are left as they are.
+
+    Raises:
+        BrokerError: the cluster is unreachable, or creation failed for a reason other than
+            "already exists" (e.g. not authorised), or failed transiently for ``timeout_s``.
+    """
+    metadata = cluster_metadata(bootstrap_or_config, timeout_s)
+    admin, where = _admin(bootstrap_or_config, admin_factory)
+    replication = min(len(metadata.brokers), 3) or -1
+    todo = [
+        NewTopic(
+            name,
+            num_partitions=count,
+            replication_factor=replication,
+            config=dict(topic_config or {}),
+        )
+        for name, count in partitions.items()
+        if name not in metadata.topics
+    ]
+    if not todo:
+        return []
+
+    def create(topic: NewTopic) -> bool:
+        """Create ``topic``: True when created, False when it already exists."""
+        future = admin.create_topics([topic], operation_timeout=timeout_s)[topic.topic]
+        try:
+            future.result(timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return False
+            raise
+        return True
+
+    created = []
+    for topic in todo:
+        try:
+            # a transient error (the controller moving, a request timing out on a loaded
+            # cluster) is retried; "already exists" then means an earlier attempt succeeded
+            if retry_transient(partial(create, topic), timeout_s, f"create {topic.topic}"):
+                created.append(topic.topic)
+        except KafkaException as exc:
+            raise BrokerError(
+                f"cannot create topic {topic.topic!r} on {where}: {exc.args[0].str()}"
+            ) from None
+    return created
+
+
+def partition_count(metadata: ClusterMetadata, topic: str) -> int | None:
+    """Partitions of ``topic`` in ``metadata``, or None when the topic does not exist."""
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
+        return None
+    return len(found.partitions)
+
+
+def max_message_bytes(
+    bootstrap_or_config: str | Mapping[str, Scalar],
+    topics: list[str],
+    timeout_s: float = 30,
+    admin_factory: AdminFactory = build_admin,
+) -> dict[str, int]:
+    """Each existing topic's ``max.message.bytes`` (the largest record batch it accepts).
+
+    Topics that do not exist, or whose config cannot be read (e.g. not authorised to describe
+    configs), are left out: callers then rely on the broker's answer per record.
+    """
+    admin, _ = _admin(bootstrap_or_config, admin_factory)
+    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
+    limits: dict[str, int] = {}
+    for resource, future in admin.describe_configs(resources).items():
+        try:
+            entry = future.result(timeout_s).get("max.message.bytes")
+        except KafkaException:
+            continue
+        if entry is not None and entry.value is not None:
+            limits[resource.name] = int(entry.value)
+    return limits

@@ -1,0 +1,179 @@
+"""Result handling: encode a batch's output rows and hand them to the sink, in batch order.
+
+Runs on the lane's ``results-<topic>`` thread (the resequencer's), one batch at a time in cut
+order. Rows whose decode failed, or that the model failed on alone (the device worker narrowed
+a failing batch down to them), or whose encode (the result callback) still raises after its
+retries, become dead-letter records with the stage and reason; one bad record never stops the
+stream, and its offset is committed only once its dead-letter record is acknowledged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+from tenacity import Retrying, stop_after_attempt, wait_exponential
+
+from streamproc.config import PipelineConfig
+from streamproc.device import DeviceResult
+from streamproc.errors import RecordError
+from streamproc.metrics import Metrics
+from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TIMING, H_TOPIC, TIMING_FORMAT, Sink
+from streamproc.records import Record
+from streamproc.workloads import Encoded, Workload
+
+
+class ResultHandler:
+    """Turns a :class:`DeviceResult` into produced records for one pipeline.
+
+    Args:
+        pipeline: the pipeline's config (output and dead-letter topics).
+        workload: encoder.
+        sink: producer.
+        metrics: process metrics.
+        attempts: tries per record (the batch's ``workload.encode_many``, then
+            ``workload.encode`` alone with backoff 5 ms doubling, at most 100 ms) before the
+            record is dead-lettered with stage ``encode``.
+        observe: called with (batch size, device seconds) per batch (the adaptive batch size).
+    """
+
+    def __init__(
+        self,
+        pipeline: PipelineConfig,
+        workload: Workload,
+        sink: Sink,
+        metrics: Metrics,
+        attempts: int = 3,
+        observe: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self._attempts = attempts
+        self._observe = observe
+        self._pipeline = pipeline
+        self._workload = workload
+        self._sink = sink
+        self._metrics = metrics
+        # per input partition, its two source-coordinate headers, built once (results thread)
+        self._coordinates: dict[int, tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
+
+    def __call__(self, result: DeviceResult) -> None:
+        """Encode and produce one batch's results (dead-letter what failed)."""
+        topic = self._pipeline.input_topic
+        dlq = self._pipeline.dead_letter_topic
+        self._metrics.inference.labels(topic).observe(result.inference_s)
+        # a batch re-run in parts (its model call raised) measures the re-runs, not its size
+        if self._observe is not None and result.error is None and result.model_calls == 1:
+            self._observe(len(result.batch), result.inference_s)
+        inference_ms = result.inference_s * 1000
+        cut_at_s = result.batch.cut_at_s
+        records = result.batch.records
+        failed = result.failed
+        if result.error is not None:  # no row of the batch ran the model
+            for row, record in enumerate(records):
+                error = (failed.get(row) if failed else None) or result.error
+                self._dead_letter(record, dlq, error.stage, error)
+            return
+        encoded = self._encode_many(records, result.outputs, failed)
+        kept: list[Record] = []
+        values: list[bytes] = []
+        headers: list[list[tuple[str, bytes]]] = []
+        coordinates = self._coordinates
+        now_s = time.monotonic()
+        for row, (record, value) in enumerate(zip(records, encoded, strict=True)):
+            if not isinstance(value, Encoded):
+                if value is None:  # its decode failed
+                    error = failed[row]
+                    self._dead_letter(record, dlq, error.stage, error)
+                    continue
+                try:
+                    value = self._retry_encode(
+                        record, tuple(out[row] for out in result.outputs), value
+                    )
+                except Exception as exc:
+                    self._dead_letter(record, dlq, "encode", exc)
+                    continue
+            partition = record.tp.partition
+            prefix = coordinates.get(partition)
+            if prefix is None:
+                prefix = coordinates[partition] = (
+                    (H_TOPIC, topic.encode()),
+                    (H_PARTITION, b"%d" % partition),
+                )
+            consumed_at_s = record.consumed_at_s
+            row_headers = [
+                *prefix,
+                (H_OFFSET, b"%d" % record.offset),
+                (
+                    H_TIMING,
+                    TIMING_FORMAT
+                    % (
+                        (cut_at_s - consumed_at_s) * 1000,
+                        inference_ms,
+                        (now_s - consumed_at_s) * 1000,
+                    ),
+                ),
+            ]
+            if value.headers:
+                row_headers.extend(value.headers)
+            kept.append(record)
+            values.append(value.value)
+            headers.append(row_headers)
+        self._sink.send_results(self._pipeline.output_topic, kept, values, headers, dlq)
+
+    def _encode_many(
+        self,
+        records: tuple[Record, ...],
+        outputs: tuple[np.ndarray, ...],
+        failed: dict[int, RecordError],
+    ) -> list[Encoded | Exception | None]:
+        """The workload's batch encode over the rows that decoded (None for the others: a row
+        that failed decode, e.g. an oversized value, is never handed to the encoder).
+
+        If the workload's ``encode_many`` raises as a whole, returns the wrong count or a value
+        that is not an :class:`Encoded`, those rows count as failed tries and are encoded alone
+        (with retries), so a workload bug costs speed, never the batch."""
+        rows = len(records)
+        if failed:
+            keep = [row for row in range(rows) if row not in failed]
+            records = tuple(records[row] for row in keep)
+            outputs = tuple(out[keep] for out in outputs)
+        try:
+            encoded: list[Encoded | Exception] = list(self._workload.encode_many(records, outputs))
+            if len(encoded) != len(records):
+                raise ValueError(f"encode_many returned {len(encoded)} results for {len(records)}")
+        except Exception as exc:
+            encoded = [exc] * len(records)
+        checked: list[Encoded | Exception | None] = [
+            value
+            if isinstance(value, (Encoded, Exception))
+            else TypeError(f"encode_many returned {type(value).__name__}, not Encoded")
+            for value in encoded
+        ]
+        if not failed:
+            return checked
+        by_row: list[Encoded | Exception | None] = [None] * rows
+        for row, value in zip(keep, checked, strict=True):
+            by_row[row] = value
+        return by_row
+
+    def _retry_encode(
+        self, record: Record, row: tuple[np.ndarray, ...], error: Exception
+    ) -> Encoded:
+        """The row's encode raised ``error`` in the batch call: try it alone ``attempts - 1``
+        more times with exponential backoff, then re-raise the last error."""
+        if self._attempts <= 1:
+            raise error
+        for attempt in Retrying(
+            stop=stop_after_attempt(self._attempts - 1),
+            wait=wait_exponential(multiplier=0.005, max=0.1),
+            reraise=True,
+        ):
+            with attempt:
+                value = self._workload.encode(record, row)
+                if not isinstance(value, Encoded):
+                    raise TypeError(f"encode returned {type(value).__name__}, not Encoded")
+                return value
+        raise AssertionError("unreachable")  # Retrying either returns or re-raises
+
+    def _dead_letter(self, record: Record, dlq: str, stage: str, exc: BaseException) -> None:
+        self._sink.dead_letter(record, dlq, stage, type(exc).__name__, str(exc))

@@ -1,0 +1,191 @@
+"""A lane on two devices, with real threads (dispatcher, device, completion, results) and a fake
+clock: placement, a device that stops completing, and result order per partition."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import structlog
+import torch
+
+from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, Slab, StagingPool
+from streamproc.device.devices import DeviceLoad
+from streamproc.device.dispatch import Dispatcher
+from streamproc.errors import RecordError
+from streamproc.intake.batcher import Batcher
+from streamproc.intake.lane import Lane
+from streamproc.intake.rings import PartitionBuffers
+from streamproc.metrics import Metrics
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.records import Record, TopicPartition
+from streamproc.testing import FakeClock
+from tests.support.waiting import wait_until
+
+TPS = (TopicPartition("in", 0), TopicPartition("in", 1))
+LIMIT = 2  # in-flight batches per device
+
+
+class OffsetDecoder:
+    """Writes each record's offset into its slab row (so outputs can be matched to inputs)."""
+
+    def decode(self, records: Sequence[Record], slab: Slab) -> dict[int, RecordError]:
+        for row, record in enumerate(records):
+            slab.array[row] = record.offset
+        return {}
+
+
+class GatedModel:
+    """Returns each row's value; waits for ``gate`` first (a device that stops completing)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        assert self.gate.wait(60), "gate never opened"
+        return (x[:, 0].clone(),)
+
+
+class TwoDeviceLane:
+    """A lane of batches of 2 over two logical CPU devices, wired as the pipeline wires it."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.metrics = Metrics()
+        self.fatal: list[BaseException] = []
+        tracker = OffsetTracker()
+        generations = tracker.assign(TPS)
+        self.generations = generations
+        self.lane = Lane(
+            "in",
+            PartitionBuffers(64, 0.75, 0.25),
+            Batcher(2, 1 << 30, 60.0),  # size cuts only: the fake clock never reaches 60 s
+            tracker,
+            clock=self.clock,
+        )
+        self.lane.assign(TPS)
+        self.load = DeviceLoad("in", ["cpu:0", "cpu:1"], LIMIT, 5.0, self.metrics, self.clock)
+        self.handled: list[DeviceResult] = []
+        self.outputs: list[list[float]] = []
+        self.resequencer = Resequencer("in", self._handle, self.load.released, self.fatal.append)
+        self.pool = StagingPool(2 * (LIMIT + 1), 2, (1,), np.dtype(np.float32), pin=False)
+        self.models = [GatedModel(), GatedModel()]
+
+        def completed(result: DeviceResult, release: Release) -> None:
+            self.load.completed(result.batch.batch_id, result.inference_s)
+            self.resequencer.put(result, release)
+
+        self.workers = [
+            DeviceWorker(
+                model,
+                torch.device("cpu"),
+                self.pool,
+                LIMIT,
+                1,
+                completed,
+                self.fatal.append,
+                label=f"cpu:{i}",
+            )
+            for i, model in enumerate(self.models)
+        ]
+        self.dispatcher = Dispatcher(
+            self.lane,
+            OffsetDecoder(),
+            self.pool,
+            self.workers,
+            self.load,
+            lambda flow: None,
+            self.metrics,
+            self.fatal.append,
+        )
+
+    def _handle(self, result: DeviceResult) -> None:
+        self.handled.append(result)
+        self.outputs.append(result.outputs[0].tolist())  # views: valid during the call only
+
+    def start(self) -> None:
+        for worker in self.workers:
+            worker.start()  # warm-up runs the models: gates are open until started
+        self.resequencer.start()
+        self.dispatcher.start()
+
+    def offer(self, per_partition: int) -> None:
+        records = [
+            Record(tp, offset, None, b"v", (), 0, self.clock(), self.generations[tp])
+            for offset in range(per_partition)
+            for tp in TPS
+        ]
+        assert len(self.lane.offer(records).accepted) == len(records)
+
+    def close(self) -> None:
+        self.dispatcher.stop(10)
+        for worker in self.workers:
+            worker.close(10)
+        self.resequencer.close(10)
+
+
+def test_a_stopped_device_is_held_at_its_limit_and_reported_and_order_survives() -> None:
+    lane = TwoDeviceLane()
+    lane.start()
+    stuck = lane.models[0]
+    stuck.gate.clear()  # cpu:0 stops completing: it gets batch 1 (tie -> lower index)
+    lane.offer(per_partition=8)  # 16 records: 8 batches of 2
+    # nothing is released behind batch 1, so both devices fill up to their limit and stop
+    wait_until(lambda: lane.load.in_flight() == {"cpu:0": LIMIT, "cpu:1": LIMIT}, "full")
+    wait_until(lambda: lane.resequencer.held == LIMIT, "cpu:1's results held")
+    assert lane.handled == []  # batch 1 is not done: nothing may go out before it
+    assert lane.load.batches() == {"cpu:0": LIMIT, "cpu:1": LIMIT}
+    assert lane.resequencer.next_batch_id == 1
+
+    def stalled() -> float | None:
+        return lane.metrics.registry.get_sample_value(
+            "streamproc_device_stalled", {"topic": "in", "device": "cpu:0"}
+        )
+
+    assert lane.load.check_stalls() == () and stalled() == 0
+    lane.clock.advance(5.5)
+    with structlog.testing.capture_logs() as logs:
+        assert lane.load.check_stalls() == ("cpu:0",)
+    assert stalled() == 1
+    assert [e["device"] for e in logs if e["log_level"] == "error"] == ["cpu:0"]
+
+    stuck.gate.set()  # it completes again: everything flows, in cut order
+    wait_until(lambda: len(lane.handled) == 8, "all 8 batches handled")
+    lane.clock.advance(0.1)
+    assert lane.load.check_stalls() == () and stalled() == 0
+    lane.close()
+    assert not lane.fatal
+
+    assert [r.batch.batch_id for r in lane.handled] == list(range(1, 9))
+    per_partition: dict[TopicPartition, list[int]] = {tp: [] for tp in TPS}
+    for result, outputs in zip(lane.handled, lane.outputs, strict=True):
+        offsets = [record.offset for record in result.batch.records]
+        assert outputs == offsets  # each row's output is its own record's
+        for record in result.batch.records:
+            per_partition[record.tp].append(record.offset)
+    assert per_partition == {tp: list(range(8)) for tp in TPS}  # offset order, no gaps
+    batches = lane.load.batches()
+    assert batches["cpu:0"] >= LIMIT and batches["cpu:1"] >= LIMIT
+    assert sum(batches.values()) == 8
+    # the leak check: everything came back
+    assert lane.pool.leak().missing == 0
+    assert all(w.output_leak().missing == 0 for w in lane.workers)
+
+
+def test_results_completed_out_of_order_go_out_in_cut_order() -> None:
+    lane = TwoDeviceLane()
+    lane.start()
+    slow = lane.models[0]
+    slow.gate.clear()
+    lane.offer(per_partition=2)  # batches 1 (cpu:0, gated) and 2 (cpu:1)
+    wait_until(lambda: lane.resequencer.held == 1, "batch 2 completed first")
+    assert lane.handled == []
+    slow.gate.set()
+    wait_until(lambda: len(lane.handled) == 2, "both batches handled")
+    assert [r.batch.batch_id for r in lane.handled] == [1, 2]
+    assert lane.resequencer.max_waiting == 1  # batch 2 did wait
+    lane.close()
+    assert lane.load.batches() == {"cpu:0": 1, "cpu:1": 1}
+    assert not lane.fatal

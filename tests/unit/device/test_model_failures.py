@@ -1,0 +1,412 @@
+"""A model call that raises: poison rows narrowed down, a broken model, device out-of-memory.
+
+The policy (:mod:`streamproc.device.recovery`) is tested with plain Python calls and a fake
+clock; the device worker with the CPU device and the in-package staging pool; the batch cap's
+path into the batcher with the lane.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import structlog
+import torch
+
+from streamproc.config import load_config
+from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Release, StagingPool
+from streamproc.device.recovery import (
+    POISON_ROWS,
+    BatchCap,
+    BrokenModelError,
+    DeviceOutOfMemoryError,
+    PartRunner,
+)
+from streamproc.errors import ConfigError, ModelError
+from streamproc.intake.batcher import Batcher
+from streamproc.intake.lane import Lane
+from streamproc.intake.rings import PartitionBuffers
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.records import Batch, Record, TopicPartition
+
+TP = TopicPartition("t", 0)
+Model = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def bound(poison: int, n: int) -> int:
+    """Extra calls allowed to isolate ``poison`` rows among ``n``: 2 per poison row per level."""
+    return 2 * poison * math.ceil(math.log2(n))
+
+
+def failing_on(rows: set[int]) -> tuple[Callable[[int, int], None], list[tuple[int, int]]]:
+    """A model call over rows lo..hi-1 that raises when one of ``rows`` is among them."""
+    calls: list[tuple[int, int]] = []
+
+    def call(lo: int, hi: int) -> None:
+        calls.append((lo, hi))
+        if any(lo <= row < hi for row in rows):
+            raise ValueError(f"cannot handle row in {lo}..{hi - 1}")
+
+    return call, calls
+
+
+@pytest.mark.parametrize("n", [2, 7, 32, 64, 256])
+@pytest.mark.parametrize("poison", [1, 2, 3, 4])
+def test_only_the_rows_that_fail_alone_are_failed_within_two_calls_per_level(
+    n: int, poison: int
+) -> None:
+    rng = random.Random(n * 10 + poison)
+    for _ in range(20):
+        rows = set(rng.sample(range(n), min(poison, n)))
+        call, calls = failing_on(rows)
+        outcome = PartRunner(BatchCap(n, 30.0), n).run(n, call)
+        assert set(outcome.failed) == rows
+        assert all("ValueError" in text for text in outcome.failed.values())
+        assert outcome.isolated == len(rows)
+        assert outcome.calls == len(calls) and outcome.calls - 1 <= bound(len(rows), n)
+        # every other row ran in a call that succeeded
+        ran = {r for lo, hi in calls if not any(lo <= p < hi for p in rows) for r in range(lo, hi)}
+        assert ran == set(range(n)) - rows
+
+
+def test_a_batch_where_most_rows_fail_is_not_bisected_forever() -> None:
+    n = 64
+    call, _ = failing_on(set(range(0, n, 2)))  # every other row
+    outcome = PartRunner(BatchCap(n, 30.0), n).run(n, call)
+    assert outcome.calls - 1 <= POISON_ROWS * 2 * math.ceil(math.log2(n))
+    assert set(range(0, n, 2)) <= set(outcome.failed)  # every failing row is dead-lettered
+
+
+def test_a_broken_model_dead_letters_every_row_and_then_costs_three_calls_per_batch() -> None:
+    n = 32
+    runner = PartRunner(BatchCap(n, 30.0), n)
+    call, calls = failing_on(set(range(n)))
+    first = runner.run(n, call)
+    assert set(first.failed) == set(range(n)) and runner.broken
+    assert first.calls - 1 <= POISON_ROWS * 2 * math.ceil(math.log2(n))
+    for _ in range(3):
+        calls.clear()
+        later = runner.run(n, call)
+        assert set(later.failed) == set(range(n)) and later.broken
+        assert len(calls) == 3  # the batch, its first row, its last row
+    # the model works again: the next failing batch is narrowed down as usual
+    call, calls = failing_on({5})
+    again = runner.run(n, call)
+    assert set(again.failed) == {5} and not runner.broken
+    assert again.calls - 1 <= 2 + bound(1, n)
+
+
+def test_a_broken_model_under_stop_raises_instead_of_dead_lettering() -> None:
+    runner = PartRunner(BatchCap(16, 30.0), 16, on_model_failure="stop", label="cpu:0")
+    call, _ = failing_on(set(range(16)))
+    with pytest.raises(BrokenModelError, match=r"worker\.on_model_failure is stop"):
+        runner.run(16, call)
+    # poison rows never stop it
+    call, _ = failing_on({3})
+    assert set(PartRunner(BatchCap(16, 30.0), 16, "stop").run(16, call).failed) == {3}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_batch_cap_falls_on_out_of_memory_and_doubles_back_after_each_quiet_period() -> None:
+    cap = BatchCap(64, recovery_s=10.0)
+    assert cap.limit == 64
+    assert cap.out_of_memory(64, now_s=0.0) and cap.limit == 32
+    assert not cap.out_of_memory(64, now_s=1.0) and cap.limit == 32  # never rises on OOM
+    assert cap.out_of_memory(20, now_s=2.0) and cap.limit == 10
+    assert not cap.quiet(11.9) and cap.limit == 10  # 10 s after the last one: not yet
+    assert cap.quiet(12.0) and cap.limit == 20
+    assert not cap.quiet(13.0)  # each raise waits its own quiet period
+    assert cap.quiet(22.0) and cap.limit == 40
+    assert cap.quiet(32.0) and cap.limit == 64  # the ceiling
+    assert not cap.quiet(1000.0) and cap.limit == 64
+    cap.fit(12)  # warm-up: the largest batch that fits is the ceiling from now on
+    assert (cap.ceiling, cap.limit) == (12, 12)
+
+
+def test_out_of_memory_splits_the_batch_never_fails_a_row_and_lowers_the_cap() -> None:
+    clock = Clock()
+    caps: list[int] = []
+    released: list[int] = []
+    cap = BatchCap(64, recovery_s=5.0)
+    runner = PartRunner(
+        cap, 64, release_memory=lambda: released.append(1), on_cap=caps.append, clock=clock
+    )
+    pressure = True
+    done: list[int] = []
+
+    def call(lo: int, hi: int) -> None:
+        if pressure and hi - lo > 12:
+            raise torch.OutOfMemoryError("out of memory")
+        done.extend(range(lo, hi))
+
+    outcome = runner.run(64, call)
+    assert outcome.failed == {} and sorted(done) == list(range(64))  # every row, once
+    assert cap.limit <= 12 and caps[-1] == cap.limit
+    assert outcome.out_of_memory == len(released) >= 1  # the cache went back before each re-run
+    pressure = False
+    clock.now_s += 4.9
+    runner.run(8, call)
+    assert cap.limit <= 12  # not quiet long enough yet
+    while cap.limit < 64:
+        clock.now_s += 5.0
+        runner.run(8, call)
+    assert caps[-1] == 64
+
+
+def test_one_row_that_never_fits_stops_the_pipeline_naming_the_device() -> None:
+    waits: list[float] = []
+
+    def call(lo: int, hi: int) -> None:
+        raise torch.OutOfMemoryError("out of memory")
+
+    runner = PartRunner(BatchCap(4, 5.0), 4, sleep=waits.append, label="cuda:3")
+    with pytest.raises(DeviceOutOfMemoryError, match=r"cuda:3.*one row"):
+        runner.run(4, call)
+    assert waits == [0.05, 0.1, 0.2]  # backoff between the tries of the one row
+
+
+# -- the device worker ------------------------------------------------------------------------
+
+
+def batch(batch_id: int, n: int) -> Batch:
+    records = tuple(Record(TP, batch_id * 100 + i, None, b"v", (), 0, 0.0, 1) for i in range(n))
+    return Batch(batch_id, records, 0.0)
+
+
+class Harness:
+    """A CPU device worker over a 64-row staging pool; results copied, then released."""
+
+    def __init__(self, model: Model, **kwargs: object) -> None:
+        self.pool = StagingPool(4, rows=64, item_shape=(1,), dtype=np.dtype(np.float32), pin=False)
+        self.results: queue.Queue[DeviceResult] = queue.Queue()
+        self.fatal: list[BaseException] = []
+        self.caps: list[int] = []
+        self.fatal_seen = threading.Event()
+
+        def on_fatal(exc: BaseException) -> None:
+            self.fatal.append(exc)
+            self.fatal_seen.set()
+
+        self.worker = DeviceWorker(
+            model,
+            torch.device("cpu"),
+            self.pool,
+            2,
+            1,
+            self.on_complete,
+            on_fatal,
+            label="cpu:0",
+            on_cap=self.caps.append,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def on_complete(self, result: DeviceResult, release: Release) -> None:
+        copied = tuple(o.copy() for o in result.outputs)
+        release()
+        self.results.put(
+            DeviceResult(
+                result.batch,
+                copied,
+                result.failed,
+                result.error,
+                result.inference_s,
+                result.model_calls,
+            )
+        )
+
+    def submit(self, batch_id: int, values: list[float]) -> None:
+        slab = self.pool.lease(timeout_s=10)
+        assert slab is not None
+        slab.array[: len(values), 0] = values
+        self.worker.submit(DeviceJob(batch(batch_id, len(values)), slab))
+
+    def result(self) -> DeviceResult:
+        return self.results.get(timeout=30)
+
+
+def doubling(check: Callable[[torch.Tensor], None]) -> Model:
+    def model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        check(x)
+        return (x[:, 0] * 2,)
+
+    return model
+
+
+def no_poison(x: torch.Tensor) -> None:
+    if bool((x[:, 0] < 0).any()):
+        raise ValueError("cannot handle a negative x")
+
+
+def test_worker_dead_letters_only_the_poison_rows_and_keeps_the_others_results_in_place() -> None:
+    h = Harness(doubling(no_poison))
+    h.worker.start()
+    try:
+        values = [float(i) for i in range(48)]
+        values[7] = values[30] = -1.0
+        h.submit(1, values)
+        result = h.result()
+        h.submit(2, [1.0, 2.0, 3.0])  # the next batch runs whole
+        clean = h.result()
+    finally:
+        h.worker.close()
+    assert result.error is None
+    assert sorted(result.failed) == [7, 30]
+    for error in result.failed.values():
+        assert isinstance(error, ModelError) and error.stage == "model"
+        assert "batch 1" in str(error) and "cannot handle a negative x" in str(error)
+    good = [row for row in range(48) if row not in (7, 30)]
+    assert result.outputs[0][good].tolist() == [2 * values[row] for row in good]
+    assert 1 < result.model_calls <= 1 + bound(2, 48)
+    assert clean.model_calls == 1 and clean.failed == {}
+    assert clean.outputs[0].tolist() == [2.0, 4.0, 6.0]
+    assert h.pool.in_use == 0 and h.worker.output_leak().missing == 0
+
+
+def test_worker_keeps_decode_errors_for_their_rows() -> None:
+    from streamproc.errors import DecodeError
+
+    h = Harness(doubling(no_poison))
+    h.worker.start()
+    try:
+        slab = h.pool.lease(timeout_s=10)
+        assert slab is not None
+        slab.array[:4, 0] = [1.0, -1.0, -1.0, 4.0]
+        undecodable = DecodeError("malformed")
+        h.worker.submit(DeviceJob(batch(1, 4), slab, {1: undecodable}))
+        result = h.result()
+    finally:
+        h.worker.close()
+    assert result.failed[1] is undecodable  # its decode error, not the model's
+    assert isinstance(result.failed[2], ModelError) and sorted(result.failed) == [1, 2]
+    assert result.outputs[0][[0, 3]].tolist() == [2.0, 8.0]
+
+
+def test_worker_under_stop_stops_on_a_broken_model_without_completing_the_batch() -> None:
+    def broken(x: torch.Tensor) -> None:
+        if x.abs().sum() > 0:  # warm-up runs on zeros: broken only on real input
+            raise RuntimeError("weights missing")
+
+    h = Harness(doubling(broken), on_model_failure="stop")
+    h.worker.start()
+    try:
+        h.submit(1, [1.0] * 20)
+        assert h.fatal_seen.wait(30), "the worker never stopped"
+    finally:
+        h.worker.close()
+    assert isinstance(h.fatal[0], BrokenModelError)
+    assert "weights missing" in str(h.fatal[0]) and "on_model_failure" in str(h.fatal[0])
+    assert h.results.empty()  # neither produced nor dead-lettered
+    assert h.pool.in_use == 0 and h.worker.output_leak().missing == 0
+
+
+def test_warm_up_caps_the_worker_at_the_largest_batch_that_fits() -> None:
+    sizes: list[int] = []
+
+    def oom_above_12(x: torch.Tensor) -> None:
+        sizes.append(x.shape[0])
+        if x.shape[0] > 12:
+            raise torch.OutOfMemoryError("out of memory")
+
+    h = Harness(doubling(oom_above_12))
+    with structlog.testing.capture_logs() as logs:
+        h.worker.start()  # warm-up: 1, 2, 4, 8 run; 16 does not; bisection finds 12
+    h.worker.close()
+    assert h.worker.cap.limit == h.worker.cap.ceiling == 12
+    assert h.caps == [12]  # one report to the lane
+    assert sizes == [1, 2, 4, 8, 16, 12, 14, 13]
+    capped = [e for e in logs if e["event"].startswith("batch size capped")]
+    assert len(capped) == 1 and capped[0]["batch_size_cap"] == 12  # one log line
+    assert capped[0]["log_level"] == "warning" and capped[0]["out_of_memory_at"] == 16
+    assert not h.fatal
+
+
+def test_a_model_that_does_not_fit_one_row_fails_at_warm_up_naming_the_device() -> None:
+    def never_fits(x: torch.Tensor) -> None:
+        raise torch.OutOfMemoryError("out of memory")
+
+    h = Harness(doubling(never_fits))
+    with pytest.raises(DeviceOutOfMemoryError, match=r"cpu:0.*one row"):
+        h.worker.start()
+    assert h.pool.in_use == 0
+
+
+def test_a_live_batch_that_runs_out_of_memory_is_split_and_the_cap_recovers() -> None:
+    pressure = threading.Event()
+
+    def oom_under_pressure(x: torch.Tensor) -> None:
+        if pressure.is_set() and x.shape[0] > 12:
+            raise torch.OutOfMemoryError("out of memory")
+
+    h = Harness(doubling(oom_under_pressure), oom_recovery_s=0.05)
+    h.worker.start()
+    try:
+        pressure.set()
+        values = [float(i) for i in range(64)]
+        h.submit(1, values)
+        result = h.result()
+        assert result.failed == {} and result.error is None
+        assert result.outputs[0].tolist() == [2 * v for v in values]
+        assert result.model_calls > 1 and h.worker.cap.limit <= 12 and h.caps[-1] <= 12
+        pressure.clear()
+        deadline_s = time.monotonic() + 60
+        batch_id = 1
+        while h.worker.cap.limit < 64:  # the first batch after each quiet period doubles it
+            assert time.monotonic() < deadline_s, f"cap stuck at {h.worker.cap.limit}"
+            batch_id += 1
+            h.submit(batch_id, [1.0])
+            h.result()
+        assert h.caps[-1] == 64
+    finally:
+        h.worker.close()
+    assert not h.fatal and h.pool.in_use == 0
+
+
+# -- the lane and the batcher -------------------------------------------------------------------
+
+
+def test_the_cap_bounds_every_cut_and_the_adaptive_candidates() -> None:
+    batcher = Batcher(64, 1 << 30, 0.02, adaptive=True)
+    batcher.set_cap(12)
+    sizer = batcher.sizer
+    assert sizer is not None and sizer.candidates == [1, 2, 4, 8, 12]
+    assert batcher.target <= 12
+    fixed = Batcher(64, 1 << 30, 0.02)
+    tracker = OffsetTracker()
+    generation = tracker.assign([TP])[TP]
+    lane = Lane("t", PartitionBuffers(256, 0.75, 0.25), fixed, tracker)
+    lane.assign([TP])
+    lane.offer([Record(TP, i, None, b"v", (), 0, 0.0, generation) for i in range(100)])
+    lane.cap_batch("cuda:0", 40)
+    lane.cap_batch("cuda:1", 12)  # the smallest cap of the lane's devices
+    stop = threading.Event()
+    cut = lane.next_cut(stop)
+    assert cut is not None and len(cut.records) == 12 and lane.cap == 12
+    lane.cap_batch("cuda:1", 64)  # recovered: back to cuda:0's cap
+    cut = lane.next_cut(stop)
+    assert cut is not None and len(cut.records) == 40
+    lane.cap_batch("cuda:0", 64)
+    assert lane.target == 64
+
+
+def test_on_model_failure_names_the_key_and_the_allowed_values() -> None:
+    pipeline = {"name": "f", "input_topic": "in", "output_topic": "out", "workload": "video"}
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"pipelines": [pipeline], "worker": {"on_model_failure": "retry"}})
+    assert "worker.on_model_failure" in str(err.value)
+    assert "dead_letter" in str(err.value) and "stop" in str(err.value)
+    cfg = load_config(overrides={"pipelines": [pipeline], "worker": {"on_model_failure": "stop"}})
+    assert cfg.worker.on_model_failure == "stop"
+    assert load_config(overrides={"pipelines": [pipeline]}).worker.on_model_failure == "dead_letter"

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import pytest
+
+from streamproc.intake.rings import NO_CHANGE, PartitionBuffers, RingBuffer
+from streamproc.records import Record, TopicPartition
+
+A = TopicPartition("t", 0)
+B = TopicPartition("t", 1)
+
+
+def rec(tp: TopicPartition, offset: int, at_s: float = 0.0, size: int = 10) -> Record:
+    return Record(tp, offset, None, b"x" * size, (), 0, at_s, 1)
+
+
+def test_ring_is_fifo_and_bounded() -> None:
+    ring = RingBuffer(3)
+    assert all(ring.push(rec(A, i)) for i in range(3))
+    assert ring.full
+    assert not ring.push(rec(A, 3))
+    assert [ring.pop().offset for _ in range(2)] == [0, 1]
+    assert ring.push(rec(A, 3))  # wraps around the slot array
+    assert [r.offset for r in ring.clear()] == [2, 3]
+    assert len(ring) == 0 and ring.bytes == 0
+    with pytest.raises(IndexError):
+        ring.pop()
+
+
+def test_pause_at_high_and_resume_at_low_watermark() -> None:
+    bufs = PartitionBuffers(capacity=8, high_watermark=0.5, low_watermark=0.25)
+    assert bufs.assign([A]).resume == (A,)
+    flows = [bufs.push(rec(A, i)) for i in range(4)]
+    assert flows[:3] == [NO_CHANGE] * 3
+    assert flows[3] is not None and flows[3].pause == (A,)
+    assert bufs.push(rec(A, 4)) == NO_CHANGE  # already paused: no second decision
+    _, flow = bufs.take(2)
+    assert flow == NO_CHANGE  # 3 left, above the low watermark (2)
+    _, flow = bufs.take(1)
+    assert flow.resume == (A,)
+    assert A not in bufs.paused
+
+
+def test_full_ring_refuses_record_for_seek_back() -> None:
+    bufs = PartitionBuffers(capacity=2, high_watermark=1.0, low_watermark=0.0)
+    bufs.assign([A])
+    assert bufs.push(rec(A, 0)) == NO_CHANGE
+    assert bufs.push(rec(A, 1)).pause == (A,)
+    assert bufs.push(rec(A, 2)) is None  # refused: caller seeks back to offset 2
+    assert bufs.push(rec(B, 0)) is None  # not assigned
+
+
+def test_take_is_oldest_first_across_partitions_and_in_offset_order() -> None:
+    bufs = PartitionBuffers(capacity=8, high_watermark=1.0, low_watermark=0.0)
+    bufs.assign([A, B])
+    for offset, at_s in enumerate([1.0, 3.0, 5.0]):
+        bufs.push(rec(A, offset, at_s))
+    for offset, at_s in enumerate([2.0, 4.0]):
+        bufs.push(rec(B, offset, at_s))
+    taken, _ = bufs.take(4)
+    assert [(r.tp.partition, r.offset) for r in taken] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert bufs.total() == 1
+
+
+def test_take_respects_max_bytes_but_always_takes_one() -> None:
+    bufs = PartitionBuffers(capacity=8, high_watermark=1.0, low_watermark=0.0)
+    bufs.assign([A])
+    for i in range(4):
+        bufs.push(rec(A, i, size=100))
+    taken, _ = bufs.take(4, max_bytes=250)
+    assert len(taken) == 2
+    taken, _ = bufs.take(4, max_bytes=10)
+    assert len(taken) == 1
+
+
+def test_revoke_returns_waiting_records_and_forgets_pause() -> None:
+    bufs = PartitionBuffers(capacity=4, high_watermark=0.5, low_watermark=0.25)
+    bufs.assign([A])
+    bufs.push(rec(A, 0))
+    bufs.push(rec(A, 1))
+    assert A in bufs.paused
+    dropped = bufs.revoke([A])
+    assert [r.offset for r in dropped[A]] == [0, 1]
+    assert A not in bufs.paused and A not in bufs.assigned
+    # re-assignment gets a fresh, empty ring and an explicit resume
+    assert bufs.assign([A]).resume == (A,)
+    assert bufs.total() == 0
+
+
+def _reference_take(
+    rings: dict[TopicPartition, list[Record]], count: int, max_bytes: int | None, wait: tuple
+) -> list[Record]:
+    """Earliest deadline first, one record at a time (ties: the ring assigned first)."""
+    order = list(rings)
+    taken: list[Record] = []
+    size = 0
+    while len(taken) < count:
+
+        def deadline(tp: TopicPartition) -> tuple[float, int]:
+            return (min(r.consumed_at_s + wait[r.priority] for r in rings[tp]), order.index(tp))
+
+        live = [tp for tp in order if rings[tp]]
+        if not live:
+            break
+        tp = min(live, key=deadline)
+        head = rings[tp][0]
+        if max_bytes is not None and taken and size + head.size_bytes > max_bytes:
+            break
+        taken.append(rings[tp].pop(0))
+        size += head.size_bytes
+    return taken
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    wait = (0.002, 0.020, 0.050)
+    tps = [TopicPartition("t", p) for p in range(rng.randint(1, 5))]
+    buffers = PartitionBuffers(64, 1.0, 0.0)
+    buffers.assign(tps)
+    mirror: dict[TopicPartition, list[Record]] = {tp: [] for tp in tps}
+    clock = 0.0
+    for offset in range(rng.randint(1, 120)):
+        clock += rng.random() * 0.01
+        tp = rng.choice(tps)
+        record = Record(
+            tp, offset, None, b"x" * rng.randint(1, 50), (), 0, clock, 1, rng.choice((0, 1, 2))
+        )
+        if buffers.push(record) is not None:
+            mirror[tp].append(record)
+    while any(mirror.values()):
+        count = rng.randint(1, 40)
+        max_bytes = rng.choice((None, 200, 1000))
+        expected = _reference_take(mirror, count, max_bytes, wait)
+        got, _ = buffers.take(count, max_bytes, wait)
+        assert [(r.tp, r.offset) for r in got] == [(r.tp, r.offset) for r in expected]

@@ -1,0 +1,240 @@
+"""The source, its rebalance handler and committers over the in-package fake consumer and
+producer (``streamproc.testing``): seek-back, rewind, commit retry, revoke with in-flight batches
+and late results, without a broker. The same behaviour on a real broker is covered by
+tests/integration.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from confluent_kafka import KafkaError
+
+from streamproc.config import load_config
+from streamproc.intake.batcher import Batcher
+from streamproc.intake.lane import CutBatch, Lane
+from streamproc.intake.rings import PartitionBuffers
+from streamproc.intake.source import Source
+from streamproc.metrics import Metrics
+from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.offsets.transactions import Transactions
+from streamproc.records import Record, TopicPartition
+from streamproc.testing import FakeClock, FakeConsumer, FakeProducer, factory, kafka_error
+
+TP = TopicPartition("in", 0)
+PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload": "trades"}
+
+
+class Harness:
+    """A source over a fake consumer with one lane (ring of 8: pause at 6, resume at 2)."""
+
+    def __init__(
+        self,
+        messages: int,
+        guarantee: Callable[[OffsetTracker, Metrics], Guarantee] | None = None,
+        revoke_timeout_s: float = 10.0,
+    ) -> None:
+        self.config = load_config(
+            overrides={
+                "pipelines": [PIPELINE],
+                "buffers": {"ring_capacity": 8, "high_watermark": 0.75, "low_watermark": 0.25},
+                "revoke_timeout_s": revoke_timeout_s,
+                "kafka": {"commit_interval_ms": 1000},
+            },
+            bootstrap="fake:9092",
+        )
+        self.late: list[tuple[TopicPartition, int, bool]] = []
+        self.tracker = OffsetTracker(on_late=lambda tp, n, first: self.late.append((tp, n, first)))
+        self.metrics = Metrics()
+        self.guarantee = (guarantee or AtLeastOnce)(self.tracker, self.metrics)
+        self.lane = Lane(
+            "in", PartitionBuffers(8, 0.75, 0.25), Batcher(4, 1 << 30, 0.0), self.tracker
+        )
+        self.consumer = FakeConsumer({TP: [b"%d" % i for i in range(messages)]})
+        self.clock = FakeClock()
+        self.fatal: list[BaseException] = []
+        self.source = Source(
+            self.config,
+            {"in": self.lane},
+            self.tracker,
+            self.guarantee,
+            self.metrics,
+            self.fatal.append,
+            factory(self.consumer),
+            clock=self.clock,
+        )
+        self.source.subscribe()  # no source thread: the test drives the poll loop itself
+
+    def poll(self, times: int = 1, advance_s: float = 0.0) -> None:
+        """Run the poll loop ``times`` iterations, moving the clock ``advance_s`` before each."""
+        left = [times]
+
+        def done() -> bool:
+            left[0] -= 1
+            self.clock.advance(advance_s)
+            return left[0] < 0
+
+        self.source.poll_until(done)
+        assert not self.fatal, self.fatal
+
+    def cut(self) -> CutBatch:
+        batch = self.lane.next_cut(threading.Event())
+        assert batch is not None
+        self.source.apply(batch.flow)
+        return batch
+
+    def count(self, name: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name)
+
+    def in_ring(self) -> float:
+        return self.lane.fill_ratios().get(TP, 0.0) * 8
+
+
+def test_a_full_ring_refuses_pauses_and_seeks_back_then_resumes_where_it_stopped() -> None:
+    h = Harness(20)
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    assert h.in_ring() == 8
+    assert h.consumer.calls_named("seek") == [(TP, 8)]  # the first refused offset
+    assert TP in h.consumer.paused and h.source.assignment.flow_paused == {TP}
+    assert h.tracker.pending(TP) == 8
+    first, second = h.cut(), h.cut()
+    assert [r.offset for r in first.records + second.records] == list(range(8))
+    assert second.flow.resume == (TP,)  # at the low watermark
+    h.poll()
+    # resumed with a seek to the refused offset: fetching starts there at once
+    assert h.consumer.calls_named("resume")[-1] == [TP]
+    # the same poll refilled the ring from there and refused again at 16
+    assert h.consumer.calls_named("seek") == [(TP, 8), (TP, 8), (TP, 16)]
+    offsets = [r.offset for r in h.cut().records + h.cut().records]
+    assert offsets == list(range(8, 16))  # nothing skipped, nothing twice
+
+
+def test_a_failed_commit_is_retried_with_the_same_offsets_on_the_next_cycle() -> None:
+    h = Harness(6)
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    records = h.cut().records
+    h.tracker.done_many(records)
+    h.consumer.commit_errors.append(KafkaError(KafkaError.REBALANCE_IN_PROGRESS))
+    h.poll(advance_s=1.5)  # past the commit interval: the commit fails
+    assert h.consumer.calls_named("commit") == [{TP: 4}]
+    assert h.consumer.committed_offsets == {}
+    assert h.count("streamproc_commit_failures_total") == 1
+    h.poll(advance_s=1.5)  # next cycle: the same watermark again
+    assert h.consumer.calls_named("commit") == [{TP: 4}, {TP: 4}]
+    assert h.consumer.committed_offsets == {TP: 4}
+    h.poll(advance_s=1.5)
+    assert len(h.consumer.calls_named("commit")) == 2  # nothing moved: nothing to commit
+
+
+def test_revoke_waits_for_in_flight_batches_then_commits_what_is_done() -> None:
+    h = Harness(6)
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    in_flight = h.cut().records  # offsets 0-3 in flight; 4-5 stay in the ring
+    revoking = threading.Event()
+
+    def finish_in_flight() -> None:
+        # the revoke has dropped the ring (its two records stay pending) and waits
+        while TP in h.lane.fill_ratios():
+            revoking.wait(0.001)
+        h.tracker.done_many(in_flight)
+
+    worker = threading.Thread(target=finish_in_flight)
+    worker.start()
+    h.consumer.schedule_revoke([TP])
+    h.poll()
+    worker.join()
+    assert h.consumer.calls_named("commit") == [{TP: 4}]  # the in-flight batch made it
+    assert h.consumer.calls_named("incremental_unassign") == [[TP]]
+    assert h.source.assignment.assigned == frozenset() and h.late == []
+
+
+def test_results_after_the_revoke_budget_are_late_counted_and_never_committed() -> None:
+    h = Harness(6, revoke_timeout_s=0.05)
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    in_flight = h.cut().records
+    h.consumer.schedule_revoke([TP])
+    h.poll()  # nobody completes the batch: the budget runs out
+    commits = h.consumer.calls_named("commit")
+    assert commits == [{TP: 0}]  # only what was done: nothing past the in-flight batch
+    assert h.tracker.done_many(in_flight) == 0  # the batch completes after all
+    assert h.late == [(TP, 4, True)]  # reported as it happens, first for this assignment
+    h.poll(advance_s=1.5)
+    assert h.consumer.calls_named("commit") == commits  # late results are never committed
+
+
+def _exactly_once(producer: FakeProducer) -> Callable[[OffsetTracker, Metrics], Guarantee]:
+    return lambda tracker, metrics: ExactlyOnce(tracker, metrics, Transactions(producer))
+
+
+def _commit_to_abort(producer: FakeProducer) -> tuple[Harness, list[Record]]:
+    """Exactly-once from committed offset 2 of 6: records 2..5 fetched, 2 and 3 sent inside
+    the transaction, and the next commit fails so that the transaction aborts."""
+    h = Harness(6, guarantee=_exactly_once(producer))
+    h.consumer.committed_offsets[TP] = 2
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    assert h.consumer.positions[TP] == 6  # 2..5 fetched
+    batch = h.cut().records
+    assert all(h.guarantee.send(r, lambda: None) for r in batch[:2])  # in the transaction
+    producer.fail_next(
+        "commit_transaction", kafka_error(KafkaError._FENCED, txn_requires_abort=True)
+    )
+    return h, batch
+
+
+def test_an_aborted_transaction_rewinds_to_the_committed_offsets_with_a_new_generation() -> None:
+    producer = FakeProducer()
+    h, batch = _commit_to_abort(producer)
+    old_generation = batch[0].generation
+    h.poll(advance_s=1.5)
+    assert producer.calls[-1] == "abort_transaction"
+    assert h.consumer.calls_named("seek")[-1] == (TP, 2)  # back to the committed offset
+    assert h.tracker.generation(TP) != old_generation
+    assert h.in_ring() == 0 and h.count("streamproc_commit_failures_total") == 1
+    # a result of the aborted generation is not produced, and counted late
+    assert h.guarantee.send(batch[2], lambda: None) is False
+    assert h.late == [(TP, 1, True)]
+    h.poll()
+    assert [r.offset for r in h.cut().records] == [2, 3, 4, 5]  # processed again
+
+
+def test_the_rewind_after_an_abort_retries_a_coordinator_that_moved() -> None:
+    # a stalled broker (the group coordinator): the abort's rewind read the committed offsets
+    # while the coordinator moved, got NOT_COORDINATOR and stopped the process (exit 1)
+    producer = FakeProducer()
+    h, _ = _commit_to_abort(producer)
+    h.consumer.committed_errors.extend(
+        [kafka_error(KafkaError.NOT_COORDINATOR), kafka_error(KafkaError._TIMED_OUT)]
+    )
+    h.poll(advance_s=1.5)
+    assert producer.calls[-1] == "abort_transaction"
+    assert len(h.consumer.calls_named("committed")) == 3  # twice refused, then answered
+    assert h.consumer.calls_named("seek")[-1] == (TP, 2)  # back to the committed offset
+    h.poll()
+    assert [r.offset for r in h.cut().records] == [2, 3, 4, 5]  # processed again
+
+
+def test_a_retriable_send_offsets_error_is_retried_not_fatal() -> None:
+    producer = FakeProducer()
+    h = Harness(4, guarantee=_exactly_once(producer))
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    for record in h.cut().records:
+        assert h.guarantee.send(record, lambda: None)
+    producer.fail_next(
+        "send_offsets_to_transaction",
+        kafka_error(KafkaError.CONCURRENT_TRANSACTIONS, retriable=True),
+    )
+    h.poll(advance_s=1.5)
+    assert producer.calls.count("send_offsets_to_transaction") == 2
+    assert producer.calls[-1] == "commit_transaction"
+    assert (
+        h.count("streamproc_commits_total") == 1
+        and h.count("streamproc_commit_failures_total") == 0
+    )

@@ -1,0 +1,178 @@
+"""Batch delivery accounting: a batch's inputs are done only when every report is in.
+
+A real :class:`Sink` over the in-package fake producer (``streamproc.testing``): the results
+producer holds records until the test delivers them, in any order, with any error.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError
+
+from streamproc.metrics import Metrics
+from streamproc.offsets.guarantees import AtLeastOnce
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.sink import H_OFFSET, H_STAGE, Sink, source_headers
+from streamproc.records import Record, TopicPartition
+from streamproc.testing import FakeProducer, factory
+
+TP = TopicPartition("in", 0)
+
+
+class Harness:
+    def __init__(self, n: int) -> None:
+        self.tracker = OffsetTracker()
+        self.generation = self.tracker.assign([TP])[TP]
+        self.records = [Record(TP, o, None, b"v", (), 0, 0.0, self.generation) for o in range(n)]
+        self.tracker.consumed_many(self.records)
+        self.producer = FakeProducer()
+        self.alone = FakeProducer()
+        self.fatal: list[BaseException] = []
+        self.sink = Sink(
+            self.producer,
+            {},
+            AtLeastOnce(self.tracker, Metrics()),
+            Metrics(),
+            self.fatal.append,
+            producer_factory=factory(self.alone),
+        )
+
+    def send(self, values: list[bytes] | None = None) -> None:
+        if values is None:
+            values = [b"r%d" % r.offset for r in self.records]
+        headers = [list(source_headers(r)) for r in self.records]
+        self.sink.send_results("out", self.records, values, headers, "in.dlq")
+
+    def report(self, index: int, error: KafkaError | None = None) -> None:
+        """Deliver the pending record of input ``index`` (results producer)."""
+        (pos,) = [i for i, p in enumerate(self.producer.pending) if p.value == b"r%d" % index]
+        record = self.producer.pending.pop(pos)
+        if error is None:
+            self.producer.delivered.append(record)
+        record.report(error)
+
+    @property
+    def watermark(self) -> int | None:
+        return self.tracker.watermarks([TP]).get(TP)
+
+
+def test_batch_is_done_only_after_its_last_report_in_any_order() -> None:
+    h = Harness(3)
+    h.send()
+    h.report(2)
+    h.report(0)
+    assert h.watermark == 0  # offset 1 not acknowledged yet: nothing may be marked done
+    assert h.tracker.pending(TP) == 3
+    h.report(1)
+    assert h.watermark == 3 and h.tracker.pending(TP) == 0
+
+
+def test_rejected_result_is_dead_lettered_and_left_out_of_the_done_set() -> None:
+    h = Harness(3)
+    h.send()
+    h.report(0)
+    h.report(1, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    h.report(2)
+    dead = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert len(dead) == 1 and (H_STAGE, b"produce") in dead[0].headers
+    assert h.watermark == 1  # offset 1 waits for its dead-letter record
+    h.producer.deliver()
+    assert h.watermark == 3
+
+
+def test_a_record_batch_refused_as_too_large_is_judged_record_by_record() -> None:
+    # The broker's MSG_SIZE_TOO_LARGE refuses the whole record batch: every record of it gets
+    # the error. Each is sent again alone; only one refused alone is dead-lettered.
+    h = Harness(3)
+    h.send()
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    for index in range(3):
+        h.report(index, too_large)
+    assert h.producer.pending == [] and h.watermark == 0
+    assert [(p.topic, p.value) for p in h.alone.pending] == [
+        ("out", b"r0"),
+        ("out", b"r1"),
+        ("out", b"r2"),
+    ]
+    assert h.alone.settings["batch.num.messages"] == 1 and h.alone.settings["linger.ms"] == 0
+    first, second, third = h.alone.pending
+    h.alone.pending.clear()
+    for produced, error in ((first, None), (second, too_large), (third, None)):
+        produced.report(error)
+    dead = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert len(dead) == 1 and (("streamproc.source.offset", b"1") in dead[0].headers)
+    assert h.watermark == 1
+    h.producer.deliver()
+    assert h.watermark == 3 and not h.fatal
+
+
+def test_one_delivery_callback_serves_a_batch_and_finds_a_failed_row_by_its_value() -> None:
+    h = Harness(4)
+    h.send()
+    assert len({id(p.on_delivery) for p in h.producer.pending}) == 1  # no closure per record
+    h.report(2, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))  # a report without headers
+    (dead,) = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert (H_OFFSET, b"2") in dead.headers and (H_STAGE, b"produce") in dead.headers
+    for index in (0, 1, 3):
+        h.report(index)
+    assert h.watermark == 2  # offset 2 waits for its dead-letter record
+    h.producer.deliver()
+    assert h.watermark == 4 and not h.fatal
+
+
+def test_identical_results_get_a_callback_each_so_a_failure_blames_the_right_input() -> None:
+    # A failed report carries the value but no headers: with two byte-identical results the
+    # value cannot tell them apart, so such a batch falls back to one callback per record.
+    h = Harness(3)
+    h.send([b"same", b"same", b"other"])
+    assert len({id(p.on_delivery) for p in h.producer.pending}) == 3
+    first, second, third = h.producer.pending
+    h.producer.pending.clear()
+    first.report(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    second.report()
+    third.report()
+    (dead,) = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert (H_OFFSET, b"0") in dead.headers  # the first input, not its twin
+    assert h.watermark == 0
+    h.producer.deliver()
+    assert h.watermark == 3 and not h.fatal
+
+
+def test_a_result_timed_out_while_the_cluster_is_down_is_sent_again_not_dead_lettered() -> None:
+    """A produce that times out (two of three brokers down longer than message.timeout.ms) is a
+    condition of the cluster, not of the record: it is produced again until acknowledged."""
+    h = Harness(2)
+    h.send()
+    h.report(0)
+    h.report(1, KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert not [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert h.watermark == 0  # the batch waits for its result produced again
+    (again,) = h.alone.pending
+    assert again.topic == "out" and again.value == b"r1"
+    h.alone.deliver(error=KafkaError(KafkaError.NOT_ENOUGH_REPLICAS))  # still down: again
+    assert not [p for p in h.producer.pending if p.topic == "in.dlq"] and h.watermark == 0
+    h.alone.deliver()
+    assert h.watermark == 2
+    assert not h.fatal
+
+
+def test_a_dead_letter_record_timed_out_is_sent_again_not_fatal() -> None:
+    h = Harness(1)
+    h.send()
+    h.report(0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    (dead,) = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    h.producer.pending.remove(dead)
+    dead.report(KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert not h.fatal
+    (again,) = [p for p in h.alone.pending if p.topic == "in.dlq"]
+    assert (H_STAGE, b"produce") in again.headers
+    h.alone.deliver()
+    assert h.watermark == 1
+
+
+def test_results_never_time_out_by_default_under_at_least_once() -> None:
+    from streamproc.output.sink import producer_settings
+
+    assert producer_settings({})["message.timeout.ms"] == 0  # 0: librdkafka never expires
+    assert producer_settings({"message.timeout.ms": 5000})["message.timeout.ms"] == 5000
+    # transactional: librdkafka bounds it by transaction.timeout.ms (a timeout aborts)
+    assert "message.timeout.ms" not in producer_settings({}, "tx-1")
