@@ -7,7 +7,8 @@ Cooperative-sticky, incremental:
   a partition's pause state across revoke/re-assign; we never rely on it).
 * revoke: drop the revoked rings, wait (bounded by ``revoke_timeout_s``) for their in-flight
   batches, commit their watermarks synchronously, forget them.
-* lost: drop and forget without committing.
+* lost: drop and forget without committing; under exactly-once the open transaction, which may
+  hold their results, aborts, and the partitions still assigned rewind.
 * rewind (exactly-once, after an abort): every assigned partition restarts from its committed
   offset with a fresh ring and generation (results of the old generation are dropped).
 
@@ -207,8 +208,10 @@ class RebalanceHandler:
             if lane is not None:
                 lane.revoke([tp])
         self._forget(tps, "lost")
-        consumer.incremental_unassign(partitions)
         log.warning("partitions lost", partitions=_names(tps))
+        if self._committer.abandon() and self._assignment.assigned:
+            self.rewind(consumer)
+        consumer.incremental_unassign(partitions)
 
     def rewind(self, consumer: ConsumerClient) -> None:
         """After an aborted transaction: every assigned partition restarts from its committed

@@ -259,6 +259,10 @@ class OffsetTracker:
             self._cond.notify_all()
 
 
+# The abort reason of a transaction aborted because partitions were lost.
+LOST = "partitions_lost"
+
+
 class Committer(Protocol):
     """Turns the tracker's watermarks into commits; called on the source thread only."""
 
@@ -277,6 +281,12 @@ class Committer(Protocol):
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         """``tps`` were revoked or lost: drop what the committer keeps about them."""
+        ...
+
+    def abandon(self) -> bool:
+        """Partitions were lost (already forgotten by the tracker): drop uncommitted work of
+        theirs that would otherwise commit; True when work of the partitions still assigned
+        was dropped with it (the caller must rewind them)."""
         ...
 
 
@@ -338,6 +348,11 @@ class AtLeastOnceCommitter:
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         """Nothing kept per partition."""
+
+    def abandon(self) -> bool:
+        """Nothing to drop: results already sent stay (their inputs come again: duplicates,
+        which at-least-once allows). Always False."""
+        return False
 
     def _failed(self, candidates: dict[TopicPartition, int], exc: object) -> None:
         self._metrics.commit_failures.inc()
@@ -460,3 +475,22 @@ class TransactionalCommitter:
         """Revoked or lost: the refusals remembered for ``tps`` go (their next owner learns
         for itself)."""
         self._refusals.forget(tps)
+
+    def abandon(self) -> bool:
+        """Lost partitions: abort the open transaction, which may hold their results (their
+        offsets are forgotten, so a commit would carry those results without them: the inputs
+        come again from the committed offsets and their results would commit twice). Every
+        current generation ends first, as after any abort. Counted as
+        ``transaction_aborts_total{reason="partitions_lost"}``, never as a fruitless abort.
+
+        Returns:
+            True when a transaction was aborted: the caller rewinds the partitions still
+            assigned.
+        """
+        with self._transactions.lock:
+            if not self._transactions.open:
+                return False  # nothing sent since the last commit
+            self._tracker.retire()
+            self._transactions.abandon(LOST)
+        self._metrics.transaction_aborts.labels(LOST).inc()
+        return True

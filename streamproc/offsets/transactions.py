@@ -123,7 +123,8 @@ class Transactions:
         self._renew = renew
         self._limit_s = timeout_s + grace_s
         self.renewals = 0
-        self._renewed: str | None = None  # why the last abort replaced the producer
+        # why the last abort replaced the producer, or the reason it was asked for
+        self._renewed: str | None = None
         # a fatal error the sink's poll raised (any thread sets it; the next commit acts)
         self.fatal_error: KafkaError | None = None
         self.lock = threading.RLock()
@@ -144,8 +145,14 @@ class Transactions:
         producer.init_transactions(timeout_s)  # fences older instances, aborts their txn
 
     @property
+    def open(self) -> bool:
+        """Whether a transaction is open (read it under :attr:`lock` to act on it)."""
+        return self._open
+
+    @property
     def abort_reason(self) -> str:
-        """Why the last transaction aborted: the error's name, :data:`WEDGED` or unknown."""
+        """Why the last transaction aborted: the error's name, :data:`WEDGED`, the reason given
+        to :meth:`abandon`, or unknown."""
         if self._renewed is not None:
             return self._renewed
         return "unknown" if self.abort_error is None else self.abort_error.name()
@@ -259,9 +266,12 @@ class Transactions:
             ) from None
         self._replace(f"fatal producer error: {err.str()}", err.name())
 
-    def _abort(self, err: KafkaError) -> None:
-        """Abort the open transaction because of ``err`` (the caller holds the lock)."""
-        log.warning("aborting transaction", error=err.str(), code=err.name())
+    def _abort(self, err: KafkaError | None, reason: str | None = None) -> None:
+        """Abort the open transaction because of ``err`` or, without one, ``reason`` (the
+        caller holds the lock)."""
+        why = reason if err is None else err.name()
+        if err is not None:
+            log.warning("aborting transaction", error=err.str(), code=err.name())
         try:
             self._retrying(
                 "abort_transaction", lambda: self._producer.abort_transaction(self._timeout_s)
@@ -274,13 +284,13 @@ class Transactions:
             if failed.fatal():
                 self._fatal(failed)
             else:
-                self._replace(f"abort failed: {failed.str()}", err.name())
+                self._replace(f"abort failed: {failed.str()}", str(why))
             return
         self._open = False
         self.failed = self.must_abort = None
         self.aborts += 1
         self.abort_error = err
-        self._renewed = None
+        self._renewed = reason
 
     def _replace(self, why: str, reason: str) -> None:
         """The producer cannot go on (``why``): take a fresh one whose ``init_transactions``
@@ -307,6 +317,23 @@ class Transactions:
         self.aborts += 1
         self.abort_error = None
         self._renewed = reason
+
+    def abandon(self, reason: str) -> bool:
+        """Abort the open transaction on purpose (``reason``, e.g. its partitions were lost),
+        as after a failed commit: retried, and a producer whose abort fails is replaced.
+
+        Returns:
+            False when no transaction was open.
+
+        Raises:
+            FatalPipelineError: the abort failed and the producer could not be replaced.
+        """
+        with self.lock:
+            if not self._open:
+                return False
+            log.warning("aborting transaction", reason=reason)
+            self._abort(None, reason)
+            return True
 
     def abort(self) -> None:
         """Abort the open transaction, if any (the pipeline is stopping without a clean drain;

@@ -35,6 +35,7 @@ class Harness:
         messages: int,
         guarantee: Callable[[OffsetTracker, Metrics], Guarantee] | None = None,
         revoke_timeout_s: float = 10.0,
+        partitions: int = 1,
     ) -> None:
         self.config = load_config(
             overrides={
@@ -52,7 +53,12 @@ class Harness:
         self.lane = Lane(
             "in", PartitionBuffers(8, 0.75, 0.25), Batcher(4, 1 << 30, 0.0), self.tracker
         )
-        self.consumer = FakeConsumer({TP: [b"%d" % i for i in range(messages)]})
+        self.consumer = FakeConsumer(
+            {
+                TopicPartition("in", p): [b"%d" % i for i in range(messages)]
+                for p in range(partitions)
+            }
+        )
         self.clock = FakeClock()
         self.fatal: list[BaseException] = []
         self.source = Source(
@@ -85,8 +91,8 @@ class Harness:
         self.source.apply(batch.flow)
         return batch
 
-    def count(self, name: str) -> float | None:
-        return self.metrics.registry.get_sample_value(name)
+    def count(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
 
     def in_ring(self) -> float:
         return self.lane.fill_ratios().get(TP, 0.0) * 8
@@ -218,6 +224,44 @@ def test_the_rewind_after_an_abort_retries_a_coordinator_that_moved() -> None:
     assert h.consumer.calls_named("seek")[-1] == (TP, 2)  # back to the committed offset
     h.poll()
     assert [r.offset for r in h.cut().records] == [2, 3, 4, 5]  # processed again
+
+
+def test_lost_partitions_abort_the_open_transaction_that_holds_their_results() -> None:
+    # faults run L (streamproc cut off from the group coordinator's broker for 30 s): the
+    # session timed out while the open transaction held results of the lost partition; they
+    # stayed in it, the next commit carried them without their offsets, the partition was
+    # fetched again from its committed offset: one result twice under read_committed
+    producer = FakeProducer()
+    h = Harness(6, guarantee=_exactly_once(producer))
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    batch = h.cut().records
+    assert all(h.guarantee.send(r, lambda: None) for r in batch[:2])  # in the transaction
+    h.consumer.schedule_lost([TP])
+    h.poll()
+    assert producer.calls[-1] == "abort_transaction"  # their results never commit
+    assert "commit_transaction" not in producer.calls
+    assert h.count("streamproc_transaction_aborts_total", reason="partitions_lost") == 1
+    assert h.guarantee.send(batch[2], lambda: None) is False  # a late result is not produced
+    h.consumer.schedule_assign([TP])
+    h.poll(advance_s=1.5)
+    assert [r.offset for r in h.cut().records] == [0, 1, 2, 3]  # fetched again, sent once
+
+
+def test_lost_partitions_rewind_the_ones_still_assigned_when_their_work_was_aborted() -> None:
+    producer = FakeProducer()
+    other = TopicPartition("in", 1)
+    h = Harness(6, guarantee=_exactly_once(producer), partitions=2)
+    h.consumer.committed_offsets[other] = 2
+    h.consumer.schedule_assign([TP, other])
+    h.poll()
+    batch = h.cut().records + h.cut().records
+    assert {r.tp.partition for r in batch} == {0, 1}  # both partitions' work in the transaction
+    assert all(h.guarantee.send(r, lambda: None) for r in batch)
+    h.consumer.schedule_lost([TP])
+    h.poll()
+    assert producer.calls[-1] == "abort_transaction"
+    assert h.consumer.calls_named("seek")[-1] == (other, 2)  # its aborted work comes again
 
 
 def test_a_retriable_send_offsets_error_is_retried_not_fatal() -> None:
