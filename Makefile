@@ -66,12 +66,16 @@ test: venv kafka-jars lint tools
 	$(PY) -m pytest -m "not slow and not faults" $(PYTEST_ARGS)
 
 # Deployment tooling (helm, kubeconform, hadolint, schemas) under $(CACHE)/tools; see deploy/tools.sh.
-.PHONY: tools lint-deploy compose-test images engine
+.PHONY: tools lint-deploy shellcheck compose-test images engine
 tools:
 	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/tools.sh >/dev/null
 
 lint-deploy: tools
 	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/lint.sh
+
+# shellcheck (pinned) on every shell script of the repository; the one list: deploy/shellcheck.sh.
+shellcheck: tools
+	PYTHON=$(PYTHON) STREAMPROC_CACHE_DIR=$(CACHE) deploy/shellcheck.sh
 
 # A Docker engine with the compose v2 plugin: installed and started when missing (root on Debian),
 # otherwise named (deploy/engine.sh).

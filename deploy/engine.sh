@@ -19,8 +19,10 @@ PLUGIN_DIR=/usr/local/lib/docker/cli-plugins
 CACHE="${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}"
 DOCKERD_LOG=/var/log/streamproc-dockerd.log
 
-log() { printf 'engine: %s\n' "$*" >&2; }
-missing() { log "MISSING: $*"; exit 1; }
+LOG_PREFIX=engine:
+# shellcheck source=deploy/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+missing() { die_as MISSING "$@"; }
 is_root() { [[ "$(id -u)" == 0 ]]; }
 
 # --- 1. packages --------------------------------------------------------------------------------
@@ -36,11 +38,7 @@ if ! docker info >/dev/null 2>&1; then
     log "starting dockerd (log: $DOCKERD_LOG) ..."
     setsid dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
   fi
-  deadline=$((SECONDS + 60))
-  until docker info >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || missing "dockerd did not answer within 60 s; see $DOCKERD_LOG"
-    sleep 0.5
-  done
+  poll 60 quiet docker info || missing "dockerd did not answer within 60 s; see $DOCKERD_LOG"
   log "dockerd answers"
 fi
 
@@ -49,16 +47,16 @@ if ! docker compose version 2>/dev/null | grep -q "${COMPOSE_VERSION#v}"; then
   is_root || missing "the docker compose v2 plugin ($PLUGIN_DIR/docker-compose)"
   command -v go >/dev/null || missing "Go (to build the compose plugin from the module proxy)"
   log "building docker compose $COMPOSE_VERSION from the Go module proxy (first time only) ..."
-  gobin="$(mktemp -d)"
+  declare gobin
+  temp_dir gobin
   (
-    export GOBIN="$gobin" GOMODCACHE="$CACHE/engine/go/mod" GOCACHE="$CACHE/engine/go/build"
-    export GOFLAGS="-modcacherw -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
+    go_caches "$CACHE/engine/go"
+    export GOBIN="$gobin"
     go install -trimpath \
       -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$COMPOSE_VERSION" \
       "github.com/docker/compose/v2/cmd@$COMPOSE_VERSION"
   )
   mkdir -p "$PLUGIN_DIR"
   install -m 0755 "$gobin/cmd" "$PLUGIN_DIR/docker-compose"
-  rm -rf "$gobin"
   docker compose version >&2
 fi

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Lints and validates every deployment artefact offline (`make lint-deploy`):
-#   hadolint (Dockerfile), shellcheck (deploy scripts), the Compose files against the Compose
-#   Specification schema (+ referenced files exist), and for every values file in deploy/helm/ci:
-#   `helm lint --strict` and `helm template | kubeconform -strict` for each Kubernetes version in
-#   KUBE_VERSIONS (oldest the chart supports and newest with bundled schemas), CRDs included.
+#   hadolint (Dockerfile), shellcheck (every shell script: deploy/shellcheck.sh), the Compose
+#   files against the Compose Specification schema (+ referenced files exist), and for every
+#   values file in deploy/helm/ci: `helm lint --strict` and `helm template | kubeconform -strict`
+#   for each Kubernetes version in KUBE_VERSIONS (oldest the chart supports and newest with
+#   bundled schemas), CRDs included.
 # tests/deploy runs the same checks plus assertions on the rendered manifests.
 set -euo pipefail
 
@@ -22,8 +23,7 @@ run() {
 
 run "$HADOLINT" Dockerfile
 echo "hadolint: Dockerfile clean"
-run "$SHELLCHECK" deploy/tools.sh deploy/lint.sh deploy/compose/compose-test.sh deploy/compose/create-topics.sh \
-  deploy/k8s/build.sh deploy/k8s/cluster.sh deploy/k8s/k8s-test.sh
+SHELLCHECK="$SHELLCHECK" run deploy/shellcheck.sh
 echo "shellcheck: clean"
 run "$TOOLS_PYTHON" deploy/validate_compose.py --schema "$COMPOSE_SCHEMA" \
   docker-compose.yml deploy/compose/docker-compose.gpu.yml

@@ -9,7 +9,9 @@
 # Used by deploy/engine.sh (the Docker engine) and `make test-faults` (iptables, for the cut).
 set -euo pipefail
 
-log() { printf 'packages: %s\n' "$*" >&2; }
+LOG_PREFIX=packages:
+# shellcheck source=deploy/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 want=()
 for pair in "$@"; do
@@ -18,8 +20,7 @@ done
 ((${#want[@]} > 0)) || exit 0
 mapfile -t want < <(printf '%s\n' "${want[@]}" | sort -u)
 if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
-  log "MISSING: ${want[*]} (install them: apt-get install ${want[*]})"
-  exit 1
+  die_as MISSING "${want[*]} (install them: apt-get install ${want[*]})"
 fi
 log "installing ${want[*]} with apt-get ..."
 export DEBIAN_FRONTEND=noninteractive

@@ -28,6 +28,9 @@ PY_TOOLS=(
 )
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOG_PREFIX=tools:
+# shellcheck source=deploy/lib.sh
+source "$ROOT/deploy/lib.sh"
 # KEDA_VERSION (the CRD schemas match the operator that `make k8s-test` runs) and the cluster's
 # versions live in one place.
 # shellcheck source=/dev/null
@@ -44,14 +47,8 @@ mkdir -p "$BIN" "$SCHEMAS"
 exec 9>"$TOOLS/.lock"
 flock 9
 
+go_caches "$TOOLS/go"
 export GOBIN="$BIN"
-export GOMODCACHE="$TOOLS/go/mod"
-export GOCACHE="$TOOLS/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
-export GOTOOLCHAIN=local
-export CGO_ENABLED=0
-
-log() { printf 'tools: %s\n' "$*" >&2; }
 
 # True when BINARY was built from MODULE at VERSION (read from the Go build info).
 built_at() {

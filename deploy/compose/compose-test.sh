@@ -23,6 +23,9 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+LOG_PREFIX='[compose-test]'
+# shellcheck source=deploy/lib.sh
+source deploy/lib.sh
 export COMPOSE_PROJECT_NAME="${COMPOSE_PROJECT_NAME:-streamproc-compose-test}"
 export VIDEO_MESSAGES="${VIDEO_MESSAGES:-60}"
 export IOT_MESSAGES="${IOT_MESSAGES:-120}"
@@ -46,11 +49,6 @@ ALERTS=(StreamprocConsumerLagGrowing StreamprocDeadLettering StreamprocCommitFai
   StreamprocNotReady)
 
 compose() { docker compose -f docker-compose.yml "$@"; }
-log() { printf '[compose-test] %s\n' "$*" >&2; }
-fail() {
-  log "FAIL: $*"
-  exit 1
-}
 # The checks in deploy/compose/check_stack.py, run by the consumer container's own Python.
 check() { compose exec -T streamproc python - "$@" <deploy/compose/check_stack.py; }
 dangling() { docker images --filter dangling=true --quiet --no-trunc | sort; }
@@ -74,15 +72,14 @@ run_containers=()
 
 status=1
 cleanup() {
-  local rc=$? leftovers
-  set +e
+  local leftovers
   if [[ $status -ne 0 ]]; then
     log "logs of the failed run:"
     compose logs --no-color --tail 150 >&2
   fi
   if [[ "${KEEP:-0}" == 1 ]]; then
     log "KEEP=1: leaving the stack up (docker compose -p $COMPOSE_PROJECT_NAME down -v)"
-    exit "$rc"
+    return
   fi
   ((${#run_containers[@]} == 0)) || docker rm -f "${run_containers[@]}" >/dev/null 2>&1 || true
   compose down --volumes --remove-orphans --timeout 60 >/dev/null 2>&1
@@ -92,25 +89,20 @@ cleanup() {
   leftovers+=" $(comm -13 <(printf '%s\n' "$dangling_before") <(dangling) | tr '\n' ' ')"
   if [[ -n "${leftovers// /}" ]]; then
     log "FAIL: the run left containers/networks/volumes/dangling images behind: $leftovers"
-    exit 1
+    EXIT_STATUS=1
+    return
   fi
   log "teardown: no container, network, volume or dangling image of the run is left"
   if [[ $status -eq 0 ]]; then
     log "PASS in $((SECONDS - started)) s"
   fi
-  exit "$rc"
 }
-trap cleanup EXIT
+at_exit cleanup
 
-# Retries COMMAND (its stdout discarded) until it succeeds or TIMEOUT_S passes.
+# Retries COMMAND (its stdout discarded) every second until it succeeds or TIMEOUT_S passes.
 wait_for() {
-  local what="$1" deadline=$((SECONDS + TIMEOUT_S))
-  shift
-  until "$@" >/dev/null; do
-    ((SECONDS < deadline)) || fail "timed out after ${TIMEOUT_S}s waiting for $what"
-    sleep 1
-  done
-  log "ok: $what"
+  WAIT_INTERVAL_S=1 wait_until "$1" "$TIMEOUT_S" "${@:2}"
+  log "ok: $1"
 }
 
 kafka_cli() {
@@ -136,7 +128,7 @@ replayer_done() {
   state="$(docker inspect --format '{{.State.Status}} {{.State.ExitCode}}' "$id")"
   case "$state" in
     "exited 0") return 0 ;;
-    exited*) fail "replayer $id exited with code ${state#exited }" ;;
+    exited*) die "replayer $id exited with code ${state#exited }" ;;
     *) return 1 ;;
   esac
 }
@@ -172,24 +164,24 @@ found=()
 for pkg in $FORBIDDEN_PACKAGES; do
   [[ " $installed " == *" $pkg "* ]] && found+=("$pkg")
 done
-((${#found[@]} == 0)) || fail "$STREAMPROC_IMAGE ships test/dev packages: ${found[*]}"
-[[ "${STREAMPROC_VARIANT:-cpu}" != cpu || " $installed " != *" triton "* ]] || fail "the CPU image ships triton"
+((${#found[@]} == 0)) || die "$STREAMPROC_IMAGE ships test/dev packages: ${found[*]}"
+[[ "${STREAMPROC_VARIANT:-cpu}" != cpu || " $installed " != *" triton "* ]] || die "the CPU image ships triton"
 log "ok: $(wc -w <<<"$installed") packages in $STREAMPROC_IMAGE, none of: $(tr -s ' \n' ' ' <<<"$FORBIDDEN_PACKAGES")"
 tools="$(docker run --rm --entrypoint sh "$STREAMPROC_IMAGE" -c 'id -u; command -v gcc cc make pip apt-get || true')"
-[[ "$tools" == 10001 ]] || fail "$STREAMPROC_IMAGE: expected uid 10001 and no gcc/cc/make/pip/apt-get, got: $tools"
+[[ "$tools" == 10001 ]] || die "$STREAMPROC_IMAGE: expected uid 10001 and no gcc/cc/make/pip/apt-get, got: $tools"
 log "ok: runs as uid 10001, no compiler, no pip, no apt-get"
 
 rules=(docker run --rm -w /rules -v "$PWD/deploy/compose/prometheus:/rules:ro" --entrypoint promtool
   "${PROMETHEUS_IMAGE:-prom/prometheus:v3.5.0}")
-"${rules[@]}" check rules alerts.yml >/dev/null || fail "promtool check rules alerts.yml"
-"${rules[@]}" test rules alerts.test.yml >/dev/null || fail "promtool test rules alerts.test.yml"
+"${rules[@]}" check rules alerts.yml >/dev/null || die "promtool check rules alerts.yml"
+"${rules[@]}" test rules alerts.test.yml >/dev/null || die "promtool test rules alerts.test.yml"
 log "ok: promtool check rules + test rules (lag and stalled-partition alerts)"
 
 # --- 2. the stack, a clean replay ---------------------------------------------------------------
 log "starting ${services[*]} (project $COMPOSE_PROJECT_NAME) ..."
 compose up --detach --no-build "${services[@]}" >/dev/null 2>&1 || {
   compose up --detach --no-build "${services[@]}"
-  fail "docker compose up"
+  die "docker compose up"
 }
 wait_for "streamproc ready (/readyz)" ready
 for replayer in replay-video replay-iot replay-trades; do
@@ -197,11 +189,11 @@ for replayer in replay-video replay-iot replay-trades; do
 done
 expected=$((VIDEO_MESSAGES + IOT_MESSAGES + TRADES_MESSAGES))
 check verify --expect-inputs "$expected" --timeout-s "$TIMEOUT_S" ||
-  fail "replay: missing or duplicate results, or commits behind"
+  die "replay: missing or duplicate results, or commits behind"
 log "ok: $expected messages: 0 missing, 0 duplicates, committed == end offsets"
 sample="$(kafka_cli kafka-console-consumer.sh --topic trades.scores --from-beginning \
   --max-messages 1 --timeout-ms 20000 2>/dev/null)"
-grep -q '"score"' <<<"$sample" || fail "trades.scores: unexpected record: $sample"
+grep -q '"score"' <<<"$sample" || die "trades.scores: unexpected record: $sample"
 log "ok: sample result $sample"
 
 wait_for "the consumer's healthcheck is healthy" healthy
@@ -211,13 +203,13 @@ read -r user ro caps secopt <<<"$(docker inspect --format \
 inside="$(compose exec -T streamproc sh -c \
   'id -u; grep CapEff /proc/self/status | cut -f2; touch /opt/x 2>/dev/null && echo writable || echo read-only')"
 [[ "$user" == 10001:10001 && "$ro" == true && "$caps" == ALL && "$secopt" == *no-new-privileges* ]] ||
-  fail "consumer container: user=$user read_only=$ro cap_drop=$caps security_opt=$secopt"
+  die "consumer container: user=$user read_only=$ro cap_drop=$caps security_opt=$secopt"
 [[ "$(tr '\n' ' ' <<<"$inside")" == "10001 0000000000000000 read-only " ]] ||
-  fail "inside the consumer: $(tr '\n' ' ' <<<"$inside")"
+  die "inside the consumer: $(tr '\n' ' ' <<<"$inside")"
 log "ok: consumer healthy, uid 10001, read-only root filesystem, no capabilities, no-new-privileges"
 
 check prometheus http://prometheus:9090 "${ALERTS[@]}" --timeout-s "$TIMEOUT_S" ||
-  fail "Prometheus does not scrape streamproc or lacks the alert rules"
+  die "Prometheus does not scrape streamproc or lacks the alert rules"
 log "ok: Prometheus scrapes streamproc and has loaded the ${#ALERTS[@]} alert rules"
 if [[ " ${services[*]} " == *" grafana "* ]]; then
   grafana_has_dashboard() {
@@ -232,13 +224,11 @@ restarts="$(docker inspect --format '{{.RestartCount}}' "$cid")"
 target=$(($(end_offsets trades.scores) + 300))
 replayer="$(replay_trades kill "$KILL_MESSAGES")"
 wait_for "results flowing (trades.scores >= $target)" output_grew "$target"
-running "$replayer" || fail "the replay ended before the kill: raise KILL_MESSAGES"
+running "$replayer" || die "the replay ended before the kill: raise KILL_MESSAGES"
 docker kill "$cid" >/dev/null
 log "docker kill: consumer killed mid-replay at $(end_offsets trades.scores) trades results"
 restarted() { running "$cid" && (($(docker inspect --format '{{.RestartCount}}' "$cid") > restarts)); }
-deadline=$((SECONDS + 20))
-until restarted || ((SECONDS > deadline)); do sleep 0.5; done
-if restarted; then
+if poll 20 restarted; then
   log "ok: the restart policy restarted the consumer"
 else
   docker start "$cid" >/dev/null
@@ -248,7 +238,7 @@ wait_for "the kill-phase replayer finished" replayer_done "$replayer"
 docker rm "$replayer" >/dev/null
 expected=$((expected + KILL_MESSAGES))
 check verify --allow-duplicates --expect-inputs "$expected" --timeout-s "$TIMEOUT_S" ||
-  fail "after docker kill + restart: results missing or commits behind"
+  die "after docker kill + restart: results missing or commits behind"
 log "ok: after docker kill + restart: $expected messages, 0 missing, committed == end offsets"
 
 # --- 4. docker compose stop mid-replay: graceful drain ------------------------------------------
@@ -260,7 +250,7 @@ stop_started=$SECONDS
 compose stop streamproc >/dev/null 2>&1
 stop_s=$((SECONDS - stop_started))
 code="$(docker inspect --format '{{.State.ExitCode}}' "$cid")"
-((code == 0 && stop_s < grace)) || fail "docker stop: exit code $code after ${stop_s}s (grace ${grace}s)"
+((code == 0 && stop_s < grace)) || die "docker stop: exit code $code after ${stop_s}s (grace ${grace}s)"
 log "ok: docker stop mid-replay: graceful drain, exit 0 after ${stop_s}s (grace period ${grace}s)"
 wait_for "the stop-phase replayer finished" replayer_done "$replayer"
 docker rm "$replayer" >/dev/null
@@ -268,7 +258,7 @@ compose start streamproc >/dev/null 2>&1
 wait_for "streamproc ready again" ready
 expected=$((expected + STOP_MESSAGES))
 check verify --allow-duplicates --expect-inputs "$expected" --timeout-s "$TIMEOUT_S" ||
-  fail "after docker stop + start: results missing or commits behind"
+  die "after docker stop + start: results missing or commits behind"
 log "ok: after docker stop + start: $expected messages, 0 missing, committed == end offsets"
 
 status=0

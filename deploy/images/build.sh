@@ -15,7 +15,8 @@
 # is made once (REBUILD_BASE=1 remakes it). Works with the legacy builder and with BuildKit
 # (DOCKER_BUILDKIT=1 and Debian's /usr/bin/docker).
 #
-# Network: Debian packages from DEBIAN_MIRROR, PyPI through pip (PIP_INDEX_URL when set on the
+# Network: Debian packages from the host's own Debian mirror (its apt sources; DEBIAN_MIRROR
+# overrides it: deploy/images/debian-mirror.sh), PyPI through pip (PIP_INDEX_URL when set on the
 # host, else pip's default), Maven Central through mvn. The host's extra CA certificates
 # (/usr/local/share/ca-certificates/*.crt, e.g. of a TLS-inspecting proxy) are handed to the pip
 # step of the build through deploy/docker/ca-certificates/ (git-ignored); they never reach the
@@ -29,7 +30,6 @@ PYTHON="${PYTHON:-python3.11}"
 # streamproc.tools.kafka_local.
 VENV_PYTHON="${VENV_PYTHON:-$ROOT/.venv/bin/python}"
 DEBIAN_SUITE="${DEBIAN_SUITE:-bookworm}"
-DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 DEBIAN_IMAGE="${DEBIAN_IMAGE:-streamproc/debian:$DEBIAN_SUITE}"
 STREAMPROC_BASE_IMAGE="${STREAMPROC_BASE_IMAGE:-streamproc/python:3.11-$DEBIAN_SUITE}"
 KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.1.1}"
@@ -37,7 +37,9 @@ PROMETHEUS_IMAGE="${PROMETHEUS_IMAGE:-streamproc/prometheus:2.42}"
 STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
 STREAMPROC_CUDA_IMAGE="${STREAMPROC_CUDA_IMAGE:-streamproc:cuda}"
 
-log() { printf 'images: %s\n' "$*" >&2; }
+LOG_PREFIX=images:
+# shellcheck source=deploy/lib.sh
+source "$ROOT/deploy/lib.sh"
 exists() { docker image inspect "$1" >/dev/null 2>&1; }
 image_id() { docker image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
 
@@ -66,10 +68,12 @@ base() {
     log "$DEBIAN_IMAGE exists"
   else
     command -v debootstrap >/dev/null || { log "debootstrap is missing (apt-get install debootstrap)"; exit 1; }
-    local rootfs
+    local rootfs mirror
+    mirror="$("$HERE/debian-mirror.sh" "$DEBIAN_SUITE")" || exit 1
+    # Not a temp_dir (removed at exit): after a failed debootstrap it may still hold mounts.
     rootfs="$(mktemp -d /var/tmp/streamproc-rootfs.XXXXXX)"
-    log "debootstrap --variant=minbase $DEBIAN_SUITE from $DEBIAN_MIRROR (about a minute) ..."
-    debootstrap --variant=minbase "$DEBIAN_SUITE" "$rootfs" "$DEBIAN_MIRROR" >"$rootfs.log" 2>&1 || {
+    log "debootstrap --variant=minbase $DEBIAN_SUITE from $mirror (about a minute) ..."
+    debootstrap --variant=minbase "$DEBIAN_SUITE" "$rootfs" "$mirror" >"$rootfs.log" 2>&1 || {
       tail -20 "$rootfs.log" >&2
       exit 1
     }
@@ -95,7 +99,7 @@ kafka() {
   local libs context
   libs="$("$VENV_PYTHON" -c \
     'from streamproc.tools.kafka_local import ensure_kafka_jars; print(ensure_kafka_jars(tools=True))')"
-  context="$(mktemp -d /var/tmp/streamproc-kafka.XXXXXX)"
+  temp_dir context /var/tmp/streamproc-kafka.XXXXXX
   cp -r "$HERE/kafka/." "$context/"
   cp -r "$libs" "$context/libs"
   rm -f "$context/libs/.complete"

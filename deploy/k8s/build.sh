@@ -18,23 +18,21 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOG_PREFIX='[k8s-build]'
+# shellcheck source=deploy/lib.sh
+source "$HERE/../lib.sh"
 # shellcheck source=/dev/null
 source "$HERE/versions.env"
 CACHE="${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}"
 K8S_CACHE="$CACHE/k8s"
 mkdir -p "$K8S_CACHE"
 
-export GOMODCACHE="$K8S_CACHE/go/mod"
-export GOCACHE="$K8S_CACHE/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
-export GOTOOLCHAIN=local
+go_caches "$K8S_CACHE/go"
 
 KUBE_DIR="$K8S_CACHE/kubernetes-$KUBERNETES_VERSION"
 ETCD_DIR="$K8S_CACHE/etcd-$ETCD_VERSION"
 CNI_DIR="$K8S_CACHE/cni-$CNI_PLUGINS_VERSION"
 KEDA_DIR="$K8S_CACHE/keda-$KEDA_VERSION"
-
-log() { printf '[k8s-build] %s\n' "$*" >&2; }
 
 # The local directory of MODULE@VERSION (downloaded through the proxy when missing).
 module_dir() {

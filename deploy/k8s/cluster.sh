@@ -18,6 +18,9 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOG_PREFIX='[k8s]'
+# shellcheck source=deploy/lib.sh
+source "$HERE/../lib.sh"
 # shellcheck source=/dev/null
 source "$HERE/versions.env"
 CACHE="${STREAMPROC_CACHE_DIR:-$HOME/.cache/streamproc}"
@@ -39,9 +42,6 @@ SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops net.bridge.bridg
   net.bridge.bridge-nf-call-ip6tables net.ipv4.ip_forward)
 STARTUP_TIMEOUT_S="${STARTUP_TIMEOUT_S:-120}"
 
-log() { printf '[k8s] %s\n' "$*" >&2; }
-die() { log "FAIL: $*"; exit 1; }
-
 binaries() {
   local env_file
   env_file="$("$HERE/build.sh" cluster)"
@@ -52,17 +52,6 @@ binaries() {
 
 kubectl() { command kubectl --kubeconfig "$STATE/admin.conf" "$@"; }
 ctr_k8s() { ctr --address "$SOCK" --namespace k8s.io "$@"; }
-
-# Polls COMMAND until it succeeds or TIMEOUT seconds pass.
-wait_until() {
-  local what="$1" timeout="$2" deadline
-  shift 2
-  deadline=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || die "timed out after ${timeout}s waiting for $what"
-    sleep 0.5
-  done
-}
 
 # Starts NAME (a host process) in its own session, logging to $STATE/logs/NAME.log.
 start() {
@@ -214,12 +203,11 @@ certificates() {
 pause_image() {
   ctr_k8s images check "name==$PAUSE_IMAGE" 2>/dev/null | grep -q complete && return
   local dir
-  dir="$(mktemp -d)"
+  temp_dir dir
   cp "$PAUSE_BIN" "$dir/pause"
   printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' >"$dir/Dockerfile"
   docker build --quiet --tag "$PAUSE_IMAGE" "$dir" >"$dir/build.log" 2>&1 ||
     { cat "$dir/build.log" >&2; die "docker build of the pause image failed"; }
-  rm -rf "$dir"
   docker save "$PAUSE_IMAGE" | ctr_k8s images import - >/dev/null
 }
 
@@ -273,7 +261,7 @@ up() {
   done
 
   start containerd containerd --config "$STATE/containerd.toml"
-  wait_until "containerd" 30 ctr_k8s version
+  wait_until "containerd" 30 quiet ctr_k8s version
   pause_image
   start etcd etcd --name "$NODE_NAME" --data-dir "$STATE/etcd" \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
@@ -299,7 +287,7 @@ up() {
     --proxy-client-cert-file "$pki/front-proxy-client.crt" \
     --proxy-client-key-file "$pki/front-proxy-client.key" \
     --enable-aggregator-routing --profiling=false
-  wait_until "the API server" "$STARTUP_TIMEOUT_S" kubectl get --raw /readyz
+  wait_until "the API server" "$STARTUP_TIMEOUT_S" quiet kubectl get --raw /readyz
   # kubeadm's apiserver-kubelet-client certificate is in group kubeadm:cluster-admins, which
   # `kubeadm init` binds to cluster-admin (kubectl exec/logs go through it).
   kubectl create clusterrolebinding kubeadm:cluster-admins --clusterrole cluster-admin \
@@ -320,8 +308,8 @@ up() {
     --root-dir "$STATE/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP"
   start kube-proxy kube-proxy --config "$STATE/kube-proxy.yaml"
   wait_until "node $NODE_NAME Ready" "$STARTUP_TIMEOUT_S" \
-    kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
-  wait_until "the default service account" 60 kubectl get serviceaccount default
+    quiet kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
+  wait_until "the default service account" 60 quiet kubectl get serviceaccount default
   log "node $NODE_NAME Ready (Kubernetes $KUBERNETES_VERSION, API https://$NODE_IP:6443)"
 }
 

@@ -21,6 +21,9 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
+LOG_PREFIX='[k8s-test]'
+# shellcheck source=deploy/lib.sh
+source deploy/lib.sh
 HERE=deploy/k8s
 # shellcheck source=/dev/null
 source "$HERE/versions.env"
@@ -39,11 +42,8 @@ case "$K8S_CHECKS" in
     checks+=" uninstall"
     selection=(-k "${checks// / or }")
     ;;
-  *) printf '[k8s-test] K8S_CHECKS must be all or ci, not %s\n' "$K8S_CHECKS" >&2; exit 2 ;;
+  *) log "K8S_CHECKS must be all or ci, not $K8S_CHECKS"; exit 2 ;;
 esac
-
-log() { printf '[k8s-test] %s\n' "$*" >&2; }
-fail() { log "FAIL: $*"; exit 1; }
 
 declare -A took
 phase_start=$SECONDS
@@ -53,14 +53,13 @@ phase() {
   phase_start=$SECONDS
 }
 report_times() {
-  local name total=0
-  printf '[k8s-test] times:' >&2
+  local name times="" total=0
   for name in build images cluster-up load kafka tests teardown; do
     [[ -n "${took[$name]:-}" ]] || continue
-    printf ' %s %ss,' "$name" "${took[$name]}" >&2
+    times+=" $name ${took[$name]}s,"
     total=$((total + took[$name]))
   done
-  printf ' total %ss (%s, K8S_CHECKS=%s)\n' "$total" "$1" "$K8S_CHECKS" >&2
+  log "times:$times total ${total}s ($1, K8S_CHECKS=$K8S_CHECKS)"
 }
 
 # --- 1. binaries ----------------------------------------------------------------------------------
@@ -75,23 +74,22 @@ export PATH="$KUBE_BIN:$PATH" HELM
 phase build
 
 # --- 2. images --------------------------------------------------------------------------------------
-docker info >/dev/null 2>&1 || fail "no Docker engine answers (make images starts one)"
+docker info >/dev/null 2>&1 || die "no Docker engine answers (make images starts one)"
 for image in "$STREAMPROC_IMAGE" "$KAFKA_IMAGE"; do
   docker image inspect "$image" >/dev/null 2>&1 && continue
-  grep -q '^images:' Makefile || fail "no image $image (and no \`make images\` to build it)"
+  grep -q '^images:' Makefile || die "no image $image (and no \`make images\` to build it)"
   log "no image $image: make images ..."
   make images
-  docker image inspect "$image" >/dev/null 2>&1 || fail "make images did not build $image"
+  docker image inspect "$image" >/dev/null 2>&1 || die "make images did not build $image"
 done
 scratch_image() {
   local tag="$1" binary="$2" dir
-  dir="$(mktemp -d)"
+  temp_dir dir
   cp "$binary" "$dir/"
   printf 'FROM scratch\nCOPY %s /%s\nUSER 65532:65532\nENTRYPOINT ["/%s"]\n' \
     "$(basename "$binary")" "$(basename "$binary")" "$(basename "$binary")" >"$dir/Dockerfile"
   docker build --quiet --tag "$tag" "$dir" >"$dir/build.log" 2>&1 ||
-    { cat "$dir/build.log" >&2; fail "docker build of $tag failed"; }
-  rm -rf "$dir"
+    { cat "$dir/build.log" >&2; die "docker build of $tag failed"; }
 }
 keda_images=()
 if [[ "$K8S_CHECKS" == all ]]; then
@@ -104,8 +102,7 @@ phase images
 # --- 3. cluster -------------------------------------------------------------------------------------
 status=1
 cleanup() {
-  local rc=$?
-  ((rc == 0)) || status=1
+  ((EXIT_STATUS == 0)) || status=1
   if [[ "${KEEP:-0}" == 1 ]]; then
     log "KEEP=1: the cluster stays up; $(deploy/k8s/cluster.sh env | tr '\n' ' ')"
     return
@@ -121,10 +118,10 @@ cleanup() {
     log "PASS"
   else
     log "FAIL"
-    exit 1
+    EXIT_STATUS=1
   fi
 }
-trap cleanup EXIT
+at_exit cleanup
 deploy/k8s/cluster.sh up
 eval "$(deploy/k8s/cluster.sh env)"
 phase cluster-up
