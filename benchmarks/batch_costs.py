@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from streamproc.decode.decoders import DecodeThreads, ThreadDecoder
+from streamproc.decode import DecodeThreads, ThreadDecoder
 from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
 from streamproc.device.devices import DeviceLoad
 from streamproc.device.dispatch import Dispatcher

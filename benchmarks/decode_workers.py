@@ -40,8 +40,7 @@ from confluent_kafka.admin import AdminClient
 
 from streamproc import logs
 from streamproc.config import load_config
-from streamproc.decode.decoders import DecodeThreads, ThreadDecoder
-from streamproc.decode.sizing import DecodeSizer, DecodeSizingPolicy
+from streamproc.decode import DecodeSizer, DecodeSizingPolicy, DecodeThreads, ThreadDecoder
 from streamproc.device import StagingPool
 from streamproc.metrics import Metrics
 from streamproc.pipeline import Pipeline

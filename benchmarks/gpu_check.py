@@ -192,7 +192,7 @@ def decode_rates(
     workload: VideoWorkload, frames: list[Record], workers: int, device: torch.device
 ) -> dict[str, float]:
     """Frames/s decoded into staging slabs of 64 rows, per decode mode."""
-    from streamproc.decode.decoders import (
+    from streamproc.decode import (
         DecodeProcesses,
         DecodeThreads,
         LaneSpec,

@@ -27,15 +27,17 @@ import torch
 from confluent_kafka import Consumer, Producer
 
 from streamproc.config import Config, PipelineConfig, Scalar
-from streamproc.decode.decoders import (
+from streamproc.decode import (
     DecodeProcesses,
     Decoder,
+    DecodeRoutePolicy,
+    DecodeSizer,
+    DecodeSizingPolicy,
     DecodeThreads,
     LaneSpec,
     ProcessDecoder,
     ThreadDecoder,
 )
-from streamproc.decode.sizing import DecodeRoutePolicy, DecodeSizer, DecodeSizingPolicy
 from streamproc.device import (
     DeviceResult,
     DeviceWorker,

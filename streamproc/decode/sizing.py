@@ -1,9 +1,9 @@
-"""Self-sizing decode workers (a pure policy and the thread that applies it), and where each
-lane decodes: on the pool or inline on its dispatcher thread (a pure policy per lane).
+"""How many decode workers (threads, or processes with ``worker.decode_mode: process``): a pure
+policy, and the ``decode-sizer`` thread that applies it.
 
-The decode workers (threads, or processes with ``worker.decode_mode: process``) are shared by
-every pipeline of the process. Each decoder reports one :class:`DecodeSample` per batch: how long
-its dispatcher waited for that batch's decode, and with how many workers. Every ``window_s`` the
+The decode workers are shared by every pipeline of the process. Each decoder reports one
+:class:`~streamproc.decode.protocol.DecodeSample` per batch decoded on them: how long its
+dispatcher waited for that batch's decode, and with how many workers. Every ``window_s`` the
 policy looks at the window just closed, per pipeline (lane):
 
 ``share``
@@ -37,43 +37,13 @@ doubles, so a saturated host sees one probe after 30 s, then 60 s, ... at most e
 A noisy host (other jobs on the cores) rarely shows half the ideal gain by chance. A shrink happens
 only when the share expected *after* it is below half the grow threshold, so it cannot make
 the lane decode-bound again unless the load itself doubles. Between the thresholds the count
-holds. Batches of one record (sparse traffic) never grow the pool: one record is one slice.
+holds. Batches of one record (sparse traffic) never add a worker: one record is one slice.
 
 :class:`DecodeSizingPolicy` is pure (no threads, no I/O, injected clock): unit tests drive it
 with a fake clock and fake decode costs. :class:`DecodeSizer` owns one policy and runs it on the
-``decode-sizer`` thread, which alone resizes the pool and sets the metrics
+``decode-sizer`` thread, which alone resizes the decode workers and sets the metrics
 ``streamproc_decode_workers`` and ``streamproc_decode_wait_ratio{topic}``. The sizer sees only
-batches decoded on the pool.
-
-Inline or pool (:class:`DecodeRoutePolicy`, one per lane, owned by the lane's
-:class:`~decode.decoders.ThreadDecoder` on its dispatcher thread). The dispatcher waits for
-its batch's decode either way; the pool costs a submit, a future and a wake-up per slice, and
-GIL contention between slices, and pays only where splitting a batch shortens that wait (a
-decoder that releases the GIL, on free cores). Measured on this machine (decode only, 2
-threads, per record): trades 2.15 us inline against 2.54 on the pool at batches of 256 and 6.2
-against 22 at batches of 4; iot 18.9 against 24.3; video (JPEG + resize; Pillow releases the
-GIL) 2.3 ms inline against 2.3 ms on the pool here, where the model holds the other core. Which
-way wins depends on the decoder, the batch size and the free cores, so the policy measures
-both, per batch, the dispatcher's wait (wall) and the CPU of every thread that decoded::
-
-    probe (both ways, alternating batch by     per record, the median batch's wall and CPU
-      batch, until each way has                of each way: the pool if its wait is shorter by
-      probe_batches (8) batches)               margin (10 %: the split pays); else inline if
-                                               its CPU is lower by the margin (the pool only
-                                               adds hand-offs); else the current way (the
-                                               pool at start)
-    settled (the chosen way only)              probe again after recheck_s (30 s, doubling after
-                                               each probe that kept the way, at most 600 s;
-                                               back to 30 s after a switch), or at once when
-                                               the way's CPU per record reaches drift (2x)
-                                               what it was when chosen (median of
-                                               drift_batches, 64)
-
-Why it does not flap: a switch needs the other way better by the margin over a whole probe,
-and a tie keeps the current way; a lane that keeps its way is probed ever less often (one probe
-costs at most ``probe_batches`` batches the other way). A lane whose decode turns expensive
-(its CPU per record doubles) is probed at once and goes back to the pool where the split
-shortens its wait; there the sizer can give it more workers.
+batches decoded on the decode workers (none decoded inline).
 """
 
 from __future__ import annotations
@@ -84,30 +54,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
+from streamproc.decode.protocol import DecodeSample
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeSample:
-    """One decoded batch, as its decoder saw it.
-
-    Attributes:
-        lane: the pipeline's input topic.
-        items: records in the batch (>= 1).
-        decode_s: wall seconds the dispatcher waited for the batch's decode (every slice).
-        workers: decode workers the pool had when the batch was split into slices.
-    """
-
-    lane: str
-    items: int
-    decode_s: float
-    workers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +102,7 @@ class DecodeSizingPolicy:
             :class:`~streamproc.testing.FakeClock`).
         window_s: seconds per evaluation window.
         grow_share: share at or above which a lane is decode-bound.
-        shrink_share: share expected after a shrink below which the pool shrinks.
+        shrink_share: share expected after a shrink below which one worker is retired.
         min_gain: the least relative rate gain a trial must show to keep its workers (it must
             show half the ideal gain when that is more).
         trial_windows: windows a trial is measured over.
@@ -261,9 +215,9 @@ class DecodeSizingPolicy:
         return Resize(self._workers, f"idle: {where} for {self.idle_windows} windows")
 
     def resized(self, workers: int) -> None:
-        """The pool now has ``workers``: what :meth:`decide` asked for, or fewer when a process
-        failed to start (then growth backs off as after a failed trial). A new window starts
-        at that count."""
+        """The decode workers now number ``workers``: what :meth:`decide` asked for, or fewer
+        when a process failed to start (then growth backs off as after a failed trial). A new
+        window starts at that count."""
         now_s = self._clock()
         if workers < self._workers:
             self._blocked_until_s = now_s + self._backoff_s
@@ -331,11 +285,15 @@ def _next_useful(workers: int, batch_items: int, maximum: int) -> int | None:
     return None
 
 
-class ResizablePool(Protocol):
-    """What :class:`DecodeSizer` needs of the decode pool (threads or processes)."""
+class DecodeWorkers(Protocol):
+    """What :class:`DecodeSizer` needs of the decode workers
+    (:class:`~streamproc.decode.threads.DecodeThreads` or
+    :class:`~streamproc.decode.processes.DecodeProcesses`)."""
 
     @property
-    def workers(self) -> int: ...
+    def workers(self) -> int:
+        """The count running (or wanted) now."""
+        ...
 
     def resize(self, workers: int) -> int:
         """Go to ``workers``; return the count reached."""
@@ -343,33 +301,36 @@ class ResizablePool(Protocol):
 
 
 class DecodeSizer:
-    """Owns a :class:`DecodeSizingPolicy` and applies it to the decode pool.
+    """Owns a :class:`DecodeSizingPolicy` and applies it to the decode workers.
 
     Decoders call :meth:`observe` (any thread; one short lock, a leaf). The ``decode-sizer``
-    thread wakes every ``policy.window_s``, asks the policy, resizes the pool outside the lock
+    thread wakes every ``policy.window_s``, asks the policy, resizes the workers outside the lock
     (starting a decode process takes seconds; dispatchers keep decoding with the workers they
     have meanwhile), then tells the policy the count reached. With ``minimum == maximum`` the
     count never changes and the thread only refreshes the gauges.
 
     Args:
-        pool: the decode threads or processes.
+        workers: the decode threads or processes.
         policy: the sizing policy (owned from now on).
         metrics: ``decode_workers`` and ``decode_wait_ratio`` are set here.
     """
 
-    def __init__(self, pool: ResizablePool, policy: DecodeSizingPolicy, metrics: Metrics) -> None:
-        self._pool = pool
+    def __init__(
+        self, workers: DecodeWorkers, policy: DecodeSizingPolicy, metrics: Metrics
+    ) -> None:
+        self._workers = workers
         self._policy = policy
         self._metrics = metrics
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="decode-sizer", daemon=True)
         self.resizes: deque[Resize] = deque(maxlen=100)  # the latest, for tests and tools
-        metrics.decode_workers.set(pool.workers)
+        metrics.decode_workers.set(workers.workers)
 
     @property
     def workers(self) -> int:
-        return self._pool.workers
+        """The decode workers running now."""
+        return self._workers.workers
 
     def observe(self, sample: DecodeSample) -> None:
         """Record one decoded batch (called by the decoders)."""
@@ -380,13 +341,13 @@ class DecodeSizer:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread (idempotent); the pool itself is closed by its owner."""
+        """Stop the thread (idempotent); the decode workers are closed by their owner."""
         self._stop.set()
         if self._thread.ident is not None:
             self._thread.join(5.0)
 
     def step(self) -> Resize | None:
-        """One evaluation: ask the policy, resize the pool, refresh the gauges."""
+        """One evaluation: ask the policy, resize the decode workers, refresh the gauges."""
         with self._lock:
             decision = self._policy.decide()
             window = dict(self._policy.last_window)
@@ -394,12 +355,12 @@ class DecodeSizer:
             self._metrics.decode_wait_ratio.labels(lane).set(stats.share)
         if decision is None:
             return None
-        before = self._pool.workers
+        before = self._workers.workers
         try:
-            reached = self._pool.resize(decision.workers)
+            reached = self._workers.resize(decision.workers)
         except Exception as exc:  # e.g. a decode process failed to start: keep what we have
             log.error("decode workers resize failed", to=decision.workers, error=repr(exc))
-            reached = self._pool.workers
+            reached = self._workers.workers
         with self._lock:
             self._policy.resized(reached)
         self._metrics.decode_workers.set(reached)
@@ -410,169 +371,3 @@ class DecodeSizer:
     def _run(self) -> None:
         while not self._stop.wait(self._policy.window_s):  # a period, not synchronisation
             self.step()
-
-
-Route = Literal["inline", "pool"]
-"""Where a lane decodes a batch: on its dispatcher thread, or on the decode pool."""
-
-
-@dataclass(frozen=True, slots=True)
-class RouteChange:
-    """A decision: the lane decodes ``route`` from now on; ``reason`` says why (logged)."""
-
-    route: Route
-    reason: str
-
-
-@dataclass(slots=True)
-class _Cost:
-    """Per-record seconds of the batches decoded one way (one value per batch): the
-    dispatcher's wall time and the CPU time of every thread that worked on the batch."""
-
-    wall_s: list[float] = field(default_factory=list)
-    cpu_s: list[float] = field(default_factory=list)
-
-    def add(self, items: int, wall_s: float, cpu_s: float) -> None:
-        self.wall_s.append(max(0.0, wall_s) / items)
-        self.cpu_s.append(max(0.0, cpu_s) / items)
-
-    @property
-    def batches(self) -> int:
-        return len(self.cpu_s)
-
-    @property
-    def wall_median_s(self) -> float:
-        """The median batch's wall seconds per record: a batch the OS preempted (several ms on
-        a busy host) moves it far less than it moves a mean."""
-        return statistics.median(self.wall_s) if self.wall_s else math.inf
-
-    @property
-    def cpu_median_s(self) -> float:
-        """The median batch's CPU seconds per record."""
-        return statistics.median(self.cpu_s) if self.cpu_s else math.inf
-
-
-class DecodeRoutePolicy:
-    """Whether one lane decodes inline (on its dispatcher thread) or on the decode pool, by the
-    measured CPU and wall seconds per record of each way (see the module docstring).
-
-    Not thread-safe: its one owner (the lane's decoder, on the lane's dispatcher thread) calls
-    :meth:`route` before each batch and :meth:`observe` after it.
-
-    Args:
-        clock: monotonic seconds (injected; tests pass a
-            :class:`~streamproc.testing.FakeClock`).
-        start: the way at start, kept until a probe shows the other better.
-        probe_batches: batches each way per probe (>= 1).
-        margin: how much cheaper (CPU) or faster (wall) per record, 0..1, a way must be to win.
-        recheck_s, max_recheck_s: seconds between probes (doubling while the way holds).
-        drift: probe at once when the settled way's CPU per record reaches this multiple
-            (> 1) of what it was when chosen.
-        drift_batches: batches over which that cost is measured (>= 1).
-
-    Raises:
-        ValueError: a non-positive count or period, a margin outside [0, 1) or a drift <= 1.
-    """
-
-    def __init__(
-        self,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        start: Route = "pool",
-        probe_batches: int = 8,
-        margin: float = 0.1,
-        recheck_s: float = 30.0,
-        max_recheck_s: float = 600.0,
-        drift: float = 2.0,
-        drift_batches: int = 64,
-    ) -> None:
-        if probe_batches < 1 or drift_batches < 1 or not 0 < recheck_s <= max_recheck_s:
-            raise ValueError("need probe_batches, drift_batches >= 1, 0 < recheck_s <= max")
-        if not 0.0 <= margin < 1.0 or drift <= 1.0:
-            raise ValueError("need 0 <= margin < 1 and drift > 1")
-        self._clock = clock
-        self.probe_batches = probe_batches
-        self.margin = margin
-        self.base_recheck_s = recheck_s
-        self.max_recheck_s = max_recheck_s
-        self.drift = drift
-        self.drift_batches = drift_batches
-        self._settled: Route = start
-        self._probe: dict[Route, _Cost] | None = {"inline": _Cost(), "pool": _Cost()}
-        self._recheck_s = recheck_s
-        self._next_probe_s = math.inf
-        self._chosen_at_s = math.inf  # the settled way's CPU per record at the last probe
-        self._recent = _Cost()  # the settled way since the last drift check
-        self.last_probe = ""  # the verdict of the latest probe, with both ways' costs
-
-    @property
-    def settled(self) -> Route:
-        """The way the lane decodes outside probes."""
-        return self._settled
-
-    @property
-    def probing(self) -> bool:
-        return self._probe is not None
-
-    def route(self) -> Route:
-        """The way to decode the next batch: the settled one, or during a probe the way with
-        fewer batches so far (the settled one on a tie), so both see the same load."""
-        if self._probe is None:
-            if self._clock() < self._next_probe_s:
-                return self._settled
-            self._probe = {"inline": _Cost(), "pool": _Cost()}
-        other = _other(self._settled)
-        if self._probe[other].batches < self._probe[self._settled].batches:
-            return other
-        return self._settled
-
-    def observe(self, route: Route, items: int, wall_s: float, cpu_s: float) -> RouteChange | None:
-        """Count one batch of ``items`` records decoded ``route``: ``wall_s`` the dispatcher
-        waited for it, ``cpu_s`` the CPU seconds it took (the dispatcher's, plus the decode
-        threads' on the pool). Returns a change of the settled way, or None."""
-        if items < 1:
-            return None
-        if self._probe is None:
-            if route == self._settled:
-                self._recent.add(items, wall_s, cpu_s)
-                if self._recent.batches >= self.drift_batches:
-                    if self._recent.cpu_median_s >= self.drift * self._chosen_at_s:
-                        self._next_probe_s = -math.inf  # probe from the next batch
-                    self._recent = _Cost()
-            return None
-        self._probe[route].add(items, wall_s, cpu_s)
-        if min(cost.batches for cost in self._probe.values()) < self.probe_batches:
-            return None
-        return self._end_probe(self._probe)
-
-    def _end_probe(self, probe: dict[Route, _Cost]) -> RouteChange | None:
-        self._probe = None
-        self._recent = _Cost()
-        inline, pool = probe["inline"], probe["pool"]
-        keep = 1.0 - self.margin
-        if pool.wall_median_s <= inline.wall_median_s * keep:
-            best: Route = "pool"  # the split shortens the dispatcher's wait: worth its CPU
-        elif inline.cpu_median_s <= pool.cpu_median_s * keep:
-            best = "inline"  # the pool costs CPU and is not faster
-        else:
-            best = self._settled  # within the margin both ways: keep
-        switch = best != self._settled
-        if switch:
-            self._settled = best
-            self._recheck_s = self.base_recheck_s
-        self._chosen_at_s = probe[best].cpu_median_s
-        self._next_probe_s = self._clock() + self._recheck_s
-        self.last_probe = (
-            f"decode {best}: per record inline {inline.cpu_median_s * 1e6:.2f} us CPU, "
-            f"{inline.wall_median_s * 1e6:.2f} us wait; pool {pool.cpu_median_s * 1e6:.2f} "
-            f"us CPU, {pool.wall_median_s * 1e6:.2f} us wait (medians of {inline.batches} + "
-            f"{pool.batches} batches; a way wins by {self.margin:.0%})"
-        )
-        if not switch:
-            self._recheck_s = min(2.0 * self._recheck_s, self.max_recheck_s)
-            return None
-        return RouteChange(best, self.last_probe)
-
-
-def _other(route: Route) -> Route:
-    return "pool" if route == "inline" else "inline"

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from streamproc.decode.decoders import Decoder
+from streamproc.decode import Decoder
 from streamproc.device import DeviceJob, DeviceWorker, StagingPool
 from streamproc.device.devices import DeviceLoad
 from streamproc.intake.lane import Lane

@@ -1,0 +1,92 @@
+"""What runs inside a decode process (the child side of :mod:`streamproc.decode.processes`).
+
+Every function here is module-level so that a ``spawn`` or ``forkserver`` child can import it by
+name. The module's global state (each lane's workload and slab views, the shared-memory
+mappings) exists only in a decode process: :func:`init_process` fills it once, as the process's
+initializer, and the consumer process never touches it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+
+from streamproc.decode.protocol import Failures
+from streamproc.decode.rows import decode_rows
+from streamproc.records import Record
+from streamproc.workloads import Workload, load_workload
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    """What a decode process needs to serve one pipeline: how to build its workload and where
+    its staging slabs live.
+
+    Attributes:
+        workload: workload name or spec (``load_workload``'s first argument).
+        options: workload options.
+        slabs: shared-memory name of each slab, in pool index order.
+        shape: shape of one slab, ``(rows, *item_shape)``.
+        dtype: numpy dtype string of the rows.
+    """
+
+    workload: str
+    options: dict[str, Any]
+    slabs: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+
+
+_LANES: dict[str, tuple[Workload, list[np.ndarray]]] = {}
+_ATTACHED: list[shared_memory.SharedMemory] = []
+
+
+def init_process(lanes: dict[str, LaneSpec], parent_pid: int) -> None:
+    """Decode-process initializer: detach from terminal signals, watch the parent, build each
+    lane's workload and map its slabs."""
+    # Ctrl-C or a stop signal sent to the whole process group must reach only the consumer,
+    # which drains and then shuts these processes down; left to the default handlers, they died
+    # mid-batch and good records of that batch were dead-lettered.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    for name, spec in lanes.items():
+        views = []
+        for shm_name in spec.slabs:
+            shm = shared_memory.SharedMemory(name=shm_name)
+            _ATTACHED.append(shm)  # keep the mapping alive; the parent owns (unlinks) it
+            views.append(np.ndarray(spec.shape, dtype=np.dtype(spec.dtype), buffer=shm.buf))
+        _LANES[name] = (load_workload(spec.workload, spec.options), views)
+
+
+def _exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:
+    """Exit once the consumer process is gone (kill -9, or a second signal's immediate exit):
+    a decode process must never outlive it, holding its memory and the shared slabs."""
+    while os.getppid() == parent_pid:
+        time.sleep(period_s)  # a liveness poll, not synchronisation
+    os._exit(0)
+
+
+def ready() -> int:
+    """Warm-up task: proves the process finished its initializer; answers its pid."""
+    return os.getpid()
+
+
+def decode_slice(
+    lane: str, slab_index: int, start: int, records: list[Record], skip: set[int]
+) -> Failures:
+    """:func:`~streamproc.decode.rows.decode_rows` of ``records`` into rows ``start..`` of
+    ``lane``'s slab ``slab_index``, in this decode process.
+
+    Raises:
+        KeyError: ``lane`` was not registered before the process started.
+    """
+    workload, views = _LANES[lane]
+    return decode_rows(workload, records, views[slab_index], start, skip)
