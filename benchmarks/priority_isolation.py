@@ -53,7 +53,7 @@ import numpy as np
 from confluent_kafka import Producer
 
 from streamproc.kafka.admin import ensure_topics
-from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
+from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
 from streamproc.tools.bench.measure import format_spread
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars, free_port
 from streamproc.tools.replay import Message, messages, produce

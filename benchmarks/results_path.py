@@ -32,8 +32,9 @@ from streamproc.device import DeviceResult
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.producer import build_producer, producer_settings
 from streamproc.output.results import ResultHandler
-from streamproc.output.sink import Sink, build_producer, producer_settings
+from streamproc.output.sink import Sink
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads import load_workload
 from streamproc.workloads.trades import replay_messages

@@ -73,8 +73,9 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
+from streamproc.output.producer import build_producer, producer_settings
 from streamproc.output.results import ResultHandler
-from streamproc.output.sink import Sink, build_producer, producer_settings
+from streamproc.output.sink import Sink
 from streamproc.records import Priority, TopicPartition
 from streamproc.workloads import ModelFn, Workload, load_workload
 

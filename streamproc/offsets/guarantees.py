@@ -80,6 +80,18 @@ _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 """Reports of records an abort purged: they say nothing of the transaction open now."""
 
 
+class RowProducer(Protocol):
+    """One batch's output records, produced by row (:meth:`Guarantee.send_batch`)."""
+
+    def produce_rows(self, rows: Sequence[int]) -> Sequence[int]:
+        """Produce the output record of input ``records[row]`` for each ``row`` in ``rows``.
+
+        Returns:
+            The rows the producer refused before sending (their delivery is already reported).
+        """
+        ...
+
+
 class Guarantee(Protocol):
     """What the source and the sink need of a processing guarantee."""
 
@@ -97,14 +109,10 @@ class Guarantee(Protocol):
         """
         ...
 
-    def send_batch(
-        self, records: Sequence[Record], produce: Callable[[Sequence[int]], Sequence[int]]
-    ) -> Sequence[int]:
+    def send_batch(self, records: Sequence[Record], batch: RowProducer) -> Sequence[int]:
         """Produce the output records of a batch of inputs with one call,
-        ``produce(rows)``: it produces the output record of each ``records[row]`` for ``row``
-        in ``rows`` and returns the rows the producer refused before sending (their delivery
-        is already reported). One call per batch, not per record: the light workloads' produce
-        loop has no layer per message.
+        ``batch.produce_rows(rows)``. One call per batch, not per record: the light workloads'
+        produce loop has no layer per message.
 
         Returns:
             The rows not produced because their input's assignment is gone (exactly-once; it
@@ -162,10 +170,8 @@ class AtLeastOnce:
         produce(*args)
         return True
 
-    def send_batch(
-        self, records: Sequence[Record], produce: Callable[[Sequence[int]], Sequence[int]]
-    ) -> Sequence[int]:
-        produce(range(len(records)))
+    def send_batch(self, records: Sequence[Record], batch: RowProducer) -> Sequence[int]:
+        batch.produce_rows(range(len(records)))
         return ()
 
     def acknowledged(self, records: Sequence[Record]) -> None:
@@ -227,9 +233,7 @@ class ExactlyOnce:
             self._tracker.done(record.tp, record.offset, record.generation)
             return True
 
-    def send_batch(
-        self, records: Sequence[Record], produce: Callable[[Sequence[int]], Sequence[int]]
-    ) -> Sequence[int]:
+    def send_batch(self, records: Sequence[Record], batch: RowProducer) -> Sequence[int]:
         """Produce the rows whose assignment is current inside the open transaction (one lock
         hold for the batch) and mark them done; count the others late."""
         tracker = self._tracker
@@ -243,7 +247,7 @@ class ExactlyOnce:
                     tracker.late(record.tp, record.generation)
                     gone.append(row)
             if current:
-                refused = set(self.transactions.produce_many(produce, current))
+                refused = set(self.transactions.produce_many(batch.produce_rows, current))
                 for row in current:
                     if row not in refused:
                         record = records[row]

@@ -19,8 +19,9 @@ from streamproc.config import PipelineConfig
 from streamproc.device import DeviceResult
 from streamproc.errors import RecordError
 from streamproc.metrics import Metrics
-from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TIMING, H_TOPIC, TIMING_FORMAT, Sink
-from streamproc.records import Record
+from streamproc.output.headers import ResultHeaders
+from streamproc.output.sink import Sink
+from streamproc.records import Headers, Record
 from streamproc.workloads import Encoded, Workload
 
 
@@ -53,8 +54,7 @@ class ResultHandler:
         self._workload = workload
         self._sink = sink
         self._metrics = metrics
-        # per input partition, its two source-coordinate headers, built once (results thread)
-        self._coordinates: dict[int, tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
+        self._headers = ResultHeaders(pipeline.input_topic)
 
     def __call__(self, result: DeviceResult) -> None:
         """Encode and produce one batch's results (dead-letter what failed)."""
@@ -76,8 +76,7 @@ class ResultHandler:
         encoded = self._encode_many(records, result.outputs, failed)
         kept: list[Record] = []
         values: list[bytes] = []
-        headers: list[list[tuple[str, bytes]]] = []
-        coordinates = self._coordinates
+        extra: list[Headers] = []
         now_s = time.monotonic()
         for row, (record, value) in enumerate(zip(records, encoded, strict=True)):
             if not isinstance(value, Encoded):
@@ -92,32 +91,10 @@ class ResultHandler:
                 except Exception as exc:
                     self._dead_letter(record, dlq, "encode", exc)
                     continue
-            partition = record.tp.partition
-            prefix = coordinates.get(partition)
-            if prefix is None:
-                prefix = coordinates[partition] = (
-                    (H_TOPIC, topic.encode()),
-                    (H_PARTITION, b"%d" % partition),
-                )
-            consumed_at_s = record.consumed_at_s
-            row_headers = [
-                *prefix,
-                (H_OFFSET, b"%d" % record.offset),
-                (
-                    H_TIMING,
-                    TIMING_FORMAT
-                    % (
-                        (cut_at_s - consumed_at_s) * 1000,
-                        inference_ms,
-                        (now_s - consumed_at_s) * 1000,
-                    ),
-                ),
-            ]
-            if value.headers:
-                row_headers.extend(value.headers)
             kept.append(record)
             values.append(value.value)
-            headers.append(row_headers)
+            extra.append(value.headers)
+        headers = self._headers.build(kept, extra, cut_at_s, inference_ms, now_s)
         self._sink.send_results(self._pipeline.output_topic, kept, values, headers, dlq)
 
     def _encode_many(

@@ -19,7 +19,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.kafka.transient import raise_error, read_committed, retry_transient
 from streamproc.logs import kafka_logger
-from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TOPIC
+from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TOPIC
 
 Coord = tuple[str, int, int]
 

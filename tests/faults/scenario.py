@@ -24,7 +24,7 @@ from pathlib import Path
 from streamproc.kafka.admin import ensure_topics
 from streamproc.kafka.transient import read_committed
 from streamproc.logs import kafka_logger
-from streamproc.output.sink import H_OFFSET, H_PARTITION
+from streamproc.output.headers import H_OFFSET, H_PARTITION
 from streamproc.tools.kafka_local import LocalCluster
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import (

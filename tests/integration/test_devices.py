@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from streamproc.output.sink import H_OFFSET, H_PARTITION
+from streamproc.output.headers import H_OFFSET, H_PARTITION
 from streamproc.pipeline import Pipeline
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify

@@ -7,7 +7,7 @@ import pytest
 import torch
 from confluent_kafka import Producer
 
-from streamproc.output.sink import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE, H_TOPIC
+from streamproc.output.headers import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE, H_TOPIC
 from streamproc.pipeline import Pipeline
 from streamproc.tools.replay import produce, recording_size
 from streamproc.tools.verify import read_topic, verify

@@ -16,7 +16,7 @@ import pytest
 
 from streamproc.config import load_config
 from streamproc.kafka.admin import ensure_topics
-from streamproc.output.sink import H_MESSAGE, H_STAGE
+from streamproc.output.headers import H_MESSAGE, H_STAGE
 from streamproc.pipeline import Pipeline
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify
@@ -242,7 +242,7 @@ def test_values_too_large_for_the_dead_letter_topic_are_dead_lettered_without_th
     # stop the consumer: the record goes without its value, saying so, and commits advance.
     from confluent_kafka import Producer
 
-    from streamproc.output.sink import H_VALUE_OMITTED
+    from streamproc.output.headers import H_VALUE_OMITTED
 
     dlq = f"{topics.dlq}.small"
     topic_config = {"max.message.bytes": "10000"} if limit == "topic" else {}

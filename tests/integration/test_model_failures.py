@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 
 from streamproc.config import Config, load_config
-from streamproc.output.sink import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE
+from streamproc.output.headers import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, end_offset_total, report, wait_for

@@ -16,7 +16,7 @@ import pytest
 
 from streamproc.config import load_config
 from streamproc.kafka.admin import ensure_topics
-from streamproc.output.sink import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE
+from streamproc.output.headers import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify

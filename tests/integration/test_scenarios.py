@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from streamproc.config import load_config
 from streamproc.device.staging import LEAK_EVENT
 from streamproc.kafka.admin import ensure_topics
-from streamproc.output.sink import H_OFFSET, H_STAGE
+from streamproc.output.headers import H_OFFSET, H_STAGE
 from streamproc.pipeline import Pipeline
 from streamproc.records import Record, TopicPartition
 from streamproc.tools.replay import produce

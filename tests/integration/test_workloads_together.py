@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from streamproc.config import load_config
 from streamproc.kafka.admin import ensure_topics
-from streamproc.output.sink import H_CLASS, H_STAGE
+from streamproc.output.headers import H_CLASS, H_STAGE
 from streamproc.pipeline import Pipeline
 from streamproc.tools.replay import messages
 from streamproc.tools.verify import read_topic, verify

@@ -41,7 +41,7 @@ from streamproc.intake.source import consumer_settings
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
-from streamproc.output.sink import (
+from streamproc.output.headers import (
     H_CLASS,
     H_MESSAGE,
     H_OFFSET,
@@ -50,9 +50,8 @@ from streamproc.output.sink import (
     H_TIMING,
     H_TOPIC,
     TIMING_FORMAT,
-    produce_waiting,
-    producer_settings,
 )
+from streamproc.output.producer import produce_waiting, producer_settings
 from streamproc.records import Record, TopicPartition
 from streamproc.tools.bench.cpu import CpuMeter
 from streamproc.workloads import Encoded, load_workload

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamproc.kafka.admin import ensure_topics
-from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
+from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
 from streamproc.tools.verify import TopicDump, read_topic
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}

@@ -14,7 +14,8 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import ExactlyOnce
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
-from streamproc.output.sink import H_CLASS, H_OFFSET, H_STAGE, H_VALUE_OMITTED, Sink, source_headers
+from streamproc.output.headers import H_CLASS, H_OFFSET, H_STAGE, H_VALUE_OMITTED, source_headers
+from streamproc.output.sink import Sink
 from streamproc.records import Record
 from streamproc.testing import FakeConsumer, FakeProducer, Produced, kafka_error
 from tests.unit.intake.test_source import TP, Harness, _exactly_once

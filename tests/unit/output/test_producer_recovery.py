@@ -30,7 +30,8 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import ExactlyOnce
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import WEDGED, Transactions
-from streamproc.output.sink import Sink, source_headers
+from streamproc.output.headers import source_headers
+from streamproc.output.sink import Sink
 from streamproc.records import Record
 from streamproc.testing import FakeConsumer, FakeProducer, factory, kafka_error
 from tests.unit.intake.test_source import TP

@@ -11,7 +11,8 @@ from confluent_kafka import KafkaError
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
-from streamproc.output.sink import H_OFFSET, H_STAGE, Sink, source_headers
+from streamproc.output.headers import H_OFFSET, H_STAGE, source_headers
+from streamproc.output.sink import Sink
 from streamproc.records import Record, TopicPartition
 from streamproc.testing import FakeProducer, factory
 
@@ -170,7 +171,7 @@ def test_a_dead_letter_record_timed_out_is_sent_again_not_fatal() -> None:
 
 
 def test_results_never_time_out_by_default_under_at_least_once() -> None:
-    from streamproc.output.sink import producer_settings
+    from streamproc.output.producer import producer_settings
 
     assert producer_settings({})["message.timeout.ms"] == 0  # 0: librdkafka never expires
     assert producer_settings({"message.timeout.ms": 5000})["message.timeout.ms"] == 5000

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TIMING, TIMING_FORMAT
+from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, TIMING_FORMAT
 from streamproc.tools.bench.cpu import TICK_S, CpuTrace, parse_stat, read_stat, thread_deltas
 from streamproc.tools.bench.floor import DeliveredOffsets
 from streamproc.tools.bench.measure import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamproc.output.sink import H_OFFSET, H_PARTITION, H_TOPIC
+from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TOPIC
 from streamproc.tools.verify import CommitSample, TopicDump, replayed_after_commit
 
 TOPIC = "in"

@@ -1,0 +1,172 @@
+"""Delivery accounting of one batch of results: its inputs are done only when every report is in.
+
+:class:`BatchAck` counts a batch's delivery reports down. A success only counts down; when the
+batch's last report is in, its acknowledged inputs go to the :class:`DeliveryHandler` in one
+call. A failed report is handed to the handler as a :class:`RefusedResult`: the handler either
+produces the result again (its next report comes back to the ack, judged ``alone``) or fails it
+for good (dead-lettered, or left to the guarantee's aborting transaction); a result failed for
+good is left out of the acknowledged inputs. The ack knows the handler only through that
+protocol.
+
+Thread ownership: reports arrive on whichever thread polls the producer (the ``sink`` thread, a
+sender waiting out a full queue, a flush); ``next()`` on an ``itertools.count`` is atomic under
+the GIL, so exactly one report sees the last count, without a lock per record. A failure adds
+its row to the failed set before it counts down.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol, cast
+
+from confluent_kafka import KafkaError
+
+from streamproc.kafka.protocols import DeliveryCallback
+from streamproc.offsets.guarantees import How
+from streamproc.output.headers import OutputHeaders
+from streamproc.records import Record
+
+Row = int
+"""A result's index in its batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputBatch:
+    """One batch's results to one output topic (treated as immutable).
+
+    Attributes:
+        topic: the output topic.
+        dead_letter_topic: where a result that cannot be produced sends its input instead.
+        records: the input of each result, in batch order.
+        values: each result's value.
+        headers: each result's complete headers.
+    """
+
+    topic: str
+    dead_letter_topic: str
+    records: Sequence[Record]
+    values: Sequence[bytes]
+    headers: Sequence[OutputHeaders]
+
+    def refused(self, row: Row, error: KafkaError, how: How) -> RefusedResult:
+        """Result ``row`` refused with ``error``, judged as ``how`` says."""
+        return RefusedResult(
+            self.records[row],
+            self.topic,
+            self.values[row],
+            self.headers[row],
+            self.dead_letter_topic,
+            error,
+            how,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedResult:
+    """A result the producer or the broker refused.
+
+    Attributes:
+        record: its input.
+        topic: the output topic.
+        value: the result's value.
+        headers: the result's complete headers.
+        dead_letter_topic: where its input goes if it cannot be produced.
+        error: the refusal.
+        how: how the refusal was judged (``local``: by the producer, before sending).
+    """
+
+    record: Record
+    topic: str
+    value: bytes
+    headers: OutputHeaders
+    dead_letter_topic: str
+    error: KafkaError
+    how: How
+
+
+class DeliveryHandler(Protocol):
+    """What a batch's acknowledgement needs of the sink that produced the batch."""
+
+    def recover(self, refused: RefusedResult, report: DeliveryCallback) -> bool:
+        """Handle a refused result.
+
+        Returns:
+            True when it was produced again (its next delivery report goes to ``report``);
+            False when it failed for good (dead-lettered, or the transaction aborts).
+        """
+        ...
+
+    def acknowledged(self, topic: str, records: Sequence[Record]) -> None:
+        """Every report of a batch to ``topic`` is in: the broker acknowledged the results of
+        ``records`` (inputs in batch order; those failed for good are left out)."""
+        ...
+
+
+class BatchAck:
+    """Delivery accounting for one batch of results.
+
+    One delivery callback serves the whole batch, :meth:`delivered`, not one closure per record.
+    A failed report carries the record's value but not its headers, so the failed row is found
+    by its value, which needs values that differ within the batch: :attr:`one_callback` says
+    whether they do; when two results are byte-identical each row needs its own callback,
+    :meth:`delivered_row` with the row bound.
+
+    Args:
+        handler: recovers refused results and takes acknowledged inputs.
+        batch: the results.
+
+    Attributes:
+        batch: the results.
+        one_callback: True when the values are distinct: :meth:`delivered` serves every row.
+    """
+
+    __slots__ = ("_acks", "_failed", "_handler", "_rows", "_size", "batch", "one_callback")
+
+    def __init__(self, handler: DeliveryHandler, batch: OutputBatch) -> None:
+        self._handler = handler
+        self.batch = batch
+        self._size = len(batch.records)
+        self.one_callback = len(set(batch.values)) == len(batch.values)
+        self._failed: set[Row] = set()
+        self._rows: dict[bytes, Row] | None = None  # value -> row, built at the first failure
+        self._acks = itertools.count(1)
+
+    def delivered(self, err: KafkaError | None, msg: Any) -> None:
+        """A delivery report from librdkafka for any row of the batch (needs
+        :attr:`one_callback`)."""
+        if err is None:
+            self._count_down()
+            return
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = {value: row for row, value in enumerate(self.batch.values)}
+        assert msg is not None  # librdkafka passes the message, its value included
+        self.delivered_row(rows[cast(bytes, msg.value())], err, msg)
+
+    def delivered_row(self, row: Row, err: KafkaError | None, msg: Any, how: How = "batch") -> None:
+        """The delivery report of result ``row`` (``err`` None on success); ``how`` it was
+        judged when refused (``local``: by the producer, before sending)."""
+        if err is not None:
+            refused = self.batch.refused(row, err, how)
+            if self._handler.recover(refused, partial(self.delivered_row, row, how="alone")):
+                return  # produced again, alone: its next report decides
+            self._failed.add(row)
+        self._count_down()
+
+    def skipped(self, row: Row) -> None:
+        """Result ``row`` was not produced (dead-lettered instead, or its assignment is gone)."""
+        self._failed.add(row)
+        self._count_down()
+
+    def _count_down(self) -> None:
+        if next(self._acks) != self._size:
+            return
+        batch = self.batch
+        records: Sequence[Record] = batch.records
+        if self._failed:
+            failed = self._failed
+            records = [r for i, r in enumerate(records) if i not in failed]
+        self._handler.acknowledged(batch.topic, records)

@@ -1,0 +1,143 @@
+"""The Kafka headers streamproc writes: their names, and the builders of their values.
+
+Every result and dead-letter record carries the source coordinates of its input:
+``streamproc.source.topic``, ``streamproc.source.partition`` and ``streamproc.source.offset``
+(ASCII decimal). A result adds ``streamproc.timing`` (:data:`TIMING_FORMAT`), then the
+workload's own headers. A dead-letter record keeps the input's headers first, then adds the
+source coordinates and ``streamproc.error.stage`` (decode|model|encode|produce|callback),
+``streamproc.error.class`` and ``streamproc.error.message`` (the Kafka Connect dead-letter
+convention, our prefix), and ``streamproc.error.value_omitted`` (the value's size in bytes) when
+its value was left out. Names and values are a contract: consumers of the output topics read
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from streamproc.records import Headers, Record
+
+H_TOPIC = "streamproc.source.topic"
+H_PARTITION = "streamproc.source.partition"
+H_OFFSET = "streamproc.source.offset"
+H_STAGE = "streamproc.error.stage"
+H_CLASS = "streamproc.error.class"
+H_MESSAGE = "streamproc.error.message"
+H_VALUE_OMITTED = "streamproc.error.value_omitted"
+H_TIMING = "streamproc.timing"
+TIMING_FORMAT = b"queue_wait_ms=%.3f;inference_ms=%.3f;processing_ms=%.3f"
+"""The value of the ``streamproc.timing`` header on every result: milliseconds the input
+waited in its ring (consumed -> batch cut), the batch's device time, and consumed -> result
+produced (:func:`parse_timing` reads it back)."""
+MAX_ERROR_MESSAGE_CHARS = 1000
+"""``streamproc.error.message`` holds at most this many characters of the error's message."""
+
+OutputHeaders = list[tuple[str, bytes]]
+"""The complete headers of one output record, in the order they are produced."""
+
+
+def parse_timing(value: bytes) -> dict[str, float]:
+    """The ``streamproc.timing`` header as ``{"queue_wait_ms": ..., "inference_ms": ...,
+    "processing_ms": ...}`` (milliseconds).
+
+    Raises:
+        ValueError: not ``name=number`` pairs separated by ``;``.
+    """
+    timings: dict[str, float] = {}
+    for part in value.decode("ascii").split(";"):
+        name, sep, number = part.partition("=")
+        if not sep:
+            raise ValueError(f"not a streamproc.timing header: {value!r}")
+        timings[name] = float(number)
+    return timings
+
+
+def source_headers(record: Record) -> Headers:
+    """The source-coordinate headers of ``record`` (topic, partition, offset)."""
+    return (
+        (H_TOPIC, record.tp.topic.encode()),
+        (H_PARTITION, b"%d" % record.tp.partition),
+        (H_OFFSET, b"%d" % record.offset),
+    )
+
+
+def dead_letter_headers(
+    record: Record, stage: str, error_class: str, message: str, value_omitted: bool
+) -> OutputHeaders:
+    """The headers of ``record``'s dead-letter record: its own headers, its source
+    coordinates, the error's stage, class and message (at most
+    :data:`MAX_ERROR_MESSAGE_CHARS` characters; unencodable ones replaced), and, when
+    ``value_omitted``, the size in bytes of the value left out."""
+    headers = [
+        *record.headers,
+        *source_headers(record),
+        (H_STAGE, stage.encode()),
+        (H_CLASS, error_class.encode()),
+        (H_MESSAGE, message[:MAX_ERROR_MESSAGE_CHARS].encode(errors="replace")),
+    ]
+    if value_omitted:
+        headers.append((H_VALUE_OMITTED, b"%d" % len(record.value or b"")))
+    return headers
+
+
+class ResultHeaders:
+    """Builds the headers of one input topic's results. Not thread-safe: the lane's results
+    thread owns it (it keeps each partition's two coordinate headers, built once).
+
+    Args:
+        input_topic: the topic every record handed to :meth:`build` was consumed from.
+    """
+
+    def __init__(self, input_topic: str) -> None:
+        self._topic = input_topic.encode()
+        self._coordinates: dict[int, tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
+
+    def build(
+        self,
+        records: Sequence[Record],
+        extra: Sequence[Headers],
+        cut_at_s: float,
+        inference_ms: float,
+        now_s: float,
+    ) -> list[OutputHeaders]:
+        """The headers of each record's result, in order: source coordinates,
+        ``streamproc.timing``, then that result's ``extra`` headers.
+
+        Args:
+            records: the inputs (``consumed_at_s`` on the ``time.monotonic()`` clock).
+            extra: per record, the workload's headers of its result.
+            cut_at_s: when the batch was cut (``time.monotonic()``).
+            inference_ms: the batch's device time, in milliseconds.
+            now_s: the time the results are produced (``time.monotonic()``).
+
+        Raises:
+            ValueError: ``records`` and ``extra`` differ in length.
+        """
+        coordinates = self._coordinates
+        built: list[OutputHeaders] = []
+        for record, more in zip(records, extra, strict=True):
+            partition = record.tp.partition
+            prefix = coordinates.get(partition)
+            if prefix is None:
+                prefix = coordinates[partition] = (
+                    (H_TOPIC, self._topic),
+                    (H_PARTITION, b"%d" % partition),
+                )
+            consumed_at_s = record.consumed_at_s
+            headers = [
+                *prefix,
+                (H_OFFSET, b"%d" % record.offset),
+                (
+                    H_TIMING,
+                    TIMING_FORMAT
+                    % (
+                        (cut_at_s - consumed_at_s) * 1000,
+                        inference_ms,
+                        (now_s - consumed_at_s) * 1000,
+                    ),
+                ),
+            ]
+            if more:
+                headers.extend(more)
+            built.append(headers)
+        return built

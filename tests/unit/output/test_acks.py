@@ -1,0 +1,123 @@
+"""A batch's acknowledgement through its narrow protocol (:class:`DeliveryHandler`): a recording
+handler, no sink; the reports come from the in-package fake producer (``streamproc.testing``),
+whose failed reports carry the value but no headers, as the real client's do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+from confluent_kafka import KafkaError
+
+from streamproc.kafka.protocols import DeliveryCallback
+from streamproc.output.acks import BatchAck, DeliveryHandler, OutputBatch, RefusedResult
+from streamproc.records import Record, TopicPartition
+from streamproc.testing import FakeProducer
+
+TP = TopicPartition("in", 0)
+REFUSED = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+
+
+class Handler:
+    """Records what the ack asks; ``resend`` rows are produced again (to :attr:`lone`)."""
+
+    def __init__(self, resend: set[int] | None = None) -> None:
+        self.resend = resend or set()
+        self.refused: list[RefusedResult] = []
+        self.acknowledged_batches: list[tuple[str, list[int]]] = []
+        self.lone = FakeProducer()
+
+    def recover(self, refused: RefusedResult, report: DeliveryCallback) -> bool:
+        self.refused.append(refused)
+        if refused.record.offset not in self.resend:
+            return False
+        self.resend.discard(refused.record.offset)
+        self.lone.produce(refused.topic, refused.value, on_delivery=report)
+        return True
+
+    def acknowledged(self, topic: str, records: Sequence[Record]) -> None:
+        self.acknowledged_batches.append((topic, [r.offset for r in records]))
+
+
+def produce(values: list[bytes], handler: DeliveryHandler) -> tuple[BatchAck, FakeProducer]:
+    """One batch of results to ``out`` through a fake producer, with the ack's callbacks."""
+    records = [Record(TP, o, None, b"in", (), 0, 0.0, 1) for o in range(len(values))]
+    headers = [[("streamproc.source.offset", b"%d" % o)] for o in range(len(values))]
+    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, values, headers))
+    producer = FakeProducer()
+    for row, value in enumerate(values):
+        on_delivery = ack.delivered if ack.one_callback else partial(ack.delivered_row, row)
+        producer.produce("out", value, headers=headers[row], on_delivery=on_delivery)
+    return ack, producer
+
+
+def report(producer: FakeProducer, value: bytes, error: KafkaError | None = None) -> None:
+    (pos,) = [i for i, p in enumerate(producer.pending) if p.value == value]
+    producer.pending.pop(pos).report(error)
+
+
+def test_the_handler_hears_of_the_batch_once_after_its_last_report_in_any_order() -> None:
+    handler = Handler()
+    ack, producer = produce([b"a", b"b", b"c"], handler)
+    assert ack.one_callback
+    report(producer, b"c")
+    report(producer, b"a")
+    assert handler.acknowledged_batches == []
+    report(producer, b"b")
+    assert handler.acknowledged_batches == [("out", [0, 1, 2])]  # batch order
+
+
+def test_a_refused_row_reaches_the_handler_whole_and_is_left_out_when_failed_for_good() -> None:
+    handler = Handler()
+    _, producer = produce([b"a", b"b", b"c"], handler)
+    report(producer, b"b", REFUSED)  # a failed report: value, no headers
+    (refused,) = handler.refused
+    assert (refused.record.offset, refused.value, refused.topic) == (1, b"b", "out")
+    assert refused.headers == [("streamproc.source.offset", b"1")]
+    assert refused.dead_letter_topic == "in.dlq"
+    assert refused.error is REFUSED and refused.how == "batch"
+    producer.deliver()
+    assert handler.acknowledged_batches == [("out", [0, 2])]
+
+
+def test_a_row_produced_again_holds_the_batch_and_its_next_report_is_judged_alone() -> None:
+    handler = Handler(resend={1})
+    _, producer = produce([b"a", b"b"], handler)
+    producer.deliver(error=KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))  # the record batch
+    assert [r.how for r in handler.refused] == ["batch", "batch"]
+    assert handler.acknowledged_batches == [] and len(handler.lone.pending) == 1
+    handler.lone.deliver(error=REFUSED)  # refused again, on its own
+    assert handler.refused[-1].how == "alone" and handler.refused[-1].record.offset == 1
+    assert handler.acknowledged_batches == [("out", [])]
+
+
+def test_a_row_produced_again_and_acknowledged_is_in_the_batch() -> None:
+    handler = Handler(resend={0})
+    _, producer = produce([b"a", b"b"], handler)
+    report(producer, b"a", KafkaError(KafkaError._MSG_TIMED_OUT))
+    report(producer, b"b")
+    assert handler.acknowledged_batches == []
+    handler.lone.deliver()
+    assert handler.acknowledged_batches == [("out", [0, 1])]
+
+
+def test_identical_values_need_a_callback_per_row_and_blame_the_right_one() -> None:
+    handler = Handler()
+    ack, producer = produce([b"same", b"same"], handler)
+    assert not ack.one_callback
+    first, second = producer.pending
+    second.report(REFUSED)
+    first.report()
+    assert handler.refused[0].record.offset == 1
+    assert handler.acknowledged_batches == [("out", [0])]
+
+
+def test_skipped_rows_and_local_refusals_count_down_without_a_report() -> None:
+    handler = Handler()
+    records = [Record(TP, o, None, b"in", (), 0, 0.0, 1) for o in range(3)]
+    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, [b"a", b"b", b"c"], [[]] * 3))
+    ack.skipped(0)
+    ack.delivered_row(1, REFUSED, None, "local")
+    assert handler.refused[0].how == "local" and handler.acknowledged_batches == []
+    ack.delivered(None, None)
+    assert handler.acknowledged_batches == [("out", [2])]

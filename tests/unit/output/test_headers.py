@@ -1,0 +1,90 @@
+"""The headers streamproc writes, byte for byte: consumers of the output topics read them."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamproc.output.headers import (
+    MAX_ERROR_MESSAGE_CHARS,
+    ResultHeaders,
+    dead_letter_headers,
+    parse_timing,
+    source_headers,
+)
+from streamproc.records import Record, TopicPartition
+
+
+def record(partition: int, offset: int, consumed_at_s: float = 0.0) -> Record:
+    tp = TopicPartition("video.frames", partition)
+    return Record(tp, offset, b"k", b"value", (("camera", b"7"),), 0, consumed_at_s, 1)
+
+
+def test_source_headers_are_ascii_decimal_coordinates() -> None:
+    assert source_headers(record(12, 34567)) == (
+        ("streamproc.source.topic", b"video.frames"),
+        ("streamproc.source.partition", b"12"),
+        ("streamproc.source.offset", b"34567"),
+    )
+
+
+def test_result_headers_per_partition_with_timings_then_the_workloads_own() -> None:
+    headers = ResultHeaders("video.frames")
+    built = headers.build(
+        [record(0, 5, consumed_at_s=10.0), record(3, 9, consumed_at_s=10.5)],
+        [(("label", b"cat"),), ()],
+        cut_at_s=10.75,
+        inference_ms=2.0,
+        now_s=11.0,
+    )
+    assert built == [
+        [
+            ("streamproc.source.topic", b"video.frames"),
+            ("streamproc.source.partition", b"0"),
+            ("streamproc.source.offset", b"5"),
+            (
+                "streamproc.timing",
+                b"queue_wait_ms=750.000;inference_ms=2.000;processing_ms=1000.000",
+            ),
+            ("label", b"cat"),
+        ],
+        [
+            ("streamproc.source.topic", b"video.frames"),
+            ("streamproc.source.partition", b"3"),
+            ("streamproc.source.offset", b"9"),
+            (
+                "streamproc.timing",
+                b"queue_wait_ms=250.000;inference_ms=2.000;processing_ms=500.000",
+            ),
+        ],
+    ]
+    assert parse_timing(built[1][3][1]) == {
+        "queue_wait_ms": 250.0,
+        "inference_ms": 2.0,
+        "processing_ms": 500.0,
+    }
+    with pytest.raises(ValueError):
+        headers.build([record(0, 1)], [], 0.0, 0.0, 0.0)
+
+
+def test_dead_letter_headers_keep_the_inputs_then_add_the_error() -> None:
+    message = "é" + "x" * (2 * MAX_ERROR_MESSAGE_CHARS)
+    headers = dead_letter_headers(record(2, 8), "decode", "DecodeError", message, True)
+    assert headers[:6] == [
+        ("camera", b"7"),
+        ("streamproc.source.topic", b"video.frames"),
+        ("streamproc.source.partition", b"2"),
+        ("streamproc.source.offset", b"8"),
+        ("streamproc.error.stage", b"decode"),
+        ("streamproc.error.class", b"DecodeError"),
+    ]
+    name, text = headers[6]
+    assert name == "streamproc.error.message"
+    assert text == message[:MAX_ERROR_MESSAGE_CHARS].encode()
+    assert headers[7:] == [("streamproc.error.value_omitted", b"5")]
+    kept = dead_letter_headers(record(2, 8), "model", "RuntimeError", "boom", False)
+    assert [name for name, _ in kept][-1] == "streamproc.error.message"
+
+
+def test_parse_timing_refuses_what_it_did_not_write() -> None:
+    with pytest.raises(ValueError, match=r"not a streamproc\.timing header"):
+        parse_timing(b"queue_wait_ms")
