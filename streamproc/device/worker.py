@@ -61,7 +61,7 @@ class DeviceWorker:
         pool: the staging pool the job slabs come from (may serve other workers too).
         max_in_flight: batches between submit and ``release`` (>= 1): output buffer sets,
             and the bound of the job queue.
-        streams: CUDA streams to rotate over (ignored on CPU).
+        streams: CUDA streams to rotate over (ignored on CPU, and when ``backend`` is given).
         on_complete: called with each :class:`DeviceResult`, in submission order, and the
             ``release`` to call once its outputs are no longer read; on the device thread
             with a synchronous backend (CPU), on the completion thread otherwise (CUDA).

@@ -88,7 +88,8 @@ class AdaptiveBatchSize:
     timed while the source, decode and result threads compete for the cores and the GIL (256
     rows: 0.3-0.6 ms at best, up to 38 ms), and every other size keeps its idle-time best. The
     size in use therefore always looked worse than the sizes not in use, and the target
-    ratcheted down (a recorded trades run at 80 % load, ``tests/unit/intake/data/``: 256 -> 128 -> 16
+    ratcheted down (a recorded trades run at 80 % load, ``tests/unit/intake/data/``:
+    256 -> 128 -> 16
     -> 8 -> 4 -> 2 -> 1 within 200 batches; bench iot runs that ended at batches of 1-2 cost 461
     CPU-µs per message), because (a) a stale fast time beat the fresh times of the size in use,
     and (b) the scan for the best size stopped at the first size below ``give_up_below`` x a

@@ -91,5 +91,6 @@ def test_pinned_buffers_of_the_cuda_backend() -> None:
         slab = shared.lease()
         assert slab is not None and slab.tensor.is_pinned()  # page-locked in place
         shared.release(slab)
+        del slab  # no view left: the shared memory closes
     finally:
         shared.close()  # unregisters before the shared memory goes
