@@ -149,6 +149,14 @@ gpu-wheels: deps
 test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
+# The gpu tier (tests/gpu, marker gpu): the CUDA backend for real (a model through the device
+# worker on cuda:0 against the CPU, pinned buffers). Collected only where torch sees a CUDA
+# device (there `make test` runs it too); elsewhere nothing runs and this target fails
+# (pytest: "no tests ran"), so it never counts as passed on a CPU.
+.PHONY: test-gpu
+test-gpu: venv
+	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
+
 # A three-node local cluster (replication factor 3, min.insync.replicas 2) under faults: leaders,
 # the controller and coordinators killed, a broker stalled, two down, a client cut off, a seeded
 # random schedule (tests/faults; root for iptables; docs/guarantees.md "Faults"). Replay a

@@ -20,8 +20,8 @@ import torch
 
 from streamproc.decode import DecodeThreads, ThreadDecoder
 from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
-from streamproc.device.devices import DeviceLoad
 from streamproc.device.dispatch import Dispatcher
+from streamproc.device.placement import DeviceLoad
 from streamproc.device.precision import build_model
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import Lane

@@ -50,7 +50,7 @@ from streamproc.device import (
     Resequencer,
     StagingPool,
 )
-from streamproc.device.devices import DeviceLoad
+from streamproc.device.placement import DeviceLoad
 from streamproc.intake.batcher import Batcher, Cut
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics

@@ -183,7 +183,7 @@ class WorkerConfig(_Section):
     ``cuda:N`` may not). When set it overrides ``device``; unset (the default), the single
     ``device`` is used: ``auto`` (cuda:0 when CUDA is visible, else cpu), ``cpu`` or ``cuda``.
     A CUDA device the process does not see fails at start-up. Each cut batch goes to the device
-    expected to finish it first (``streamproc.device.devices``).
+    expected to finish it first (``streamproc.device.placement``).
 
     ``max_in_flight_batches`` is per device: batches between cut and produce on one device
     (and its output buffer sets). ``staging_buffers`` is per device too: a pipeline's staging

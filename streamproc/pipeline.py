@@ -47,10 +47,11 @@ from streamproc.device import (
     StagingPool,
 )
 from streamproc.device.admission import DeviceAdmission
-from streamproc.device.devices import DeviceLoad, DeviceSpec, select_devices
 from streamproc.device.dispatch import Dispatcher
+from streamproc.device.placement import DeviceLoad
 from streamproc.device.precision import build_model
 from streamproc.device.recovery import Outcome
+from streamproc.device.selection import DeviceSpec, select_devices
 from streamproc.device.staging import report_leaks
 from streamproc.errors import FatalPipelineError
 from streamproc.health import HealthServer

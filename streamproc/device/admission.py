@@ -5,9 +5,8 @@ Every lane runs its own device thread per device (``device-<d>``), so two lanes 
 call their models concurrently, and on a CPU every ``cpu:K`` shares the same cores. Left to the
 OS scheduler, a low-priority backlog (video: EfficientNet on every core, one batch after the
 other) takes the cores as often as a high-priority stream (trades: a small call per message),
-and the high-priority rows wait for cores at every step of their way (measured, issue 22: trades
-P99 2.1-3.4x its P99 alone while a video backlog drained). :class:`DeviceAdmission` orders the
-lanes per physical device (``cpu``: all logical CPU devices; ``cuda:N``: each GPU):
+and the high-priority rows wait for cores at every step of their way. :class:`DeviceAdmission`
+orders the lanes per physical device (``cpu``: all logical CPU devices; ``cuda:N``: each GPU):
 
 * a batch is *pending* on its device from :meth:`AdmissionGate.announce` (the dispatcher
   submits it to the device worker) until :meth:`AdmissionGate.finish` (its model call returned

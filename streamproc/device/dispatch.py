@@ -7,11 +7,11 @@ One dispatcher thread per lane (input topic)::
       -> Lane.next_cut (the batcher decides, under the lane's lock)
       -> lease a staging slab (held by the batch id) -> the Decoder fills it (threads or
          processes, straight into the slab)
-      -> DeviceLoad.place (expected finish first; see device.devices) -> DeviceWorker.submit
+      -> DeviceLoad.place (expected finish first; see device.placement) -> DeviceWorker.submit
 
 Batch ids count 1, 2, 3, ... per lane without gaps: the lane's resequencer hands results over in
 that order. A device's in-flight slot is freed once the batch's results were handed to the sink
-(:meth:`~device.devices.DeviceLoad.released`), so at most ``max_in_flight_batches`` batches
+(:meth:`~device.placement.DeviceLoad.released`), so at most ``max_in_flight_batches`` batches
 per device are between cut and produce. Decode failures (and oversized values) travel with the
 batch as per-row errors and are dead-lettered by the result handler, in order with the other
 results.
@@ -25,15 +25,15 @@ from collections.abc import Callable, Sequence
 
 from streamproc.decode import Decoder
 from streamproc.device import DeviceJob, DeviceWorker, StagingPool
-from streamproc.device.devices import DeviceLoad
+from streamproc.device.placement import DeviceLoad
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import FlowControl
 from streamproc.metrics import Metrics
 from streamproc.records import Batch
 
 STALL_CHECK_PERIOD_S = 0.5
-"""The dispatcher checks for stalled devices at most this often (it did per batch: a lock and a
-scan of every device's batches, for a report whose timeout is ``device_stall_timeout_s``)."""
+"""The dispatcher checks for stalled devices at most this often, in seconds (the lag thread
+checks on every tick too)."""
 
 
 class Dispatcher:

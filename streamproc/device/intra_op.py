@@ -8,11 +8,6 @@ kernels (ATen's ``parallel_for``, oneDNN and MKL under the GNU OpenMP runtime to
 Linux) size their parallel regions from the calling thread's value. :class:`IntraOpThreads`
 sets that value through the OpenMP runtime torch loaded; where there is none (a torch built
 without OpenMP) it does nothing and says so once.
-
-Measured on the 2-core development VM (torch 2.15, a 1500x1500 matmul plus a 3x3 convolution,
-three times): with the count at 1 on one thread, no other thread of the process ran any of its
-work (0.000 CPU-s), against 0.26-0.34 CPU-s on torch's other thread at 2; a thread started
-afterwards still got 2.
 """
 
 from __future__ import annotations

@@ -8,14 +8,12 @@ One function turns a workload into its batch function at the requested precision
     fp16   autocast(device, float16)  around the batch function, floating outputs -> float32
     int8   quantize_dynamic(workload.load_module(cpu), {Linear}, qint8) -> workload.bind_model
 
-Why these mechanisms (measured, docs/models.md "Precision"):
+Why these mechanisms (the measurements: docs/models.md "Precision"):
 
 * **Autocast, not converted weights, for bf16/fp16.** Autocast runs matmuls and convolutions
   at the low precision and keeps what needs range or accuracy (softmax, reductions,
   normalisation of the input) in float32; it works for every batch function, including a user's
-  ``build_model`` or a TorchScript file. On EfficientNet-Lite0 on this CPU, weights converted to
-  bf16 were as fast as autocast and agreed less with fp32 (top-5 0.955 against 0.963 over the
-  370 real frames).
+  ``build_model`` or a TorchScript file.
 * **int8 is dynamic quantisation of ``torch.nn.Linear`` layers** (weights int8 ahead of time,
   activations quantised per batch): no calibration data, CPU kernels only (fbgemm/x86/qnnpack).
   It needs the workload's module (:meth:`~streamproc.workloads.Workload.load_module`). It uses
@@ -39,8 +37,7 @@ fp32       yes                             yes
 bf16       yes (warns without native bf16  when ``torch.cuda.is_bf16_supported()`` (Ampere on)
            kernels: it is then emulated)
 fp16       refused: emulated on CPUs        yes
-           without native fp16 kernels,
-           9-14x the CPU time of fp32 here
+           without native fp16 kernels
 int8       when torch has a quantized       refused: the dynamic int8 kernels are CPU-only
            CPU engine
 =========  ==============================  ====================================================

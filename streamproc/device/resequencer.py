@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from streamproc.device.worker import DeviceResult, Release
+from streamproc.device.jobs import DeviceResult, Release
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 

@@ -3,7 +3,8 @@
 Each buffer ("slab") holds one batch: ``(max_batch_size, *item_shape)`` of ``item_dtype``.
 With ``shared=True`` the slabs live in POSIX shared memory (``multiprocessing.shared_memory``),
 so decode processes can write into them (``worker.decode_mode: process``); with CUDA they are
-then page-locked in place with ``cudaHostRegister`` instead of allocated pinned.
+then page-locked in place (:meth:`~streamproc.device.backend.CudaBackend.register_host`) instead
+of allocated pinned.
 
 All slabs are allocated up front; :attr:`StagingPool.allocations` counts every host buffer the
 pool ever allocated, so a test or metric can prove nothing is allocated after warm-up.
@@ -30,6 +31,7 @@ from multiprocessing import shared_memory
 import numpy as np
 import torch
 
+from streamproc.device.backend import CudaBackend
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 
@@ -135,7 +137,7 @@ class StagingPool:
                 array = np.ndarray(self.shape, dtype=self.dtype, buffer=shm.buf)
                 tensor = torch.from_numpy(array)
                 if pin:
-                    _host_register(tensor)
+                    CudaBackend.register_host(tensor)
             else:
                 tensor = torch.empty(self.shape, dtype=torch_dtype, pin_memory=pin)
                 array = tensor.numpy()
@@ -155,7 +157,7 @@ class StagingPool:
         if self.pinned and self._shared:
             for slab in self._slabs:
                 with contextlib.suppress(Exception):
-                    _host_unregister(slab.tensor)
+                    CudaBackend.unregister_host(slab.tensor)
         self._slabs.clear()
         self._free.clear()
         for shm in self._shared:
@@ -204,22 +206,3 @@ class StagingPool:
         with self._cond:
             holders = sorted(b for b in self._leased.values() if b is not None)
             return PoolLeak(self.name, len(self._slabs), len(self._leased), tuple(holders))
-
-
-def _host_register(tensor: torch.Tensor) -> None:
-    """Page-lock existing host memory for async copies (``cudaHostRegister``).
-
-    Raises:
-        RuntimeError: CUDA refused (the CUDA error code is in the message).
-    """
-    nbytes = tensor.numel() * tensor.element_size()
-    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # unannotated in torch
-    code = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, 0)
-    if int(code) != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {code}")
-
-
-def _host_unregister(tensor: torch.Tensor) -> None:
-    """Undo :func:`_host_register` (``cudaHostUnregister``) before the memory is freed."""
-    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # unannotated in torch
-    cudart.cudaHostUnregister(tensor.data_ptr())

@@ -164,7 +164,9 @@ def test_one_bad_pipeline_entry_gives_one_error_line() -> None:
 def test_worker_devices(value: object, expected: object) -> None:
     config = load_config(overrides={"pipelines": [PIPELINE], "worker": {"devices": value}})
     assert config.worker.devices == expected
-    assert config.worker.device == "auto"  # kept; devices wins when set (streamproc.device.devices)
+    assert (
+        config.worker.device == "auto"
+    )  # kept; devices wins when set (streamproc.device.selection)
 
 
 def test_worker_devices_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,8 +11,8 @@ import structlog
 import torch
 
 from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, Slab, StagingPool
-from streamproc.device.devices import DeviceLoad
 from streamproc.device.dispatch import Dispatcher
+from streamproc.device.placement import DeviceLoad
 from streamproc.errors import RecordError
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import Lane

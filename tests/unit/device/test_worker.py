@@ -11,6 +11,7 @@ import structlog
 import torch
 
 from streamproc.device import (
+    CpuBackend,
     DeviceJob,
     DeviceResult,
     DeviceWorker,
@@ -19,6 +20,7 @@ from streamproc.device import (
     Resequencer,
     StagingPool,
 )
+from streamproc.device.backend import Event, Mark
 from streamproc.records import Batch, Record, TopicPartition
 
 TP = TopicPartition("t", 0)
@@ -156,6 +158,18 @@ class FakeCopyEvent:
         return self.fired.is_set()
 
 
+class LateCopies(CpuBackend):
+    """The CPU backend whose ``copied`` events fire when the test says so (a copy engine that
+    finishes after the launch returned); every other event is the CPU's."""
+
+    def __init__(self, copy_event: Callable[[], FakeCopyEvent]) -> None:
+        super().__init__()
+        self._copy_event = copy_event
+
+    def record(self, mark: Mark) -> Event:
+        return self._copy_event() if mark == "copied" else super().record(mark)
+
+
 def release_then(
     handle: Callable[[DeviceResult], None],
 ) -> Callable[[DeviceResult, Release], None]:
@@ -176,16 +190,16 @@ def test_staging_buffer_is_reused_only_after_its_copy_event_fired() -> None:
         events.append(FakeCopyEvent())
         return events[-1]
 
-    results: queue.Queue[DeviceResult] = queue.Queue()
+    results: queue.Queue[tuple[DeviceResult, str]] = queue.Queue()
     worker = DeviceWorker(
         lambda x: (x * 2,),
         torch.device("cpu"),
         pool,
         1,
         1,
-        release_then(results.put),
+        release_then(lambda r: results.put((r, threading.current_thread().name))),
         print,
-        event_factory=factory,
+        backend=LateCopies(factory),
     )
     worker.start()
     slab = pool.lease()
@@ -195,7 +209,9 @@ def test_staging_buffer_is_reused_only_after_its_copy_event_fired() -> None:
     assert pool.lease(timeout_s=0.3) is None
     assert results.empty()
     events[0].fired.set()
-    assert results.get(timeout=10).batch.batch_id == 1
+    result, thread = results.get(timeout=10)
+    assert result.batch.batch_id == 1
+    assert thread == "device-cpu"  # the production CPU path: no completion thread
     again = pool.lease(timeout_s=10)
     assert again is slab  # reused only now
     pool.release(again)
@@ -249,7 +265,7 @@ def test_leak_check_names_the_pool_count_and_batch_of_a_batch_that_never_complet
         1,
         lambda result, release: completed.put((result, release)),
         print,
-        event_factory=lambda: never,
+        backend=LateCopies(lambda: never),
         label="cpu:1",
     )
     worker.start()
@@ -272,7 +288,7 @@ def test_leak_check_names_the_pool_count_and_batch_of_a_batch_that_never_complet
     for name in ("staging", "output cpu:1"):
         labels = {"topic": "frames", "pool": name}
         assert metrics.registry.get_sample_value("streamproc_pool_leaked_buffers", labels) == 1
-    never.fired.set()  # let the completion thread finish
+    never.fired.set()  # let the device thread finish
     _, release = completed.get(timeout=10)
     release()
 

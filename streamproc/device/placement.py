@@ -1,6 +1,7 @@
-"""A lane's devices: which ones (``worker.devices``), and which one gets each cut batch.
+"""Placement: which of a lane's devices gets each cut batch.
 
-Every lane runs one :class:`~streamproc.device.DeviceWorker` per device. Its dispatcher places
+Every lane runs one :class:`~streamproc.device.DeviceWorker` per device (the devices are chosen by
+:mod:`streamproc.device.selection`). Its dispatcher places
 each cut batch on the device **expected to finish it first**, not round-robin::
 
     finish(d, n) = now + (what is left of d's running batch)
@@ -36,83 +37,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
-from streamproc.errors import ConfigError
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceSpec:
-    """One device a lane runs a worker on.
-
-    Attributes:
-        label: its name in metrics, logs and thread names: ``cuda:N``, or ``cpu:K`` for the
-            K-th ``cpu`` entry (logical CPU devices share the cores).
-        device: the torch device.
-    """
-
-    label: str
-    device: torch.device
-
-
-def visible_cuda_devices() -> int:
-    """CUDA devices this process sees (0 without CUDA)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def select_devices(
-    device: str,
-    devices: str | Sequence[str] | None,
-    cuda_count: int | None = None,
-) -> tuple[DeviceSpec, ...]:
-    """The devices of every lane, from ``worker.devices`` (when set) or else ``worker.device``.
-
-    Args:
-        device: ``worker.device``: ``auto`` (cuda:0 when CUDA is visible, else cpu), ``cpu``
-            or ``cuda`` (cuda:0). Used only when ``devices`` is None.
-        devices: ``worker.devices``: None, ``auto`` (every visible CUDA device, else one
-            cpu), or validated entries ``cpu`` / ``cuda:N``.
-        cuda_count: visible CUDA devices (default: asked from torch; tests pass it).
-
-    Raises:
-        ConfigError: a CUDA device is asked for that this process does not see (the message
-            names the key and the devices allowed here).
-    """
-    count = visible_cuda_devices() if cuda_count is None else cuda_count
-    visible = ", ".join(f"cuda:{i}" for i in range(count)) or "none"
-    if devices is None:
-        if device == "cuda" and count == 0:
-            raise ConfigError(
-                "worker.device: cuda, but this process sees no CUDA device; allowed here: auto, cpu"
-            )
-        names: Sequence[str] = ["cuda:0" if count and device in ("auto", "cuda") else "cpu"]
-    elif devices == "auto":
-        names = [f"cuda:{i}" for i in range(count)] or ["cpu"]
-    else:
-        names = [devices] if isinstance(devices, str) else devices
-    specs: list[DeviceSpec] = []
-    cpus = 0
-    for name in names:
-        if name == "cpu":
-            specs.append(DeviceSpec(f"cpu:{cpus}", torch.device("cpu")))
-            cpus += 1
-            continue
-        index_text = name.removeprefix("cuda").removeprefix(":") or "0"
-        if not name.startswith("cuda") or not index_text.isdigit():
-            raise ConfigError(f"worker.devices: unknown device {name!r}; allowed: cpu, cuda:N")
-        index = int(index_text)
-        if index >= count:
-            raise ConfigError(
-                f"worker.devices: {name} is not visible to this process (CUDA devices: "
-                f"{visible}); allowed here: auto, or a list of cpu"
-                + (f" and cuda:0..cuda:{count - 1}" if count else "")
-            )
-        specs.append(DeviceSpec(f"cuda:{index}", torch.device("cuda", index)))
-    return tuple(specs)
 
 
 @dataclass(slots=True)

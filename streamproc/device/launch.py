@@ -1,0 +1,141 @@
+"""One batch's launch on a device: copy in, model, copy out, with the backend's three events.
+
+::
+
+    with backend.launch():                        # CUDA: the next stream is current
+        start   <- record                          # device time starts
+        x = slab rows 0..n-1 -> device              # non_blocking (pinned slab on CUDA)
+        copied  <- record                          # once fired, the slab may be reused
+        model(x), or its parts (PartRunner)        # outputs (n, ...) per model output
+        outputs -> output set rows, non_blocking   # host buffers (pinned on CUDA)
+        done    <- record                          # once fired, the results are on the host
+
+On a CPU the launch returns with all of it done; on CUDA it returns once the work is queued on
+the stream. A model call that raises is re-run in parts by the worker's
+:class:`~streamproc.device.recovery.PartRunner` inside the same launch (so on CUDA the re-runs
+are queued on the batch's stream, before its done event); each part writes its own rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streamproc.device.backend import DeviceBackend, Event
+from streamproc.device.jobs import DeviceJob
+from streamproc.device.outputs import OutputSets
+from streamproc.device.recovery import Outcome, PartRunner
+from streamproc.errors import ModelError, RecordError
+from streamproc.workloads.base import ModelFn
+
+
+@dataclass
+class Launched:
+    """A launched batch until it completes.
+
+    Attributes:
+        job: the batch and its staging slab (given back once ``copied`` fired).
+        out_slot: the output buffer set its outputs are copied into.
+        start, copied, done: the backend's events of the launch (see the module).
+        has_outputs: some rows ran: the output set holds their outputs (False: none ran).
+        failed: row -> error for rows whose decode failed or that failed alone in the model.
+        error: set when no row of the batch ran.
+        model_calls: model calls the batch took (1 unless a call raised).
+        slab_released: the slab is back in its pool.
+    """
+
+    job: DeviceJob
+    out_slot: int
+    start: Event
+    copied: Event
+    done: Event
+    has_outputs: bool
+    failed: dict[int, RecordError]
+    error: ModelError | None
+    model_calls: int
+    slab_released: bool = False
+
+
+class Launcher:
+    """Launches batches of one device worker (on its device thread only).
+
+    Args:
+        backend: the worker's device backend.
+        outputs: the worker's output buffer sets.
+        runner: the worker's part runner (failures, out-of-memory re-runs).
+        on_outcome: called with the :class:`Outcome` of each batch whose model call raised.
+    """
+
+    def __init__(
+        self,
+        backend: DeviceBackend,
+        outputs: OutputSets,
+        runner: PartRunner,
+        on_outcome: Callable[[Outcome], None] | None,
+    ) -> None:
+        self._backend = backend
+        self._outputs = outputs
+        self._runner = runner
+        self._on_outcome = on_outcome
+
+    def launch(self, model: ModelFn, job: DeviceJob, slot: int) -> Launched:
+        """Launch ``job`` through ``model`` (the worker's at this launch: ``(n, *item_shape)``
+        on the device -> a tuple of ``(n, ...)`` tensors), its outputs going to output set
+        ``slot``.
+
+        Raises:
+            FatalPipelineError: the pipeline must stop (see :class:`PartRunner`).
+        """
+        n = len(job.batch)
+        backend = self._backend
+        with backend.launch():
+            start = backend.record("start")
+            x = job.slab.tensor[:n].to(backend.device, non_blocking=True)
+            copied = backend.record("copied")
+            has_outputs = False
+
+            def call(lo: int, hi: int) -> None:
+                nonlocal has_outputs
+                outputs = model(x[lo:hi] if hi - lo < n else x)
+                if any(out.shape[0] != hi - lo for out in outputs):
+                    raise ModelError(
+                        f"model returned {[tuple(o.shape) for o in outputs]} for {hi - lo} rows"
+                    )
+                host = self._outputs.buffers(slot, outputs)
+                has_outputs = True
+                for dst, src in zip(host, outputs, strict=True):
+                    dst[lo:hi].copy_(src, non_blocking=True)
+
+            outcome = self._runner.run(n, call)
+            if outcome.calls > 1 and self._on_outcome is not None:
+                self._on_outcome(outcome)
+            failed, error = _failures(job, outcome)
+            done = backend.record("done")
+        return Launched(
+            job,
+            slot,
+            start,
+            copied,
+            done,
+            has_outputs and error is None,
+            failed,
+            error,
+            outcome.calls,
+        )
+
+
+def _failures(job: DeviceJob, outcome: Outcome) -> tuple[dict[int, RecordError], ModelError | None]:
+    """The rows of ``job`` that failed (decode errors kept, model errors of rows that failed
+    alone added) and the batch's error when no row ran."""
+    if not outcome.failed:
+        return job.failed, None
+    batch_id = job.batch.batch_id
+    failed: dict[int, RecordError] = {
+        row: ModelError(f"model failed on batch {batch_id}: {text}")
+        for row, text in outcome.failed.items()
+    }
+    failed.update(job.failed)  # a row whose decode failed keeps that error
+    error = None
+    if len(outcome.failed) == len(job.batch):  # no row ran: no outputs at all
+        error = ModelError(f"model failed on batch {batch_id}: {outcome.failed[0]}")
+    return failed, error
