@@ -51,8 +51,8 @@ kafka-jars: venv
 demo: venv kafka-jars
 	$(VENV)/bin/streamproc demo
 
-# ruff, then mypy --strict over streamproc (settings and per-module exceptions: [tool.mypy] in
-# pyproject.toml).
+# ruff, then mypy --strict over streamproc and benchmarks (settings and per-module exceptions:
+# [tool.mypy] in pyproject.toml).
 lint: venv
 	$(DEPS)/bin/ruff check streamproc tests benchmarks examples scripts
 	$(DEPS)/bin/ruff format --check streamproc tests benchmarks examples scripts

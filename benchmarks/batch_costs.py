@@ -3,6 +3,7 @@ decode) -> device worker (the real trades model on CPU) -> completion -> reseque
 result handler that only counts. Tiny batches make the per-batch costs dominate.
 
     .venv/bin/python benchmarks/batch_costs.py --batch 4 --messages 20000 [--inline never]
+    .venv/bin/python benchmarks/batch_costs.py --messages 64       # a check, in seconds
 
 Prints the process CPU-µs per batch and per message over the run, and each Python thread's
 CPU-µs per batch (``/proc/self/task/<tid>/stat``, 10 ms ticks: run enough batches). One torch
@@ -15,6 +16,7 @@ import argparse
 import itertools
 import threading
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -40,13 +42,13 @@ def thread_cpu_s() -> dict[str, float]:
     return {t.name: stats[t.native_id].cpu_s for t in threading.enumerate() if t.native_id in stats}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workload", default="trades")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--inline", choices=("never", "always"), default="always")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     workload = load_workload(args.workload)
     tp = TopicPartition("in", 0)

@@ -1,15 +1,24 @@
-"""CPU cost per message of the light workloads' codecs: before issue 15 (orjson + pydantic)
-against now (msgspec typed decoders, issue 15).
+"""CPU cost per message of the light workloads' codecs: the live ones (msgspec typed decoders,
+issue 15) against a frozen copy of the ones before issue 15 (orjson + pydantic).
 
     .venv/bin/python benchmarks/codecs.py [--repeats 7] [--batches 10]
+    .venv/bin/python benchmarks/codecs.py --smoke     # one batch, one repetition (seconds)
 
 For trades and iot, on real messages from each workload's ``replay_messages()`` (``--batches``
 batches of 256, no Kafka): ``decode_many`` into a (256, *item_shape) float32 slab, and
 ``encode_many`` of 256 result rows. Old and new alternate within each repetition; the cost is
 thread CPU time (``time.thread_time_ns``) per message, in microseconds; printed: median and
-range over the repetitions. The old codecs live only here (:class:`OldTrades`,
-:class:`OldIot`: the code of ``streamproc/workloads/{trades,iot}.py`` before issue 15).
-Numbers: docs/benchmarks.md, "Codecs (issue 15)".
+range over the repetitions. Numbers: docs/benchmarks.md, "Codecs (issue 15)".
+
+The old codecs (:class:`TradesCodecPre15`, :class:`IotCodecPre15`) are a frozen copy of what
+``streamproc/workloads/{trades,iot}.py`` ran at commit 2f9a1f7 (the schemas, ``feature_rows``,
+the per-record loops of the ``Workload`` base class, the result documents): standalone classes
+that neither subclass nor call the live workloads, so a change to the live code cannot silently
+change the baseline. From live code they take only the value types the result handler takes
+(``Record`` in, ``Encoded`` and ``RecordError`` out) and two public helpers of
+``workloads.base`` unchanged since that commit (``parse_json``, ``source_coordinates``); the
+anomaly threshold is data (the shipped checkpoint's) and is passed in. Do not edit the frozen
+section when the live codecs change.
 """
 
 from __future__ import annotations
@@ -19,29 +28,51 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Annotated, Literal, NotRequired
+from typing import Annotated, Literal, NotRequired, Protocol
 
-import msgspec
 import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, with_config
-from typing_extensions import TypedDict
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Record, TopicPartition
 from streamproc.workloads import iot, trades
-from streamproc.workloads.base import Encoded, Workload, parse_json, source_coordinates
-from streamproc.workloads.sampledata import CYCLING_CHANNELS
+from streamproc.workloads.base import Encoded, parse_json, source_coordinates
 
 ROWS = 256
+
+
+class Codec(Protocol):
+    """What is measured of a codec (the live workloads and the frozen copies alike)."""
+
+    @property
+    def item_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def item_dtype(self) -> np.dtype: ...
+
+    def decode_many(
+        self, records: Sequence[Record], rows: np.ndarray
+    ) -> dict[int, RecordError]: ...
+
+    def encode_many(
+        self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
+    ) -> list[Encoded | Exception]: ...
+
+
+# --- frozen: the codecs at 2f9a1f7 (before issue 15); do not edit ----------------------------
 INT64_MAX = 2**63 - 1
-
-
-# --- the codecs before issue 15 ----------------------------------------------------------------
+TRADES_PER_BAR = 4
+FEATURES = 4
+WINDOW = 32
+CYCLING_CHANNELS = ("altitude", "power", "cadence", "speed")
 
 
 @with_config(ConfigDict(strict=True))
-class OldTradeMessage(TypedDict):
+class TradeMessage(TypedDict):
+    """The trade message schema (strict; integers bounded to int64)."""
+
     trade_id: NotRequired[str | None]
     symbol: Annotated[str, Field(min_length=1)]
     ts_ms: Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
@@ -52,19 +83,28 @@ class OldTradeMessage(TypedDict):
     adv_20: Annotated[float, Field(gt=0)]
 
 
-OLD_TRADE_MESSAGE = TypeAdapter(OldTradeMessage)
+TRADE_MESSAGE = TypeAdapter(TradeMessage)
 
 
-class OldIotMessage(BaseModel):
-    device_id: str
-    ts_ms: int
-    window_id: int | None = None
-    channels: list[str]
-    window: list[list[float]]
+def feature_rows(fields: np.ndarray) -> np.ndarray:
+    """(n, 5) float64 columns price, size, side (1.0 buy), prev_close, adv_20 -> (n, 4) float64
+    feature rows ``[log(price/prev_close), log(size*4/adv_20), side, side*log(price/prev_close)]``.
+    """
+    price, size, buy, prev_close, adv_20 = fields.T
+    ret = np.log(price / prev_close)
+    sign = 2.0 * buy - 1.0
+    return np.stack([ret, np.log(size * TRADES_PER_BAR / adv_20), sign, sign * ret], axis=1)
 
 
-class OldTrades(trades.TradesWorkload):
-    """The trades codec before issue 15 (pydantic ``TypeAdapter``; encode re-parses with orjson)."""
+class TradesCodecPre15:
+    """The trades codec at 2f9a1f7: pydantic ``TypeAdapter`` per message, numpy features per
+    slice; encode re-parses each input with orjson to echo its fields."""
+
+    item_shape = (FEATURES,)
+    item_dtype = np.dtype(np.float32)
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
 
     def decode_many(self, records: Sequence[Record], rows: np.ndarray) -> dict[int, RecordError]:
         failed: dict[int, RecordError] = {}
@@ -72,7 +112,7 @@ class OldTrades(trades.TradesWorkload):
         fields: list[tuple[float, int, bool, float, float]] = []
         for index, record in enumerate(records):
             try:
-                trade = parse_json(record, OLD_TRADE_MESSAGE)
+                trade = parse_json(record, TRADE_MESSAGE)
             except DecodeError as exc:
                 failed[index] = exc
                 continue
@@ -89,11 +129,14 @@ class OldTrades(trades.TradesWorkload):
         if not fields:
             return failed
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            feats = trades.feature_rows(np.array(fields, dtype=np.float64)).astype(rows.dtype)
+            feats = feature_rows(np.array(fields, dtype=np.float64)).astype(rows.dtype)
         finite = np.isfinite(feats).all(axis=1)
         if not finite.all():
             for position in np.flatnonzero(~finite).tolist():
-                failed[parsed[position]] = DecodeError("schema: a feature is not finite")
+                failed[parsed[position]] = DecodeError(
+                    "schema: a feature is not finite (price, size, prev_close or adv_20 out of "
+                    "range)"
+                )
             parsed = [i for i, ok in zip(parsed, finite.tolist(), strict=True) if ok]
             feats = feats[finite]
         if len(parsed) == len(records):
@@ -135,15 +178,36 @@ class OldTrades(trades.TradesWorkload):
         return results
 
 
-class OldIot(iot.IotWorkload):
-    """The IoT codec before issue 15 (pydantic model per record; encode re-parses per record)."""
+class IotMessage(BaseModel):
+    """The IoT message schema (a pydantic model, lax mode)."""
+
+    device_id: str
+    ts_ms: int
+    window_id: int | None = None
+    channels: list[str]
+    window: list[list[float]]
+
+
+class IotCodecPre15:
+    """The IoT codec at 2f9a1f7: a pydantic model per message, decoded and encoded one record
+    at a time (the ``Workload`` base class's loops); encode re-parses each input with orjson."""
+
+    item_shape = (WINDOW, len(CYCLING_CHANNELS))
+    item_dtype = np.dtype(np.float32)
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        message = parse_json(record, OldIotMessage)
+        message = parse_json(record, IotMessage)
         if tuple(message.channels) != CYCLING_CHANNELS:
-            raise DecodeError(f"schema: channels {message.channels}")
-        if len(message.window) != iot.WINDOW:
-            raise DecodeError(f"wrong window length: {len(message.window)} samples")
+            raise DecodeError(
+                f"schema: channels {message.channels}, expected {list(CYCLING_CHANNELS)}"
+            )
+        if len(message.window) != WINDOW:
+            raise DecodeError(
+                f"wrong window length: {len(message.window)} samples, expected {WINDOW}"
+            )
         if any(len(sample) != len(CYCLING_CHANNELS) for sample in message.window):
             raise DecodeError(f"schema: every sample needs {len(CYCLING_CHANNELS)} values")
         values = np.asarray(message.window, dtype=np.float32)
@@ -152,7 +216,14 @@ class OldIot(iot.IotWorkload):
         out[...] = values
 
     def decode_many(self, records: Sequence[Record], rows: np.ndarray) -> dict[int, RecordError]:
-        return Workload.decode_many(self, records, rows)  # decode() per record
+        failed: dict[int, RecordError] = {}
+        for index, record in enumerate(records):  # the base class's loop: decode() per record
+            try:
+                self.decode(record, rows[index])
+            except Exception as exc:
+                known = exc if isinstance(exc, RecordError) else None
+                failed[index] = known or DecodeError(f"{type(exc).__name__}: {exc}")
+        return failed
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
         score, flag = outputs
@@ -177,18 +248,27 @@ class OldIot(iot.IotWorkload):
     def encode_many(
         self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
     ) -> list[Encoded | Exception]:
-        return Workload.encode_many(self, records, outputs)  # encode() per record
+        results: list[Encoded | Exception] = []
+        for index, record in enumerate(records):  # the base class's loop: encode() per record
+            try:
+                results.append(self.encode(record, tuple(out[index] for out in outputs)))
+            except Exception as exc:
+                results.append(exc)
+        return results
 
 
 # --- measurement --------------------------------------------------------------------------------
 
 
-def batches(name: str, workload: Workload, count: int) -> list[tuple[list[Record], tuple]]:  # type: ignore[type-arg]
+Outputs = tuple[np.ndarray, ...]
+
+
+def batches(name: str, workload: Codec, count: int) -> list[tuple[list[Record], Outputs]]:
     """``count`` batches of ROWS real records and their model outputs (from the new decode)."""
     replay = trades.replay_messages if name == "trades" else iot.replay_messages
     tp = TopicPartition(name, 0)
     messages = list(itertools.islice(replay(), ROWS * count))
-    out = []
+    out: list[tuple[list[Record], Outputs]] = []
     for start in range(0, len(messages), ROWS):
         records = [
             Record(tp, start + i, key, value, headers, 0, 0.0, 1)
@@ -198,17 +278,25 @@ def batches(name: str, workload: Workload, count: int) -> list[tuple[list[Record
         if workload.decode_many(records, rows):
             raise SystemExit(f"{name}: a real message failed to decode")
         scores = rows.reshape(ROWS, -1)[:, 0].copy()
-        outputs = (scores, scores > np.median(scores)) + ((rows,) if name == "trades" else ())
+        outputs: Outputs = (scores, scores > np.median(scores))
+        outputs += (rows,) if name == "trades" else ()
         out.append((records, outputs))
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batches", type=int, default=10, help="batches of 256 messages")
-    args = parser.parse_args()
-    pairs = {"trades": (OldTrades(), trades.TradesWorkload()), "iot": (OldIot(), iot.IotWorkload())}
+    parser.add_argument("--smoke", action="store_true", help="1 batch, 1 repetition: a check")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.batches = 1, 1
+    live_trades, live_iot = trades.TradesWorkload(), iot.IotWorkload()
+    pairs: dict[str, tuple[Codec, Codec]] = {
+        "trades": (TradesCodecPre15(live_trades.threshold), live_trades),
+        "iot": (IotCodecPre15(live_iot.threshold), live_iot),
+    }
     print(
         f"CPU us per message (thread_time_ns), {args.batches} batches x {ROWS} real messages, "
         f"{args.repeats} repetitions alternating old/new: median [min - max]"
@@ -216,7 +304,7 @@ def main() -> None:
     for name, (old, new) in pairs.items():
         data = batches(name, new, args.batches)
         slab = np.zeros((ROWS, *new.item_shape), dtype=new.item_dtype)
-        stages: dict[str, Callable[[Workload], object]] = {
+        stages: dict[str, Callable[[Codec], object]] = {
             "decode_many": lambda w: [w.decode_many(records, slab) for records, _ in data],  # noqa: B023
             "encode_many": lambda w: [w.encode_many(r, outputs) for r, outputs in data],  # noqa: B023
         }
@@ -228,78 +316,10 @@ def main() -> None:
                 for label, c in costs.items()
             )
             print(f"{name:6s} {stage:11s}  {line}  old/new {medians['old'] / medians['new']:4.1f}x")
-    serializers(args.repeats)
-
-
-class _Features(msgspec.Struct):
-    log_return_vs_prev_close: float
-    log_size_vs_adv: float
-    side: int
-
-
-class _Source(msgspec.Struct):
-    topic: str
-    partition: int
-    offset: int
-
-
-class _TradeResult(msgspec.Struct):
-    trade_id: str | None
-    symbol: str
-    ts_ms: int
-    score: float
-    anomaly: bool
-    threshold: float
-    features: _Features
-    model: str
-    source: _Source
-
-
-def serializers(repeats: int) -> None:
-    """Why encode_many serialises with ``orjson.dumps``: one trades result document built and
-    serialised 25,600 times by each candidate (the same JSON), CPU us per document."""
-    encoder = msgspec.json.Encoder()
-    tid, symbol, ts_ms, score, threshold = "AAPL-2000-03-02-1", "AAPL", 951993000000, 0.12, 0.01
-    ret, size, model = 0.01234567, -0.1234567, "trades autoencoder (daily OHLCV 2000-2010)"
-
-    def as_dict() -> dict[str, object]:
-        return {
-            "trade_id": tid,
-            "symbol": symbol,
-            "ts_ms": ts_ms,
-            "score": score,
-            "anomaly": False,
-            "threshold": threshold,
-            "features": {"log_return_vs_prev_close": ret, "log_size_vs_adv": size, "side": 1},
-            "model": model,
-            "source": {"topic": "trades", "partition": 0, "offset": 9},
-        }
-
-    def as_struct() -> _TradeResult:
-        features = _Features(ret, size, 1)
-        source = _Source("trades", 0, 9)
-        return _TradeResult(tid, symbol, ts_ms, score, False, threshold, features, model, source)
-
-    candidates: dict[str, Callable[[], bytes]] = {
-        "orjson.dumps(dict)": lambda: orjson.dumps(as_dict()),
-        "msgspec Encoder.encode(dict)": lambda: encoder.encode(as_dict()),
-        "msgspec Encoder.encode(Struct)": lambda: encoder.encode(as_struct()),
-    }
-    assert len({orjson.dumps(orjson.loads(run())) for run in candidates.values()}) == 1
-    costs: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(repeats):
-        for name, run in candidates.items():
-            started = time.thread_time_ns()
-            for _ in range(ROWS * 100):
-                run()
-            costs[name].append((time.thread_time_ns() - started) / (ROWS * 100) / 1000)
-    for name, c in costs.items():
-        spread = f"{statistics.median(c):5.2f} [{min(c):5.2f} - {max(c):5.2f}]"
-        print(f"build + serialise one result: {name:31s} {spread}")
 
 
 def measure(
-    run: Callable[[Workload], object], old: Workload, new: Workload, messages: int, repeats: int
+    run: Callable[[Codec], object], old: Codec, new: Codec, messages: int, repeats: int
 ) -> dict[str, list[float]]:
     """CPU us per message of ``run(old)`` and ``run(new)``, alternating, after one warm-up each."""
     workloads = {"old": old, "new": new}

@@ -2,6 +2,7 @@
 
     make decode-workers      # = .venv/bin/python benchmarks/decode_workers.py (local broker)
     .venv/bin/python benchmarks/decode_workers.py --bootstrap 127.0.0.1:9092 --repeats 5
+    .venv/bin/python benchmarks/decode_workers.py --smoke    # the decode table, in seconds
 
 Two tables, each over ``--repeats`` rounds in which the contenders run in turn (the order
 rotates every round), printed as median (range):
@@ -201,7 +202,7 @@ def decode_table(seconds: float, repeats: int) -> None:
             results[name].append(decode_run(values, runs[name], seconds))
             print(f"  run {name}: {results[name][-1]}", flush=True)
     print(
-        f"\ndecode only, batches of 16 real frames, {seconds:.0f} s per run, {repeats} rounds "
+        f"\ndecode only, batches of 16 real frames, {seconds:g} s per run, {repeats} rounds "
         f"(median (range)); {os.cpu_count()} cores"
     )
     print(f"  {'decode threads':24} {'frames/s':>20}  counts the sizer went through (per round)")
@@ -210,14 +211,19 @@ def decode_table(seconds: float, repeats: int) -> None:
         print(f"  {name:24} {spread([r['fps'] for r in rows], 0):>20}  {paths}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("tables", nargs="*", default=["pipeline", "decode"])
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     parser.add_argument("--messages", type=int, default=740)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--decode-seconds", type=float, default=20.0)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke", action="store_true", help="the decode table only, 0.2 s per run, 1 round"
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.tables, args.repeats, args.decode_seconds = ["decode"], 1, 0.2
     logs.configure("warning", "console")
     started = time.monotonic()
     if "decode" in args.tables:

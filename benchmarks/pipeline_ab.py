@@ -2,7 +2,7 @@
 
 Usage (from a checkout's root, with its .venv)::
 
-    .venv/bin/python benchmarks/pipeline_ab.py --workload trades --messages 20000 \
+    .venv/bin/python benchmarks/pipeline_ab.py --workload trades --messages 20000 \\
         --bootstrap 127.0.0.1:9092 --out /tmp/ab.jsonl
 
 The input topic ``ab-<workload>-<messages>`` is produced once (the workload's replay data, 4
@@ -25,6 +25,8 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -32,11 +34,7 @@ from confluent_kafka.admin import AdminClient
 import streamproc
 from streamproc.config import load_config
 from streamproc.tools.bench.cpu import thread_cpu
-
-try:  # the tools moved under streamproc.tools (issue 14); older checkouts have them at the top
-    from streamproc.tools.replay import produce
-except ImportError:  # pragma: no cover - older checkouts
-    from streamproc.replay import produce  # type: ignore[no-redef]
+from streamproc.tools.replay import produce
 
 
 def _ensure_input(bootstrap: str, workload: str, messages: int) -> str:
@@ -77,8 +75,29 @@ def _thread_cpu_s() -> dict[int, tuple[str, float]]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def overrides(workload: str, source: str, run_id: str, worker: dict[str, Any]) -> dict[str, Any]:
+    """The config of one run (the bench's sizes: batches up to 256, 16 for video; one torch
+    thread), ``worker`` merged into its worker section."""
+    video = workload == "video"
+    return {
+        "kafka": {"group_id": f"ab-{run_id}"},
+        "pipelines": [
+            {
+                "name": workload,
+                "input_topic": source,
+                "output_topic": f"ab-out-{run_id}",
+                "workload": workload,
+            }
+        ],
+        "metrics": {"port": 0},
+        "batching": {"max_batch_size": 16 if video else 256},
+        "buffers": {"ring_capacity": 256 if video else 16384},
+        "worker": {"torch_threads": 1, **worker},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workload", default="trades")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--bootstrap", required=True)
@@ -89,25 +108,11 @@ def main() -> None:
         default="{}",
         help='JSON merged into the worker section, e.g. \'{"decode_inline": "never"}\'',
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     source = _ensure_input(args.bootstrap, args.workload, args.messages)
     run_id = uuid.uuid4().hex[:8]
     config = load_config(
-        overrides={
-            "kafka": {"group_id": f"ab-{run_id}"},
-            "pipelines": [
-                {
-                    "name": args.workload,
-                    "input_topic": source,
-                    "output_topic": f"ab-out-{run_id}",
-                    "workload": args.workload,
-                }
-            ],
-            "metrics": {"port": 0},
-            "batching": {"max_batch_size": 16 if args.workload == "video" else 256},
-            "buffers": {"ring_capacity": 256 if args.workload == "video" else 16384},
-            "worker": {"torch_threads": 1, **json.loads(args.worker)},
-        },
+        overrides=overrides(args.workload, source, run_id, json.loads(args.worker)),
         bootstrap=args.bootstrap,
     )
     pipeline = streamproc.Pipeline(config)

@@ -1,6 +1,7 @@
 """Precision per built-in workload: agreement with fp32 on real held-out data, model-only speed.
 
     make precision          # = .venv/bin/python benchmarks/precision.py
+    .venv/bin/python benchmarks/precision.py trades iot --smoke     # a check, in seconds
 
 No Kafka, no decode in the timed part: the batch function that ``worker.precision`` selects
 (``streamproc.device.precision.build_model``) runs over preloaded host batches, exactly as the
@@ -173,6 +174,8 @@ def bench_workload(name: str, args: argparse.Namespace) -> None:
     batches = args.video_batches if name == "video" else args.batches
     workload = load_workload(name)
     data = LOADERS[name](workload)
+    if args.rows:
+        data.rows = data.rows[: args.rows]
     models: dict[str, ModelFn] = {}
     refused: dict[str, str] = {}
     for precision in PRECISIONS:
@@ -225,8 +228,8 @@ def bench_workload(name: str, args: argparse.Namespace) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("workloads", nargs="*", default=["video", "iot", "trades"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=256, help="iot/trades batch size")
@@ -235,7 +238,12 @@ def main() -> None:
     parser.add_argument("--video-batches", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--include-refused", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--rows", type=int, default=0, help="first N held-out rows (0: all)")
+    parser.add_argument("--smoke", action="store_true", help="8 rows, 2 batches, 1 round")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rows, args.repeats, args.batches, args.video_batches = 8, 1, 2, 2
+        args.batch = args.video_batch = 4
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     for name in args.workloads:

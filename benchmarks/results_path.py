@@ -22,6 +22,7 @@ import json
 import statistics
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -35,20 +36,49 @@ from streamproc.offsets.tracker import OffsetTracker
 from streamproc.output.producer import build_producer, producer_settings
 from streamproc.output.results import ResultHandler
 from streamproc.output.sink import Sink
-from streamproc.records import Batch, Record, TopicPartition
-from streamproc.workloads import load_workload
+from streamproc.records import Batch, Headers, Record, TopicPartition
+from streamproc.workloads import ModelFn, Workload, load_workload
 from streamproc.workloads.trades import replay_messages
 
 BATCH = 256
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def batch_results(
+    workload: Workload,
+    model: ModelFn,
+    messages: Sequence[tuple[bytes | None, bytes | None, Headers]],
+    tp: TopicPartition,
+    generation: int,
+    tracker: OffsetTracker,
+    offsets: Iterator[int],
+) -> list[DeviceResult]:
+    """``messages`` in batches of :data:`BATCH` as the device worker hands them over: records
+    of ``tp`` at assignment ``generation`` (tracked as consumed in ``tracker``, offsets from
+    ``offsets``), decoded, and the model's outputs on the host."""
+    results = []
+    for start in range(0, len(messages), BATCH):
+        chunk = messages[start : start + BATCH]
+        records = tuple(
+            Record(tp, next(offsets), key, value, headers, 0, time.monotonic(), generation)
+            for key, value, headers in chunk
+        )
+        tracker.consumed_many(records)
+        rows = np.zeros((len(records), *workload.item_shape), dtype=workload.item_dtype)
+        failed = workload.decode_many(records, rows)
+        outputs = tuple(o.numpy() for o in model(torch.from_numpy(rows)))
+        results.append(
+            DeviceResult(Batch(start, records, time.monotonic()), outputs, failed, None, 1e-3)
+        )
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--label", default="")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     workload = load_workload("trades")
     model = workload.bind_model(workload.load_module(torch.device("cpu")), torch.device("cpu"))
@@ -72,20 +102,7 @@ def main() -> None:
     thread_us: list[float] = []
     process_us: list[float] = []
     for _ in range(args.repetitions):
-        results = []
-        for start in range(0, len(messages), BATCH):
-            chunk = messages[start : start + BATCH]
-            records = tuple(
-                Record(tp, next(offsets), key, value, headers, 0, time.monotonic(), generation)
-                for key, value, headers in chunk
-            )
-            tracker.consumed_many(records)
-            rows = np.zeros((len(records), *workload.item_shape), dtype=workload.item_dtype)
-            failed = workload.decode_many(records, rows)
-            outputs = tuple(o.numpy() for o in model(torch.from_numpy(rows)))
-            results.append(
-                DeviceResult(Batch(start, records, time.monotonic()), outputs, failed, None, 1e-3)
-            )
+        results = batch_results(workload, model, messages, tp, generation, tracker, offsets)
         count = sum(len(r.batch) for r in results)
         gc.collect()
         gc.freeze()  # as the pipeline does after start-up: collections never walk the inputs

@@ -10,28 +10,62 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import psutil
 import yaml
 
 from streamproc.kafka.admin import ensure_topics
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
 
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
-def main() -> int:
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process ``pid`` in bytes (``/proc/<pid>/statm``, as ``ps`` reads it).
+
+    Raises:
+        OSError: no such process.
+    """
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
+
+
+def summarise(rss: Sequence[int]) -> dict[str, Any]:
+    """Min/mean/max of the RSS samples (bytes) in MiB, the largest deviation from the mean (a
+    fraction of it) and whether it is within 5 % (the target).
+
+    Raises:
+        ValueError: no samples (the run was shorter than the warm-up).
+    """
+    if not rss:
+        raise ValueError("no RSS sample: the run ended within the warm-up")
+    mean = sum(rss) / len(rss)
+    deviation = max(abs(r - mean) for r in rss) / mean
+    return {
+        "samples": len(rss),
+        "rss_min_mib": min(rss) / 2**20,
+        "rss_mean_mib": mean / 2**20,
+        "rss_max_mib": max(rss) / 2**20,
+        "max_deviation_from_mean": deviation,
+        "within_5_percent": deviation <= 0.05,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rate", type=float, default=1000.0, help="msg/s")
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--workload", default="trades")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="streamproc-soak-"))
     broker = LocalKafka(work / "kafka", ensure_kafka_jars())
     bootstrap = broker.start()
@@ -69,7 +103,6 @@ def main() -> int:
             stdout=(work / "consumer.log").open("wb"),
             stderr=subprocess.STDOUT,
         )
-        proc = psutil.Process(consumer.pid)
         total = int(args.rate * args.minutes * 60)
         replay = threading.Thread(
             target=produce,
@@ -83,21 +116,13 @@ def main() -> int:
             replay.join(5.0)  # sampling period
             elapsed = time.monotonic() - started
             if elapsed >= 60:
-                samples.append((elapsed, proc.memory_info().rss))
-        rss = [r for _, r in samples]
-        mean = sum(rss) / len(rss)
-        deviation = max(abs(r - mean) for r in rss) / mean
+                samples.append((elapsed, rss_bytes(consumer.pid)))
         result = {
             "workload": args.workload,
             "rate_msg_s": args.rate,
             "minutes": args.minutes,
             "messages": total,
-            "samples": len(rss),
-            "rss_min_mib": min(rss) / 2**20,
-            "rss_mean_mib": mean / 2**20,
-            "rss_max_mib": max(rss) / 2**20,
-            "max_deviation_from_mean": deviation,
-            "within_5_percent": deviation <= 0.05,
+            **summarise([r for _, r in samples]),
         }
         out = Path("benchmarks/results")
         out.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,10 @@
-"""streamproc: run PyTorch models over Kafka streams, at-least-once, with bounded memory.
+"""streamproc: run PyTorch models over Kafka streams, at-least-once (exactly-once opt-in),
+with bounded memory.
 
-Data flow (one message, in file order)::
-
-    source.py     consumer thread: poll -> Record -> per-partition ring (pause/resume)
-    buffers.py    rings + watermarks (pure)
-    batcher.py    when to cut a batch (pure, injected clock)
-    dispatch.py   cut at dispatch time, decode into a pinned staging slab
-    worker/       staging pool, device worker (streams, events), completion thread
-    results.py    encode results, dead-letter failures
-    sink.py       idempotent acks=all producer, delivery reports
-    commit.py     contiguous watermarks per assignment -> commits (by the source thread)
+The package is laid out by role: the stages ``intake`` -> ``decode`` -> ``device`` ->
+``output``, over the Kafka seam (``kafka``) and the offset ledger (``offsets``); ``assembly``
+builds them from the config and :class:`Pipeline` runs them. How a message flows through them,
+which thread owns what, the queues and the lock order: ``docs/architecture.md``.
 
 Embed it::
 

@@ -7,9 +7,8 @@ consumer thread; it never subscribes) and subtracts the source's position (next 
 hand to the pipeline). Series of partitions no longer assigned are removed.
 
 Not the AdminClient: its ``list_offsets`` and ``list_consumer_group_offsets`` crash librdkafka
-2.16.0 (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed``, SIGABRT)
-when two of three brokers were down and return (found by ``make test-faults``; reproduced with
-the AdminClient alone), which took the whole process down.
+2.16.0 (an assertion, SIGABRT: the whole process) when two of three brokers were down and
+return (docs/history-intake-kafka.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Usage (from a checkout's root, with its .venv; a broker at ``--bootstrap``)::
 
-    .venv/bin/python benchmarks/linger.py --bootstrap 127.0.0.1:9092 --workload trades \
+    .venv/bin/python benchmarks/archive/linger.py --bootstrap 127.0.0.1:9092 --workload trades \\
         --rate 8000 --seconds 4 --lingers 0,2,5,10,20 --repetitions 3
 
 For each ``linger.ms`` value, alternately (A B C ... A B C ...), a paced replay of the

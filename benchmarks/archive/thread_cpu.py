@@ -1,8 +1,9 @@
 """Where the CPU goes: one streamproc run on a local broker, CPU seconds per thread and of the
 broker, for a pre-produced backlog (the profile behind docs/benchmarks.md).
 
-    .venv/bin/python benchmarks/thread_cpu.py trades 50000
-    .venv/bin/python benchmarks/thread_cpu.py video 370 '{"worker": {"decode_mode": "process"}}'
+    .venv/bin/python benchmarks/archive/thread_cpu.py trades 50000
+    .venv/bin/python benchmarks/archive/thread_cpu.py video 370 \\
+        '{"worker": {"decode_mode": "process"}}'
 
 The optional JSON merges into the config sections of the bench's own config. Prints the
 throughput (from output record timestamps), the CPU seconds of each Python thread of the

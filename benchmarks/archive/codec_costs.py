@@ -1,6 +1,6 @@
 """Per-message cost of the trades codec: the per-record path against the batch path.
 
-    .venv/bin/python benchmarks/codec_costs.py
+    .venv/bin/python benchmarks/archive/codec_costs.py
 
 Decodes and encodes 256 real trade messages (``trade_messages()``, bokeh-sampledata bars) in one
 process, no Kafka: ``Workload.decode_many`` / ``encode_many`` of the base class (one

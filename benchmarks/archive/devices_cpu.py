@@ -1,14 +1,16 @@
 """Several devices on a CPU machine: one device against two logical CPU devices, on a real broker.
 
-    .venv/bin/python benchmarks/devices_cpu.py video 370 3
-    KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 .venv/bin/python benchmarks/devices_cpu.py trades 20000
+    .venv/bin/python benchmarks/archive/devices_cpu.py video 370 3
+    KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 \\
+        .venv/bin/python benchmarks/archive/devices_cpu.py trades 20000
 
 For each round (the last argument, default 2), and for each variant below in turn (alternating,
 so a shared machine's load drifts over all of them alike), a backlog of ``messages`` records of
-``workload`` is produced into a fresh 4-partition topic and the real pipeline (the bench's config,
-``streamproc.tools.bench._config``) consumes it until idle. Prints per run the throughput (from
-the output records' timestamps), the batches each device got and its busy fraction (device
-seconds over the run), and the most results that waited for an earlier batch; then the median
+``workload`` is produced into a fresh 4-partition topic and the real pipeline (the bench's
+config, ``streamproc.tools.bench.contenders.pipeline_config``) consumes it until idle. Prints
+per run the throughput (from the output records' timestamps), the batches each device got and
+its busy fraction (device seconds over the run), and the most results that waited for an
+earlier batch; then the median
 throughput per variant.
 
 Variants (``worker`` keys):
@@ -35,7 +37,8 @@ from streamproc import logs
 from streamproc.config import load_config
 from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
-from streamproc.tools import bench
+from streamproc.tools.bench.contenders import pipeline_config
+from streamproc.tools.bench.measure import rate_from_output
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
 
@@ -53,7 +56,7 @@ def run_once(bootstrap: str, workload: str, messages: int, worker: dict[str, Any
     source, sink = f"dev.in.{tag}", f"dev.out.{tag}"
     ensure_topics(bootstrap, {source: 4, sink: 4})
     produce(workload, source, bootstrap, 4, messages, None, progress=False)
-    data = bench._config(bootstrap, source, sink, workload, f"dev-{tag}").model_dump()
+    data = pipeline_config(bootstrap, source, sink, workload, f"dev-{tag}").model_dump()
     data["worker"].update(worker)
     pipeline = Pipeline(load_config(overrides=data))
     started_s = time.monotonic()
@@ -61,7 +64,7 @@ def run_once(bootstrap: str, workload: str, messages: int, worker: dict[str, Any
     elapsed_s = time.monotonic() - started_s
     assert summary.exit_code == 0, summary.error
     assert not pipeline.leaks, pipeline.leaks
-    count, rate = bench._rate_from_output(bootstrap, sink)
+    count, rate = rate_from_output(bootstrap, sink)
     assert count == messages, (count, messages)
     placed = summary.device_batches[source]
     busy = {

@@ -1,0 +1,185 @@
+"""Smoke tests of the kept benchmark scripts (benchmarks/README.md lists them).
+
+Each script runs in-process on a tiny input (its ``--smoke`` option or a few messages), so an
+API change in streamproc fails here, not in the next measurement. Scripts that need a broker
+(pipeline_ab, priority_isolation, results_path, soak, quix_app) run only their pure parts: the
+config a run builds, the latency bookkeeping and summary, the results handed to the sink, the
+RSS summary, Quix's per-message step. The archived one-off studies (benchmarks/archive/) are
+type-checked only. The scripts change process-wide state (torch's thread count, structlog's
+configuration): every test restores both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+import structlog
+import torch
+
+from benchmarks import (
+    batch_costs,
+    codecs,
+    decode_workers,
+    gpu_check,
+    pipeline_ab,
+    precision,
+    priority_isolation,
+    quix_app,
+    results_path,
+    soak,
+)
+from streamproc.config import load_config
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.records import TopicPartition
+from streamproc.tools.bench.cpu import CpuMeter
+from streamproc.tools.replay import messages
+from streamproc.tools.verify import TopicDump
+from streamproc.workloads import load_workload
+
+
+@pytest.fixture(autouse=True)
+def _process_state() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    logging = structlog.get_config()
+    yield
+    torch.set_num_threads(threads)
+    structlog.configure(**logging)
+
+
+# -- scripts that run whole, on a tiny input ---------------------------------------------------
+
+
+@pytest.mark.parametrize("inline", ["always", "never"])
+def test_batch_costs_runs_a_tiny_backlog(inline: str, capsys: pytest.CaptureFixture[str]) -> None:
+    batch_costs.main(["--messages", "16", "--batch", "4", "--inline", inline])
+    assert "4 batches" in capsys.readouterr().out
+
+
+def test_codecs_compares_the_frozen_codecs_with_the_live_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    codecs.main(["--smoke"])
+    out = capsys.readouterr().out
+    for line in ("trades decode_many", "trades encode_many", "iot    decode_many"):
+        assert line in out
+
+
+def test_the_frozen_codecs_do_not_lean_on_the_live_workloads() -> None:
+    for frozen in (codecs.TradesCodecPre15, codecs.IotCodecPre15):
+        assert frozen.__mro__ == (frozen, object)
+
+
+def test_precision_runs_the_light_workloads(capsys: pytest.CaptureFixture[str]) -> None:
+    precision.main(["trades", "iot", "--smoke"])
+    out = capsys.readouterr().out
+    assert "trades: 8 held-out rows" in out and "iot: 8 held-out rows" in out
+    assert "r 1.000000" in out  # fp32 against itself
+
+
+# torchvision's decode_jpeg (one of the decoders gpu_check compares) warns of its deprecation
+@pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+def test_gpu_check_runs_its_code_paths_on_two_logical_cpu_devices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    gpu_check.main(["--device", "cpu", "--smoke"])
+    out = capsys.readouterr().out
+    assert "leaks: none" in out
+    assert "fp32  1.000  1.000" in out  # the precision check's reference against itself
+
+
+def test_decode_workers_runs_the_decode_table(capsys: pytest.CaptureFixture[str]) -> None:
+    decode_workers.main(["--smoke"])  # the pipeline table needs a broker
+    out = capsys.readouterr().out
+    assert "self-sized 1..4 (start 1)" in out
+
+
+# -- scripts that need a broker: their pure parts ------------------------------------------------
+
+
+def test_pipeline_ab_builds_a_valid_config_and_reads_thread_cpu() -> None:
+    overrides = pipeline_ab.overrides("video", "ab-video-8", "r1", {"decode_inline": "never"})
+    config = load_config(overrides=overrides, bootstrap="127.0.0.1:9")
+    assert config.batching.max_batch_size == 16
+    assert config.worker.torch_threads == 1
+    assert config.pipelines[0].output_topic == "ab-out-r1"
+    threads = pipeline_ab._thread_cpu_s()
+    assert all(seconds >= 0 for _, seconds in threads.values())
+
+
+def _timing(inference_ms: float, processing_ms: float) -> bytes:
+    return b"queue_wait_ms=0.100;inference_ms=%.3f;processing_ms=%.3f" % (
+        inference_ms,
+        processing_ms,
+    )
+
+
+def test_priority_isolation_matches_results_to_inputs_and_summarises(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    inputs = TopicDump({(0, offset): (b"v", None, {}, 1000 + offset) for offset in range(4)}, {})
+    outputs = TopicDump(
+        {
+            (1, offset): (
+                b"r",
+                None,
+                {
+                    priority_isolation.H_PARTITION: b"0",
+                    priority_isolation.H_OFFSET: b"%d" % (offset % 4),
+                    priority_isolation.H_TIMING: _timing(0.5, 2.0 + offset),
+                },
+                1010 + offset,  # offsets 4..7 are duplicates, later: the first result counts
+            )
+            for offset in range(8)
+        },
+        {},
+    )
+    latencies = priority_isolation._latencies(inputs, outputs)
+    assert latencies[(0, 2)] == (1002, 10.0, 4.0, 0.5)
+    assert priority_isolation._window(latencies, 1001, 1002) == [10.0, 10.0]
+    row = priority_isolation.Row(
+        *("before", 1, 5.0, 9.0, 9.5, 6.0, 12.0, 13.0, 12.0 / 9.0),
+        *(3.0, 4.0, 0.5, 0.6, 7.0, True, 4, 0.5, 0.7),
+    )
+    after = priority_isolation.Row(**{**row.__dict__, "checkout": "after", "ratio_p99": 1.0})
+    priority_isolation._print_row(row)
+    priority_isolation._summary([row, after], ["before", "after"])
+    out = capsys.readouterr().out
+    assert "run 1 before" in out and "paired per run: after P99 ratio / before P99 ratio" in out
+
+
+def test_results_path_hands_over_decoded_batches_with_model_outputs() -> None:
+    workload = load_workload("trades")
+    model = workload.build_model(torch.device("cpu"))
+    tp = TopicPartition("results-path-in", 0)
+    tracker = OffsetTracker()
+    generation = tracker.assign([tp])[tp]
+    sample = list(itertools.islice(results_path.replay_messages(), results_path.BATCH + 3))
+    results = results_path.batch_results(
+        workload, model, sample, tp, generation, tracker, itertools.count()
+    )
+    assert [len(r.batch) for r in results] == [results_path.BATCH, 3]
+    assert not any(r.failed for r in results)
+    assert len(results[1].outputs[0]) == 3
+
+
+def test_soak_reads_rss_and_summarises() -> None:
+    assert soak.rss_bytes(os.getpid()) > 0
+    summary = soak.summarise([100 * 2**20, 104 * 2**20, 102 * 2**20])
+    assert summary["rss_mean_mib"] == 102.0 and summary["within_5_percent"]
+    assert not soak.summarise([100, 120])["within_5_percent"]
+    with pytest.raises(ValueError):
+        soak.summarise([])
+
+
+def test_quix_app_step_encodes_a_real_message_and_drops_a_bad_one() -> None:
+    workload = load_workload("trades")
+    meter = CpuMeter()
+    infer = quix_app.make_infer(workload, workload.build_model(torch.device("cpu")), "in", meter)
+    message = next(messages("trades"))
+    result = infer(message.value, message.key, 0, list(message.headers))
+    assert result is not None and b'"score"' in result
+    assert infer(b"not json", b"k", 0, None) is None
+    assert meter.trace.start_cpu_s is not None  # the first call opened the CPU window
