@@ -7,6 +7,7 @@ that is gone, and sorts refused records into recover / abort / fatal.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import pytest
 from confluent_kafka import KafkaError
@@ -52,6 +53,18 @@ class Inputs:
 def alo() -> tuple[Inputs, AtLeastOnce]:
     inputs = Inputs(3)
     return inputs, AtLeastOnce(inputs.tracker, inputs.metrics)
+
+
+@dataclass
+class RecordingRows:
+    """A :class:`RowProducer` that records each call and refuses ``refused`` rows."""
+
+    refused: Sequence[int] = ()
+    calls: list[list[int]] = field(default_factory=list)
+
+    def produce_rows(self, rows: Sequence[int]) -> Sequence[int]:
+        self.calls.append(list(rows))
+        return self.refused
 
 
 def _send_acknowledged(inputs: Inputs, guarantee: AtLeastOnce, record: Record) -> bool:
@@ -118,14 +131,9 @@ def test_at_least_once_produces_a_whole_batch_in_one_call(
     alo: tuple[Inputs, AtLeastOnce],
 ) -> None:
     inputs, guarantee = alo
-    calls: list[list[int]] = []
-
-    def produce(rows: Sequence[int]) -> Sequence[int]:
-        calls.append(list(rows))
-        return ()
-
-    assert guarantee.send_batch(inputs.records, produce) == ()
-    assert calls == [[0, 1, 2]]
+    rows = RecordingRows()
+    assert guarantee.send_batch(inputs.records, rows) == ()
+    assert rows.calls == [[0, 1, 2]]
     assert inputs.tracker.pending(TP) == 3  # done only on the delivery reports
 
 
@@ -200,14 +208,9 @@ def test_exactly_once_batch_marks_done_only_the_rows_produced(
     inputs, guarantee, producer = eos
     gone = make_records(TopicPartition("in", 1), [0], generation=99)  # not assigned
     batch = [*inputs.records, *gone]
-    calls: list[list[int]] = []
-
-    def produce(rows: Sequence[int]) -> Sequence[int]:
-        calls.append(list(rows))
-        return [1]  # the producer refused row 1 before sending
-
-    assert list(guarantee.send_batch(batch, produce)) == [3]
-    assert calls == [[0, 1, 2]] and producer.calls[-1] == "begin_transaction"
+    rows = RecordingRows(refused=[1])  # the producer refused row 1 before sending
+    assert list(guarantee.send_batch(batch, rows)) == [3]
+    assert rows.calls == [[0, 1, 2]] and producer.calls[-1] == "begin_transaction"
     assert inputs.tracker.commit_candidates() == {TP: 1}  # never past the refused row
 
 
