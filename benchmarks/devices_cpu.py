@@ -78,7 +78,7 @@ def run_once(bootstrap: str, workload: str, messages: int, worker: dict[str, Any
     )
     sizes = summary.batch_sizes[source]
     mean_size = sum(k * v for k, v in sizes.items()) / max(1, sum(sizes.values()))
-    waited = max(s.resequencer.max_waiting for s in pipeline._stages)
+    waited = max(s.resequencer.max_waiting for s in pipeline.stages.topics)
     return (
         f"{rate or 0:8.0f} msg/s  mean batch {mean_size:5.1f}  ({devices}; run {elapsed_s:.0f} s;"
         f" at most {waited} results waited for an earlier batch)"

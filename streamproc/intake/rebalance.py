@@ -32,7 +32,8 @@ from streamproc.kafka.protocols import ConsumerClient, ktp
 from streamproc.kafka.transient import read_committed, retry_transient
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
-from streamproc.offsets.tracker import Committer, OffsetTracker
+from streamproc.offsets.committers import Committer
+from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import TopicPartition
 
 log = get_logger(__name__)
