@@ -242,11 +242,11 @@ class RebalanceHandler:
     def _start(self, tps: list[TopicPartition]) -> None:
         generations = self._tracker.assign(tps)
         self._assignment.start(tps, generations)
-        by_lane: dict[str, list[TopicPartition]] = {}
+        by_topic: dict[str, list[TopicPartition]] = {}
         for tp in tps:
-            by_lane.setdefault(tp.topic, []).append(tp)
-        for topic, lane_tps in by_lane.items():
-            self._lanes[topic].assign(lane_tps)
+            by_topic.setdefault(tp.topic, []).append(tp)
+        for topic, topic_tps in by_topic.items():
+            self._lanes[topic].assign(topic_tps)
 
     def _forget(self, tps: list[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
         self._tracker.revoke(tps)

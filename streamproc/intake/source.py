@@ -241,7 +241,7 @@ class Source:
         generations = self.assignment.generations
         floors = self.assignment.seek_floors
         lanes = self._lanes
-        by_lane: dict[str, list[Record]] = {}
+        by_topic: dict[str, list[Record]] = {}
         # per topic and partition of this poll: its TopicPartition and generation, looked up
         # once per poll instead of building and hashing a TopicPartition per message
         known: dict[str, dict[int, tuple[TopicPartition, int | None]]] = {}
@@ -281,12 +281,12 @@ class Source:
                 generation,
                 Priority.of(headers, default) if headers else default,
             )
-            batch = by_lane.get(topic)
-            if batch is None:
-                by_lane[topic] = [record]
+            listed = by_topic.get(topic)
+            if listed is None:
+                by_topic[topic] = [record]
             else:
-                batch.append(record)
-        for topic, records in by_lane.items():
+                listed.append(record)
+        for topic, records in by_topic.items():
             self._offer(topic, lanes[topic], records)
 
     def _on_message_error(self, message: MessageLike) -> None:
