@@ -197,16 +197,17 @@ class WorkerConfig(_Section):
 
     Decode workers (threads, or processes with ``decode_mode: process``), shared by every
     pipeline: ``decode_workers`` is the count at start. With neither bound set the count stays
-    there (as before the bounds existed). Setting ``decode_workers_max`` and/or
-    ``decode_workers_min`` lets the count follow the load between them (``decode_sizing.py``):
-    it grows while waiting for decode dominates a pipeline's dispatch time and shrinks while
-    decode is idle. An unset bound defaults to 1 (min) or to ``decode_workers`` (max); a
-    ``decode_workers`` left at its default is moved into the bounds.
+    there. Setting ``decode_workers_max`` and/or ``decode_workers_min`` lets the count follow
+    the load between them (``streamproc.decode.sizing``): it grows while waiting for decode
+    dominates a pipeline's dispatch time and shrinks while decode is idle. An unset bound
+    defaults to 1 (min) or to ``decode_workers`` (max); a ``decode_workers`` left at its default
+    is moved into the bounds.
 
     ``decode_inline`` (``decode_mode: thread`` only): ``auto`` lets each pipeline decode on its
     dispatcher thread instead of the decode threads wherever that measures cheaper per record
-    (light JSON payloads; ``DecodeRoutePolicy`` in ``decode_sizing.py``); ``never`` always uses
-    the decode threads; ``always`` always decodes inline. Decode processes are never bypassed.
+    (light JSON payloads; ``DecodeRoutePolicy`` in ``streamproc.decode.sizing``); ``never``
+    always uses the decode threads; ``always`` always decodes inline. Decode processes are never
+    bypassed.
 
     ``priority_admission`` (pipelines of different priorities in one process): a lane's launch
     on a device waits while a more urgent lane's batch is pending there, at most

@@ -13,11 +13,9 @@ at dispatch time (never on a timer while the device is busy). A cut happens when
 (c) no further message is expected before the earliest deadline: the lane's typical gap
     between consecutive messages (:class:`ArrivalGaps`, the median of the recent gaps between
     the consume times of the messages cut) is longer than the time left. Waiting would then add
-    latency and no batching (video at 19 msg/s with a 50 ms max wait: each frame waited up to
-    50 ms for a second one that came after it). The median, not the mean rate: bursts after
-    idle (8 messages within 1 ms every 2 s) have a mean rate of 4 msg/s, which predicts no
-    second message within 5 ms even mid-burst and cut the first message of each burst alone;
-    their median gap is well under a millisecond, so the burst forms one batch.
+    latency and no batching. The median gap, not the mean rate: bursts after idle have a low
+    mean rate, which predicts no second message even mid-burst, but a median gap far below the
+    deadline, so a burst forms one batch.
 
 Every cut is at most the **batch cap**: the largest batch the lane's devices can run now
 (:meth:`Batcher.set_cap`; the device workers lower it when a device runs out of memory and raise
@@ -70,36 +68,25 @@ class AdaptiveBatchSize:
     ``min_observations`` of them; the target is the size with the best throughput (messages per
     second). Sizes are explored in increasing order; exploration stops once a size's throughput
     falls below ``give_up_below`` x the best so far (past the peak, bigger batches only get
-    worse: EfficientNet-Lite0 on 2 CPU cores does 63 img/s at 4 and 21 at 32). Under light load
-    the deadline cuts small batches and the target stays where latency is lowest anyway.
+    worse). Under light load the deadline cuts small batches and the target stays where latency
+    is lowest anyway.
 
     Why the fastest of a window and not an average: on a shared CPU, interference only ever adds
-    time, and it is not proportional to the work. Measured here with the trades model (a few
-    small layers; each torch call gives up and re-takes the GIL): a 256-row batch took 0.6 ms
-    alone and 1-33 ms while the source, decode and produce threads ran. An average let one such
-    batch during calibration declare the peak passed at 32 rows; batches of 1-16 then carried
-    40 % of a run and throughput fell by a third. The fastest recent batch measures the device
+    time, and it is not proportional to the work. The fastest recent batch measures the device
     and model, and the window (not all history) lets the estimate follow a real slowdown (a
     shared GPU, thermal limits) within ``window`` batches of that size.
 
     Why sizes are compared only on fresh measurements: the fastest batch of a size depends on
-    *when* it ran, not only on the size. Calibration times every size on an idle process
-    (trades: 0.07-0.11 ms at any size from 1 to 256); once the stream runs, the size in use is
-    timed while the source, decode and result threads compete for the cores and the GIL (256
-    rows: 0.3-0.6 ms at best, up to 38 ms), and every other size keeps its idle-time best. The
-    size in use therefore always looked worse than the sizes not in use, and the target
-    ratcheted down (a recorded trades run at 80 % load, ``tests/unit/intake/data/``: 256 -> 128 -> 16
-    -> 8 -> 4 -> 2 -> 1 within 200 batches; bench iot runs that ended at batches of 1-2 cost 461
-    CPU-µs per message), because (a) a stale fast time beat the fresh times of the size in use,
-    and (b) the scan for the best size stopped at the first size below ``give_up_below`` x a
-    smaller one's (stale) rate, so an interfered small size hid every larger one, 256 included,
-    however good its own recent measurements were. Now a size's throughput counts towards the
-    target only from its batches among the last ``fresh_for`` observations (of any size), so the
-    sizes compared were measured under the same conditions; the best is the fastest of all fresh
-    sizes (``give_up_below`` only stops *exploring* past the peak); and a size measured only
-    long ago whose old rate would clearly win (beyond ``near_best``) is re-measured, one batch,
-    before it is trusted. That keeps the recovery the window gave: a size that really got faster
-    (or one dropped in a slow second) comes back after one fresh batch.
+    *when* it ran, not only on the size. Calibration times every size on an idle process; once
+    the stream runs, the size in use is timed while the other threads compete for the cores and
+    the GIL, and a stale idle-time best of another size would beat it. So a size's throughput
+    counts towards the target only from its batches among the last ``fresh_for`` observations
+    (of any size): the sizes compared were measured under the same conditions; the best is the
+    fastest of all fresh sizes (``give_up_below`` only stops *exploring* past the peak); and a
+    size measured only long ago whose old rate would clearly win (beyond ``near_best``) is
+    re-measured, one batch, before it is trusted. A size that really got faster (or one dropped
+    in a slow second) comes back after one fresh batch. (The measurements behind these rules:
+    docs/history-core.md.)
 
     Args:
         max_batch_size: the largest size.
@@ -184,13 +171,11 @@ class AdaptiveBatchSize:
         calibrate at start-up, before any message waits on the exploration.
 
         Sizes are measured round-robin (1, 2, 4, ..., then again), not ``min_observations``
-        times each in turn: a shared machine's speed drifts by tens of percent within seconds
-        (measured on the 2-core development VM), and a size measured in a fast second then beat
-        a better size measured in a slow one (the model's rate at 1, 2 and 4 swapped order
-        between repetitions of the same loop). In play
-        are the sizes up to the first never measured or past the peak by the fastest batch so
-        far (the one past the peak gets its full ``min_observations`` too: one interfered batch
-        does not end the exploration).
+        times each in turn: a shared machine's speed drifts within seconds, and a size measured
+        in a fast second must not beat a better size measured in a slow one. In play are the
+        sizes up to the first never measured or past the peak by the fastest batch so far (the
+        one past the peak gets its full ``min_observations`` too: one interfered batch does not
+        end the exploration).
         """
         need = min(self.min_observations, self.window)
         in_play = [size for size, _ in self._scan()]
@@ -243,9 +228,8 @@ class AdaptiveBatchSize:
         if recheck is not None and self.near_best * stale[recheck] > best_rate:
             return recheck
         # Latency tie-break: the smallest size within ``near_best`` of the best throughput.
-        # On a CPU the curve is flat around its peak (EfficientNet-Lite0 here: 4, 8 and 16
-        # within noise), and a batch twice the size makes every message in it wait twice as
-        # long for its result.
+        # On a CPU the curve is flat around its peak, and a batch twice the size makes every
+        # message in it wait twice as long for its result.
         best = min(size for size, rate in fresh.items() if rate >= self.near_best * best_rate)
         if self.explore_every and self._observations % self.explore_every == 0:
             index = candidates.index(best)
@@ -284,9 +268,7 @@ class ArrivalGaps:
     @property
     def typical_s(self) -> float | None:
         """The median of the kept gaps (seconds); None until ``min_gaps`` are known. Computed
-        when read, not per cut: the batcher reads it only when a batch below its target waits
-        (a median per cut cost 10 µs of numpy per batch, a third of the dispatcher's time at
-        batches of 4; issue 15)."""
+        when read, not per cut: the batcher reads it only when a batch below its target waits."""
         if self._stale:
             gaps = self._gaps_s
             self._typical_s = statistics.median(gaps) if len(gaps) >= self.min_gaps else None

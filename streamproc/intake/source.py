@@ -8,9 +8,8 @@ Commits are made by the guarantee's committer (``offsets.committers``) and rebal
 
 Flow control: a partition paused at its ring's high watermark is resumed at the low one. Pausing
 makes librdkafka drop the partition's prefetched messages, and a plain resume is fetched again
-only on the broker thread's next idle wake-up (measured: ~1 s after the pause, whatever the
-fetch settings), so the ring ran dry long before. A resume therefore also seeks the partition
-to its next offset, which starts the fetch at once (2 ms on loopback). While partitions are
+only on the broker thread's next idle wake-up, long after the ring ran dry. A resume therefore
+also seeks the partition to its next offset, which starts the fetch at once. While partitions are
 paused the source never blocks long in ``consume``: with everything paused it waits on its
 control queue instead (a resume wakes it at once), with some paused at most
 :data:`PAUSED_POLL_S`.
@@ -65,7 +64,7 @@ def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
         "max.poll.interval.ms": kafka.max_poll_interval_ms,
         # A resumed partition is fetched in the broker's next fetch session; with the
         # default 500 ms long-poll on idle partitions every pause/resume cycle would stall
-        # that long (measured: 605 msg/s -> see docs/benchmarks.md). Override freely.
+        # that long (docs/history-core.md). Override freely.
         "fetch.wait.max.ms": 20,
         "logger": kafka_logger(),
         **kafka.consumer,
