@@ -5,11 +5,11 @@
 
 For each round (the last argument, default 2), and for each variant below in turn (alternating,
 so a shared machine's load drifts over all of them alike), a backlog of ``messages`` records of
-``workload`` is produced into a fresh 4-partition topic and the real pipeline (the bench's config,
-``streamproc.tools.bench._config``) consumes it until idle. Prints per run the throughput (from
-the output records' timestamps), the batches each device got and its busy fraction (device
-seconds over the run), and the most results that waited for an earlier batch; then the median
-throughput per variant.
+``workload`` is produced into a fresh 4-partition topic and the real pipeline (the bench's
+config, ``streamproc.tools.bench.contenders.pipeline_config``) consumes it until idle. Prints
+per run the throughput (from the output records' timestamps), the batches each device got and
+its busy fraction (device seconds over the run), and the most results that waited for an earlier
+batch; then the median throughput per variant.
 
 Variants (``worker`` keys):
 
@@ -35,9 +35,11 @@ from streamproc import logs
 from streamproc.config import load_config
 from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
-from streamproc.tools import bench
+from streamproc.tools.bench.contenders import pipeline_config
+from streamproc.tools.bench.measure import output_stats
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
+from streamproc.tools.verify import read_topic
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "1 device, torch_threads 1": {"torch_threads": 1},
@@ -53,7 +55,7 @@ def run_once(bootstrap: str, workload: str, messages: int, worker: dict[str, Any
     source, sink = f"dev.in.{tag}", f"dev.out.{tag}"
     ensure_topics(bootstrap, {source: 4, sink: 4})
     produce(workload, source, bootstrap, 4, messages, None, progress=False)
-    data = bench._config(bootstrap, source, sink, workload, f"dev-{tag}").model_dump()
+    data = pipeline_config(bootstrap, source, sink, workload, f"dev-{tag}").model_dump()
     data["worker"].update(worker)
     pipeline = Pipeline(load_config(overrides=data))
     started_s = time.monotonic()
@@ -61,7 +63,8 @@ def run_once(bootstrap: str, workload: str, messages: int, worker: dict[str, Any
     elapsed_s = time.monotonic() - started_s
     assert summary.exit_code == 0, summary.error
     assert not pipeline.leaks, pipeline.leaks
-    count, rate = bench._rate_from_output(bootstrap, sink)
+    stats = output_stats(read_topic(bootstrap, sink))  # count and rate from timestamps
+    count, rate = stats.count, stats.rate_msg_s
     assert count == messages, (count, messages)
     placed = summary.device_batches[source]
     busy = {

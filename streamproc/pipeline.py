@@ -110,19 +110,19 @@ class Pipeline:
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
         # torch's intra-op thread count is process-wide: set for this pipeline's life (before
-        # the models are built) and restored at close (an embedding application, or a
-        # benchmark's next contender, gets its own setting back).
+        # the models are built) and restored at close, or here if building fails (an embedding
+        # application, or a benchmark's next contender, gets its own setting back).
         self._torch_threads_before = torch.get_num_threads()
         if config.worker.torch_threads:
             torch.set_num_threads(config.worker.torch_threads)
-        self.stages: Stages = assemble(
-            config,
-            self._on_fatal,
-            self.liveness,
-            self.readiness,
-            consumer_factory,
-            producer_factory,
-        )
+        probes = (self.liveness, self.readiness)
+        try:
+            self.stages: Stages = assemble(
+                config, self._on_fatal, *probes, consumer_factory, producer_factory
+            )
+        except BaseException:
+            torch.set_num_threads(self._torch_threads_before)
+            raise
 
     # -- the stages embedders, tools and tests read ------------------------------------------
     @property
