@@ -6,320 +6,49 @@ lists such as ``STREAMPROC_PIPELINES`` take JSON). The broker address is, in ord
 ``--bootstrap`` flag, ``kafka.bootstrap_servers``, ``$KAFKA_BOOTSTRAP_SERVERS``.
 
 Every invalid value raises :class:`~streamproc.errors.ConfigError` at start-up, naming the key
-(dotted path) and what is allowed. Units are part of the key names.
+(dotted path) and what is allowed. Units are part of the key names. The root
+(:class:`Config`) and its loading are here; its sections are in :mod:`streamproc.config_sections`
+and importable from here too.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from streamproc.config_sections import (
+    BatchingConfig,
+    BuffersConfig,
+    KafkaConfig,
+    LoggingConfig,
+    MetricsConfig,
+    ModelPrecision,
+    PipelineConfig,
+    Scalar,
+    WorkerConfig,
+)
 from streamproc.errors import ConfigError
 from streamproc.logs import SECRET_KEY as _SECRET_KEY
-from streamproc.records import Priority
-from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
-Scalar = str | int | float | bool
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class KafkaConfig(_Section):
-    """Kafka client settings. ``consumer``/``producer`` pass raw librdkafka keys through.
-
-    ``create_topics``: at start-up, create missing output topics (with the input topic's
-    partition count) and dead-letter topics (1 partition). ``startup_timeout_s``: how long to
-    wait for the cluster to answer before failing. ``assignment_timeout_s`` (``run
-    --exit-when-idle-s`` only): the longest stretch with no partition assigned (before the
-    first assignment, after the group lost its partitions, after a rebalance revoked the last
-    one) before exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the
-    coordinator expires it before the group rebalances). ``transactional_id`` (exactly-once only):
-    stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
-    ``max_transaction_aborts`` (exactly-once only): aborted transactions in a row that teach
-    nothing new (no record refused for its own sake learned, nothing committed) before the
-    process stops (exit 1) naming the offsets and the error, instead of retrying forever.
-    """
-
-    bootstrap_servers: str | None = None
-    group_id: str = Field(default="streamproc", min_length=1)
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    commit_interval_ms: int = Field(default=1000, gt=0)
-    poll_timeout_ms: int = Field(default=100, gt=0, le=1000)
-    consume_batch_messages: int = Field(default=100, ge=1, le=100_000)
-    session_timeout_ms: int = Field(default=45_000, gt=0)
-    max_poll_interval_ms: int = Field(default=300_000, gt=0)
-    startup_timeout_s: float = Field(default=30.0, gt=0)
-    assignment_timeout_s: float = Field(default=120.0, gt=0)
-    create_topics: bool = True
-    transactional_id: str | None = None
-    max_transaction_aborts: int = Field(default=5, ge=1, le=1000)
-    consumer: dict[str, Scalar] = Field(default_factory=dict)
-    producer: dict[str, Scalar] = Field(default_factory=dict)
-
-    @property
-    def poll_timeout_s(self) -> float:
-        """``poll_timeout_ms`` in seconds (the core works in seconds)."""
-        return self.poll_timeout_ms / 1000.0
-
-    @property
-    def commit_interval_s(self) -> float:
-        """``commit_interval_ms`` in seconds."""
-        return self.commit_interval_ms / 1000.0
-
-
-ModelPrecision = Literal["fp32", "bf16", "fp16", "int8"]
-"""``worker.precision`` / ``pipelines[].precision`` (streamproc.device.precision checks, at
-start-up, that the device and the workload support it)."""
-
-
-class PipelineConfig(_Section):
-    """One input topic bound to one workload and one output topic; ``precision`` overrides
-    ``worker.precision`` for this pipeline's model."""
-
-    name: str = Field(min_length=1)
-    input_topic: str = Field(min_length=1)
-    output_topic: str = Field(min_length=1)
-    workload: str = Field(min_length=1)
-    dlq_topic: str | None = None
-    priority: PriorityName | None = None  # default: the workload's (trades high, video low)
-    precision: ModelPrecision | None = None  # default: worker.precision
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("workload")
-    @classmethod
-    def _known_workload(cls, value: str) -> str:
-        model_file = value.endswith((".pt", ".ts", ".pt2"))
-        if value in BUILTIN_WORKLOADS or ":" in value or model_file:
-            return value
-        raise ValueError(
-            f"unknown workload {value!r}; allowed: one of {list(BUILTIN_WORKLOADS)}, "
-            "a TorchScript (*.pt, *.ts) or torch.export (*.pt2) file path, "
-            "or 'package.module:factory'"
-        )
-
-    @property
-    def dead_letter_topic(self) -> str:
-        """The dead-letter topic: ``dlq_topic`` or ``<input_topic>.dlq``."""
-        return self.dlq_topic or f"{self.input_topic}.dlq"
-
-
-class BuffersConfig(_Section):
-    """Per-partition ring buffers. Watermarks are fractions of ``ring_capacity``."""
-
-    ring_capacity: int = Field(default=256, ge=2, le=1_000_000)
-    high_watermark: float = Field(default=0.75, gt=0.0, le=1.0)
-    low_watermark: float = Field(default=0.25, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> BuffersConfig:
-        if self.low_watermark >= self.high_watermark:
-            raise ValueError(
-                f"buffers.low_watermark ({self.low_watermark}) must be below "
-                f"buffers.high_watermark ({self.high_watermark})"
-            )
-        return self
-
-
-PriorityName = Literal["high", "normal", "low"]
-MAX_WAIT_LIMIT_MS = 3_600_000.0
-"""The largest accepted max wait (1 hour): finite, so the dispatcher's timed waits stay valid."""
-WaitMs = Annotated[float, Field(ge=0.0, le=MAX_WAIT_LIMIT_MS, allow_inf_nan=False)]
-
-
-def _default_priority_waits() -> dict[PriorityName, float]:
-    return {"high": 2.0, "low": 50.0}
-
-
-class BatchingConfig(_Section):
-    """When the batcher cuts a batch.
-
-    ``max_wait_ms`` is the normal class's longest wait after consume; ``priority_max_wait_ms``
-    overrides it per class (latency-critical ``high`` cuts early). ``adaptive_batch_size``
-    measures the device (calibrated at start-up on zero batches, then on every batch) and aims
-    for the throughput-optimal size up to ``max_batch_size`` (the smallest within 5 % of it).
-    A batch below that size is also cut before its deadline when the typical gap between the
-    lane's recent messages is longer than the time left (waiting would add latency only).
-    """
-
-    max_batch_size: int = Field(default=4, ge=1, le=4096)
-    max_batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    max_wait_ms: WaitMs = 20.0
-    priority_max_wait_ms: dict[PriorityName, WaitMs] = Field(
-        default_factory=_default_priority_waits
-    )
-    adaptive_batch_size: bool = True
-
-    @property
-    def max_wait_s(self) -> dict[Priority, float]:
-        """Seconds per priority class (a class without its own ``priority_max_wait_ms`` waits
-        ``max_wait_ms``)."""
-        waits = {Priority.parse(name): ms for name, ms in self.priority_max_wait_ms.items()}
-        return {p: waits.get(p, self.max_wait_ms) / 1000.0 for p in Priority}
-
-
-_DEVICE_ENTRY = re.compile(r"cpu|cuda(:\d+)?")
-_DEVICES_ALLOWED = (
-    "allowed: auto, or a non-empty list of cpu and cuda:N entries (e.g. [cuda:0, cuda:1] or "
-    "[cpu, cpu]); a comma-separated string works too"
-)
-
-
-class WorkerConfig(_Section):
-    """The device workers and their host-side pools.
-
-    Devices: ``devices`` lists the devices every pipeline runs on, one device worker (model
-    instance, CUDA streams, output buffers, in-flight limit) per device per pipeline:
-    ``auto`` (every visible CUDA device, else one cpu), or entries ``cpu`` / ``cuda:N``
-    (``cuda`` means ``cuda:0``; ``cpu`` may repeat: logical devices sharing the cores, a
-    ``cuda:N`` may not). When set it overrides ``device``; unset (the default), the single
-    ``device`` is used: ``auto`` (cuda:0 when CUDA is visible, else cpu), ``cpu`` or ``cuda``.
-    A CUDA device the process does not see fails at start-up. Each cut batch goes to the device
-    expected to finish it first (``streamproc.device.placement``).
-
-    ``max_in_flight_batches`` is per device: batches between cut and produce on one device
-    (and its output buffer sets). ``staging_buffers`` is per device too: a pipeline's staging
-    pool has ``staging_buffers x devices`` slabs. ``device_stall_timeout_s``: a device that
-    has not completed its oldest batch for this long is reported stalled (it gets no new
-    batch meanwhile anyway: it is at its in-flight limit).
-
-    ``precision``: the models' precision (``fp32``, ``bf16``, ``fp16``, ``int8``), unless a
-    ``pipelines[]`` entry sets its own; checked at start-up against the device and the workload
-    (``streamproc/device/precision.py`` has the table).
-
-    Decode workers (threads, or processes with ``decode_mode: process``), shared by every
-    pipeline: ``decode_workers`` is the count at start. With neither bound set the count stays
-    there (as before the bounds existed). Setting ``decode_workers_max`` and/or
-    ``decode_workers_min`` lets the count follow the load between them (``decode/sizing.py``):
-    it grows while waiting for decode dominates a pipeline's dispatch time and shrinks while
-    decode is idle. An unset bound defaults to 1 (min) or to ``decode_workers`` (max); a
-    ``decode_workers`` left at its default is moved into the bounds.
-
-    ``decode_inline`` (``decode_mode: thread`` only): ``auto`` lets each pipeline decode on its
-    dispatcher thread instead of the decode threads wherever that measures cheaper per record
-    (light JSON payloads; ``DecodeRoutePolicy`` in ``decode/route.py``); ``never`` always uses
-    the decode threads; ``always`` always decodes inline. Decode processes are never bypassed.
-
-    ``priority_admission`` (pipelines of different priorities in one process): a lane's launch
-    on a device waits while a more urgent lane's batch is pending there, at most
-    ``priority_max_defer_ms``, and on a CPU a less urgent call runs with half its intra-op
-    threads while a more urgent lane is active (``streamproc/device/admission.py``); ``false`` lets
-    the lanes' device threads compete as the OS schedules them.
-
-    Model failures (``streamproc/device/recovery.py``): a batch whose model call raises is
-    narrowed down to the rows that fail alone (only those are dead-lettered, stage ``model``).
-    ``on_model_failure`` says what a model judged broken (failing for every row) does:
-    ``dead_letter`` (default: its rows are dead-lettered, as any failing row) or ``stop`` (the
-    pipeline stops with a non-zero exit, those rows uncommitted). A device out-of-memory error
-    is never the rows' fault: the batch runs again in smaller parts and the batch cap falls;
-    it doubles again after each ``oom_recovery_s`` seconds without one, up to the largest batch
-    that fitted at warm-up.
-    """
-
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    devices: Literal["auto"] | tuple[str, ...] | None = None
-    device_stall_timeout_s: float = Field(default=30.0, gt=0)
-    precision: ModelPrecision = "fp32"
-    max_in_flight_batches: int = Field(default=2, ge=1, le=64)
-    staging_buffers: int = Field(default=4, ge=2, le=256)
-    decode_workers: int = Field(default=2, ge=1, le=64)
-    decode_workers_min: int | None = Field(default=None, ge=1, le=64)
-    decode_workers_max: int | None = Field(default=None, ge=1, le=64)
-    decode_mode: Literal["thread", "process"] = "thread"
-    decode_inline: Literal["auto", "never", "always"] = "auto"
-    cuda_streams: int = Field(default=2, ge=1, le=16)
-    torch_threads: int | None = Field(default=None, ge=1)
-    max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
-    priority_admission: bool = True
-    priority_max_defer_ms: float = Field(default=250.0, ge=0, le=60_000)
-    on_model_failure: Literal["dead_letter", "stop"] = "dead_letter"
-    oom_recovery_s: float = Field(default=30.0, gt=0)
-
-    @field_validator("devices", mode="before")
-    @classmethod
-    def _device_list(cls, value: object) -> object:
-        if value is None or value == "auto":
-            return value
-        if isinstance(value, str):
-            value = [item for item in value.split(",") if item.strip()]
-        if not isinstance(value, list | tuple) or not value:
-            raise ValueError(_DEVICES_ALLOWED)
-        names: list[str] = []
-        for item in value:
-            name = item.strip() if isinstance(item, str) else None
-            if name is None or not _DEVICE_ENTRY.fullmatch(name):
-                raise ValueError(f"unknown device {item!r}; {_DEVICES_ALLOWED}")
-            names.append("cuda:0" if name == "cuda" else name)
-        repeated = sorted({n for n in names if n != "cpu" and names.count(n) > 1})
-        if repeated:
-            raise ValueError(f"{repeated} listed more than once (only cpu may repeat)")
-        return tuple(names)
-
-    @model_validator(mode="after")
-    def _enough_staging(self) -> WorkerConfig:
-        if self.staging_buffers < self.max_in_flight_batches + 1:
-            raise ValueError(
-                f"worker.staging_buffers ({self.staging_buffers}) must be at least "
-                f"worker.max_in_flight_batches + 1 ({self.max_in_flight_batches + 1})"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _decode_bounds(self) -> WorkerConfig:
-        low, high = self.decode_workers_bounds
-        if low > high:
-            raise ValueError(
-                f"worker.decode_workers_min ({low}) must be at most "
-                f"worker.decode_workers_max ({high})"
-            )
-        if "decode_workers" in self.model_fields_set and not low <= self.decode_workers <= high:
-            raise ValueError(
-                f"worker.decode_workers ({self.decode_workers}, the count at start) must be "
-                f"within worker.decode_workers_min..decode_workers_max ({low}..{high})"
-            )
-        return self
-
-    @property
-    def decode_workers_bounds(self) -> tuple[int, int]:
-        """(min, max) decode workers; equal (a fixed count) when neither bound is set."""
-        if self.decode_workers_min is None and self.decode_workers_max is None:
-            return self.decode_workers, self.decode_workers
-        return (
-            1 if self.decode_workers_min is None else self.decode_workers_min,
-            self.decode_workers if self.decode_workers_max is None else self.decode_workers_max,
-        )
-
-    @property
-    def decode_workers_start(self) -> int:
-        """The decode workers at start: ``decode_workers``, moved into the bounds."""
-        low, high = self.decode_workers_bounds
-        return min(max(self.decode_workers, low), high)
-
-
-class MetricsConfig(_Section):
-    """Prometheus ``/metrics`` and the ``/healthz``, ``/readyz`` probes; ``port: 0`` disables
-    the endpoint (the metrics are still kept in-process)."""
-
-    port: int = Field(default=9108, ge=0, le=65535)
-    host: str = "0.0.0.0"
-    lag_interval_s: float = Field(default=5.0, gt=0)
-    stall_timeout_s: float = Field(default=60.0, gt=0)
-    liveness_timeout_s: float = Field(default=30.0, gt=0)
-
-
-class LoggingConfig(_Section):
-    """Log level and format (``auto``: JSON when stderr is not a terminal)."""
-
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["auto", "json", "console"] = "auto"
+__all__ = [
+    "BatchingConfig",
+    "BuffersConfig",
+    "Config",
+    "KafkaConfig",
+    "LoggingConfig",
+    "MetricsConfig",
+    "ModelPrecision",
+    "PipelineConfig",
+    "Scalar",
+    "WorkerConfig",
+    "load_config",
+]
 
 
 class Config(BaseSettings):

@@ -13,9 +13,9 @@ are assigned and each has been fetched*.
   having left input behind.
 * A partition that has delivered no record since it was assigned counts only once the lag
   monitor has measured it empty (its start offset equals its end offset) after that
-  assignment: the first fetch after an assignment (committed offsets, then the fetch) took over
-  2 s on a loaded machine, and a run with nothing in its rings exited 0 before its first record
-  arrived. This wait is bounded by ``kafka.assignment_timeout_s`` too, after which such a
+  assignment: the first fetch after an assignment (committed offsets, then the fetch) can take
+  seconds, and a run with nothing in its rings must not exit 0 before its first record
+  arrives. This wait is bounded by ``kafka.assignment_timeout_s`` too, after which such a
   partition no longer holds the exit back (an input topic written in transactions ends in a
   commit marker, so its start offset never equals its end).
 """
@@ -23,7 +23,7 @@ are assigned and each has been fetched*.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 from streamproc.errors import FatalPipelineError
 from streamproc.intake.rebalance import Unassigned
@@ -114,3 +114,19 @@ class IdleExit:
             "(it is expired after its session.timeout.ms), the brokers may be unreachable, or "
             "the group has more members than partitions"
         )
+
+
+def not_yet_fetched(
+    positions: Mapping[TopicPartition, int | None],
+    empty_at: Mapping[TopicPartition, float],
+    last_rebalance_s: float,
+) -> list[TopicPartition]:
+    """The ``unfetched`` argument of :meth:`IdleExit.check`: assigned partitions that delivered
+    no record (position None) and that the lag monitor has not measured empty since
+    ``last_rebalance_s`` (``empty_at``: monotonic seconds of each partition's last such
+    measurement)."""
+    return [
+        tp
+        for tp, position in positions.items()
+        if position is None and empty_at.get(tp, -1.0) < last_rebalance_s
+    ]

@@ -1,25 +1,18 @@
 """Prometheus metrics (prefix ``streamproc_``, units in the names).
 
 Each :class:`Metrics` owns its own ``CollectorRegistry`` so several pipelines can live in one
-process (tests, the demo); :meth:`Metrics.serve` exposes it over HTTP on ``metrics.port``.
+process (tests, the demo); :class:`~streamproc.health.HealthServer` exposes it over HTTP on
+``metrics.port``.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, cast
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
-_go_float: Callable[[float], str] = floatToGoString
-"""prometheus_client's ``le`` label format (``0.25``, ``1.0``, ``+Inf``), typed here: the library
-leaves the function unannotated."""
+from streamproc.histograms import BatchHistogram
 
 MetricT = TypeVar("MetricT", bound=MetricWrapperBase)
 
@@ -42,170 +35,103 @@ _LATENCY_BUCKETS_S = (
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
-
-class BatchHistogramSeries:
-    """One labelled series of a :class:`BatchHistogram` (thread-safe)."""
-
-    def __init__(self, bounds: np.ndarray) -> None:
-        self._bounds = bounds
-        self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
-        self._sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe_many(self, values: np.ndarray) -> None:
-        """Count every value of ``values`` (any shape, converted to float64; e.g. seconds) at
-        once. Like ``Histogram.observe``, a NaN is added to the sum and counted in no bucket."""
-        values = np.asarray(values, dtype=np.float64).ravel()
-        if values.size == 0:
-            return
-        # bucket i counts value <= bounds[i] (Prometheus "le"): the first bound >= value
-        counted = values[~np.isnan(values)]
-        counts = np.bincount(np.searchsorted(self._bounds, counted), minlength=len(self._counts))
-        total = float(values.sum())
-        with self._lock:
-            self._counts += counts
-            self._sum += total
-
-    def snapshot(self) -> tuple[list[int], float]:
-        """Cumulative bucket counts (one per bound, then +Inf) and the sum."""
-        with self._lock:
-            return np.cumsum(self._counts).tolist(), self._sum
-
-
-class BatchHistogram(Collector):
-    """A labelled Prometheus histogram observed a batch of values per call.
-
-    Exposed like a ``prometheus_client.Histogram`` (the same ``_bucket``/``_count``/``_sum``
-    samples and ``le`` labels; no ``_created`` sample), but
-    :meth:`BatchHistogramSeries.observe_many` counts a whole batch in one numpy pass and one
-    lock, where ``Histogram.observe`` costs about 1.1 us per value (measured here) and the
-    per-message latency histograms were observed once per message under the GIL.
-
-    Args:
-        name: metric name without suffix (units in the name).
-        documentation: help text.
-        labelnames: label names.
-        buckets: finite upper bounds, increasing (``+Inf`` is implied).
-
-        registry: where to register.
-
-    Raises:
-        ValueError: empty, unordered or non-finite buckets.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str],
-        buckets: Sequence[float],
-        registry: CollectorRegistry,
-    ) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._labelnames = tuple(labelnames)
-        self._bounds = np.asarray(buckets, dtype=np.float64)
-        if (
-            self._bounds.size == 0
-            or (np.diff(self._bounds) <= 0).any()
-            or not np.isfinite(self._bounds).all()
-        ):
-            raise ValueError(
-                f"{name}: buckets must be finite, non-empty and increasing, got {buckets}"
-            )
-        self._series: dict[tuple[str, ...], BatchHistogramSeries] = {}
-        self._lock = threading.Lock()
-        registry.register(self)
-
-    def labels(self, *values: object) -> BatchHistogramSeries:
-        """The series for these label values (created on first use; values become ``str`` as
-        in ``prometheus_client``)."""
-        if len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {values}")
-        key = tuple(str(value) for value in values)
-        series = self._series.get(key)
-        if series is None:
-            with self._lock:
-                series = self._series.setdefault(key, BatchHistogramSeries(self._bounds))
-        return series
-
-    def describe(self) -> Iterator[Metric]:
-        yield HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
-
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
-        les = [*(_go_float(b) for b in self._bounds.tolist()), "+Inf"]
-        for values, series in list(self._series.items()):
-            cumulative, total = series.snapshot()
-            family.add_metric(list(values), list(zip(les, cumulative, strict=True)), total)
-        yield family
+_TOPIC = ("topic",)
+_TOPIC_DEVICE = ("topic", "device")
+_TOPIC_PARTITION = ("topic", "partition")
 
 
 class Metrics:
-    """All metrics of one pipeline process."""
+    """All metrics of one pipeline process, by family (in registration order): messages,
+    batches and latency, flow control, offsets, staging pools, devices, model failures, decode,
+    consumer lag, GPU. Every metric is created at construction; labelled series appear on
+    first use."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._add_messages()
+        self._add_batches()
+        self._add_flow_control()
+        self._add_offsets()
+        self._add_staging_pools()
+        self._add_devices()
+        self._add_model_failures()
+        self._add_decode()
+        self._add_lag()
+        self._add_gpu()
+        self._nvml: object | None = None
+        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
+
+    def _add_messages(self) -> None:
+        """Messages in and out, by topic: consumed, produced, produced again, dead-lettered."""
         reg = self.registry
         self.consumed = Counter(
-            "streamproc_messages_consumed", "Messages consumed", ["topic"], registry=reg
+            "streamproc_messages_consumed", "Messages consumed", _TOPIC, registry=reg
         )
         self.produced = Counter(
             "streamproc_messages_produced",
             "Results acknowledged by the broker",
-            ["topic"],
+            _TOPIC,
             registry=reg,
         )
         self.produce_retries = Counter(
             "streamproc_produce_retries",
             "Records produced again because the cluster could not take them (timed out, too "
             "few in-sync replicas, no leader)",
-            ["topic"],
+            _TOPIC,
             registry=reg,
         )
         self.dead_lettered = Counter(
             "streamproc_messages_dead_lettered",
             "Dead-letter records acknowledged",
-            ["topic", "stage"],
+            ("topic", "stage"),
             registry=reg,
         )
+
+    def _add_batches(self) -> None:
+        """Batch sizes and the latency histograms, by input topic."""
+        reg = self.registry
         self.batch_size = Histogram(
             "streamproc_batch_size_messages",
             "Messages per batch",
-            ["topic"],
+            _TOPIC,
             buckets=_BATCH_BUCKETS,
             registry=reg,
         )
         self.queue_wait = BatchHistogram(
             "streamproc_queue_wait_seconds",
             "Consume to batch cut",
-            ["topic"],
+            _TOPIC,
             buckets=_LATENCY_BUCKETS_S,
             registry=reg,
         )
         self.inference = Histogram(
             "streamproc_inference_seconds",
             "Batch launch to outputs on the host",
-            ["topic"],
+            _TOPIC,
             buckets=_LATENCY_BUCKETS_S,
             registry=reg,
         )
         self.end_to_end = BatchHistogram(
             "streamproc_end_to_end_seconds",
             "Input record timestamp to output acknowledgement",
-            ["topic"],
+            _TOPIC,
             buckets=_LATENCY_BUCKETS_S,
             registry=reg,
         )
+
+    def _add_flow_control(self) -> None:
+        """Ring fill per partition and the partitions paused by flow control."""
+        reg = self.registry
         self.ring_fill = Gauge(
-            "streamproc_ring_fill_ratio",
-            "Ring buffer fill (0..1)",
-            ["topic", "partition"],
-            registry=reg,
+            "streamproc_ring_fill_ratio", "Ring buffer fill (0..1)", _TOPIC_PARTITION, registry=reg
         )
         self.paused = Gauge(
             "streamproc_paused_partitions", "Partitions paused by flow control", registry=reg
         )
+
+    def _add_offsets(self) -> None:
+        """Commits, transactions and results that can no longer be committed."""
+        reg = self.registry
         self.commits = Counter("streamproc_commits", "Offset commits accepted", registry=reg)
         self.commit_failures = Counter(
             "streamproc_commit_failures", "Offset commits that failed", registry=reg
@@ -213,7 +139,7 @@ class Metrics:
         self.transaction_aborts = Counter(
             "streamproc_transaction_aborts",
             "Transactions aborted (exactly-once), by the error's name",
-            ["reason"],
+            ("reason",),
             registry=reg,
         )
         self.producer_renewals = Counter(
@@ -226,112 +152,127 @@ class Metrics:
             "Results for partitions no longer owned (not committed)",
             registry=reg,
         )
+
+    def _add_staging_pools(self) -> None:
+        """Staging buffers per input topic, and the leak check at close."""
+        reg = self.registry
         self.pool_in_use = Gauge(
-            "streamproc_pinned_pool_in_use_buffers",
-            "Staging buffers leased",
-            ["topic"],
-            registry=reg,
+            "streamproc_pinned_pool_in_use_buffers", "Staging buffers leased", _TOPIC, registry=reg
         )
         self.pool_capacity = Gauge(
             "streamproc_pinned_pool_capacity_buffers",
             "Staging buffers in the pool",
-            ["topic"],
+            _TOPIC,
             registry=reg,
         )
         self.pool_allocations = Gauge(
             "streamproc_pinned_pool_allocations",
             "Host buffers ever allocated by the pool",
-            ["topic"],
+            _TOPIC,
             registry=reg,
         )
         self.pool_leaked = Gauge(
             "streamproc_pool_leaked_buffers",
             "Buffers not back in their pool at close (0 after a clean close; pool: staging, or "
             "output <device>)",
-            ["topic", "pool"],
+            ("topic", "pool"),
             registry=reg,
         )
+
+    def _add_devices(self) -> None:
+        """Placement, busy time, stalls and admission per input topic and device, and the
+        results waiting to be handed over in cut order."""
+        reg = self.registry
         self.device_batches = Counter(
             "streamproc_device_batches",
             "Batches placed on each device",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.device_in_flight = Gauge(
             "streamproc_device_in_flight_batches",
             "Batches on each device between placement and produce",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.device_busy = Counter(
             "streamproc_device_busy_seconds",
             "Device seconds (copy in, model, copy out) of completed batches; its rate is the "
             "device's utilisation",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.device_stalled = Gauge(
             "streamproc_device_stalled",
             "1 while a device has not completed its oldest batch for worker.device_stall_timeout_s",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.device_deferred = Counter(
             "streamproc_device_deferred_launches",
             "Batches whose launch waited for a more urgent lane's batch on the same device "
             "(device admission, worker.priority_max_defer_ms)",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.device_yielded = Counter(
             "streamproc_device_yielded_launches",
             "Batches run with half the intra-op threads because a more urgent lane was active "
             "on the same CPU (device admission)",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.results_waiting = Gauge(
             "streamproc_results_waiting_batches",
             "Completed batches waiting for an earlier batch of their lane that is not complete "
             "yet (result order across devices)",
-            ["topic"],
+            _TOPIC,
             registry=reg,
         )
+
+    def _add_model_failures(self) -> None:
+        """Re-runs of batches whose model call raised, and the batch-size cap, per input topic
+        and device."""
+        reg = self.registry
         self.model_retry_calls = Counter(
             "streamproc_model_retry_calls",
             "Model calls beyond the first of a batch: re-runs in parts after the model raised "
             "(narrowing down failing rows, or splitting a batch that ran out of device memory)",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.model_isolated_rows = Counter(
             "streamproc_model_isolated_rows",
             "Rows the model failed on alone (dead-lettered with stage model; the rest of their "
             "batch got results)",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.model_broken_batches = Counter(
             "streamproc_model_broken_batches",
             "Batches dead-lettered whole without narrowing down: the model was judged broken "
             "(failing for every row)",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.device_out_of_memory = Counter(
             "streamproc_device_out_of_memory",
             "Device out-of-memory errors of live batches (each re-run in smaller parts, never "
             "dead-lettered)",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
         self.batch_size_cap = Gauge(
             "streamproc_batch_size_cap",
             "Largest batch the device runs now (rows): lowered by out-of-memory errors (and at "
             "warm-up), raised again after worker.oom_recovery_s without one",
-            ["topic", "device"],
+            _TOPIC_DEVICE,
             registry=reg,
         )
+
+    def _add_decode(self) -> None:
+        """The decode workers of the process, and where each input topic decodes."""
+        reg = self.registry
         self.decode_workers = Gauge(
             "streamproc_decode_workers",
             "Decode workers (threads or processes) of the process, set by the decode sizer",
@@ -340,20 +281,23 @@ class Metrics:
         self.decode_wait_ratio = Gauge(
             "streamproc_decode_wait_ratio",
             "Share of the last sizing window the topic's dispatcher spent waiting for decode",
-            ["topic"],
+            _TOPIC,
             registry=reg,
         )
         self.decode_inline = Gauge(
             "streamproc_decode_inline",
             "1 while the topic decodes on its dispatcher thread, 0 while on the decode workers",
-            ["topic"],
+            _TOPIC,
             registry=reg,
         )
 
+    def _add_lag(self) -> None:
+        """Consumer lag per partition and the partitions that stopped progressing."""
+        reg = self.registry
         self.consumer_lag = Gauge(
             "streamproc_consumer_lag_messages",
             "Latest offset minus the next offset the source will deliver",
-            ["topic", "partition"],
+            _TOPIC_PARTITION,
             registry=reg,
         )
         self.stalled = Gauge(
@@ -361,20 +305,19 @@ class Metrics:
             "Assigned partitions with lag > 0 and no progress for metrics.stall_timeout_s",
             registry=reg,
         )
+
+    def _add_gpu(self) -> None:
+        """GPU utilisation and memory per GPU index (NVML; absent without a GPU)."""
+        reg = self.registry
         self.gpu_utilization = Gauge(
             "streamproc_gpu_utilization_ratio",
             "GPU utilisation (0..1, NVML)",
-            ["gpu"],
+            ("gpu",),
             registry=reg,
         )
         self.gpu_memory_used = Gauge(
-            "streamproc_gpu_memory_used_bytes",
-            "GPU memory in use (NVML)",
-            ["gpu"],
-            registry=reg,
+            "streamproc_gpu_memory_used_bytes", "GPU memory in use (NVML)", ("gpu",), registry=reg
         )
-        self._nvml: object | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
 
     def child(self, metric: MetricT, *labels: str) -> MetricT:
         """``metric.labels(*labels)``, looked up once (for per-message counters whose series

@@ -73,9 +73,9 @@ class TopicPartition(NamedTuple):
 class Record:
     """One consumed Kafka message. Treated as immutable once created.
 
-    Not a frozen dataclass on purpose: a frozen one costs about 1.8 us to build against 0.3 us
-    (measured with ``timeit`` on this machine), and one is built per consumed message. Equality is
-    identity: two records are the same message only if they are the same object.
+    Not a frozen dataclass on purpose: one is built per consumed message, and a frozen one is
+    several times slower to build (docs/benchmarks-history.md). Equality is identity: two records are
+    the same message only if they are the same object.
 
     Attributes:
         tp: source topic partition.

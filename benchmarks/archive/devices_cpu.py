@@ -1,17 +1,15 @@
 """Several devices on a CPU machine: one device against two logical CPU devices, on a real broker.
 
-    .venv/bin/python benchmarks/archive/devices_cpu.py video 370 3
-    KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 \\
-        .venv/bin/python benchmarks/archive/devices_cpu.py trades 20000
+    .venv/bin/python benchmarks/devices_cpu.py video 370 3
+    KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 .venv/bin/python benchmarks/devices_cpu.py trades 20000
 
 For each round (the last argument, default 2), and for each variant below in turn (alternating,
 so a shared machine's load drifts over all of them alike), a backlog of ``messages`` records of
 ``workload`` is produced into a fresh 4-partition topic and the real pipeline (the bench's
 config, ``streamproc.tools.bench.contenders.pipeline_config``) consumes it until idle. Prints
 per run the throughput (from the output records' timestamps), the batches each device got and
-its busy fraction (device seconds over the run), and the most results that waited for an
-earlier batch; then the median
-throughput per variant.
+its busy fraction (device seconds over the run), and the most results that waited for an earlier
+batch; then the median throughput per variant.
 
 Variants (``worker`` keys):
 
@@ -38,9 +36,10 @@ from streamproc.config import load_config
 from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
 from streamproc.tools.bench.contenders import pipeline_config
-from streamproc.tools.bench.measure import rate_from_output
+from streamproc.tools.bench.measure import output_stats
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
+from streamproc.tools.verify import read_topic
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "1 device, torch_threads 1": {"torch_threads": 1},
@@ -64,7 +63,8 @@ def run_once(bootstrap: str, workload: str, messages: int, worker: dict[str, Any
     elapsed_s = time.monotonic() - started_s
     assert summary.exit_code == 0, summary.error
     assert not pipeline.leaks, pipeline.leaks
-    count, rate = rate_from_output(bootstrap, sink)
+    stats = output_stats(read_topic(bootstrap, sink))  # count and rate from timestamps
+    count, rate = stats.count, stats.rate_msg_s
     assert count == messages, (count, messages)
     placed = summary.device_batches[source]
     busy = {
@@ -81,7 +81,7 @@ def run_once(bootstrap: str, workload: str, messages: int, worker: dict[str, Any
     )
     sizes = summary.batch_sizes[source]
     mean_size = sum(k * v for k, v in sizes.items()) / max(1, sum(sizes.values()))
-    waited = max(s.resequencer.max_waiting for s in pipeline._stages)
+    waited = max(s.resequencer.max_waiting for s in pipeline.stages.topics)
     return (
         f"{rate or 0:8.0f} msg/s  mean batch {mean_size:5.1f}  ({devices}; run {elapsed_s:.0f} s;"
         f" at most {waited} results waited for an earlier batch)"

@@ -26,9 +26,10 @@ from streamproc.config import load_config
 from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
 from streamproc.tools.bench.contenders import pipeline_config
-from streamproc.tools.bench.measure import rate_from_output
+from streamproc.tools.bench.measure import output_stats
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
+from streamproc.tools.verify import read_topic
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -71,9 +72,10 @@ def main(workload: str, messages: int, extra: dict[str, dict[str, object]]) -> N
         sampler.join()
         after = resource.getrusage(resource.RUSAGE_SELF)
         broker_cpu = cpu_s(f"/proc/{broker._proc.pid}/stat") - broker_before  # type: ignore[union-attr]
-        count, rate = rate_from_output(bootstrap, sink)
+        stats = output_stats(read_topic(bootstrap, sink))  # count and rate from timestamps
         print(
-            f"{workload}: {count} results, {rate or 0:.0f} msg/s, batch sizes {summary.batch_sizes}"
+            f"{workload}: {stats.count} results, {stats.rate_msg_s or 0:.0f} msg/s, "
+            f"batch sizes {summary.batch_sizes}"
         )
         for name, seconds in sorted(threads.items(), key=lambda kv: -kv[1]):
             if name not in before | {"sampler"} and seconds >= 0.01:

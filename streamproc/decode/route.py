@@ -28,7 +28,7 @@ costs at most ``probe_batches`` batches the other way). A lane whose decode turn
 (its CPU per record doubles) is probed at once and goes back to the pool where the split
 shortens its wait; there the decode sizer can give it more workers.
 
-Measurements behind these defaults: ``docs/history-decode.md``.
+Measurements behind these defaults: ``docs/benchmarks-history.md``.
 """
 
 from __future__ import annotations

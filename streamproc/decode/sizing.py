@@ -162,11 +162,6 @@ class DecodeSizingPolicy:
         """The count the policy wants now."""
         return self._workers
 
-    @property
-    def blocked_until_s(self) -> float:
-        """Clock time before which no growth is tried (after a failed trial)."""
-        return self._blocked_until_s
-
     def observe(self, sample: DecodeSample) -> None:
         """Count one decoded batch in the open window; a batch split for another count than
         the current one (decoded just before a resize took effect) is ignored."""

@@ -14,7 +14,7 @@ at dispatch time (never on a timer while the device is busy). A cut happens when
     between consecutive messages (:class:`ArrivalGaps`, the median of the recent gaps between
     the consume times of the messages cut) is longer than the time left. Waiting would then add
     latency and no batching. The median, not the mean rate: a burst after an idle spell has a
-    low mean rate but short gaps, and forms one batch (docs/history-intake-kafka.md).
+    low mean rate but short gaps, and forms one batch (docs/benchmarks-history.md).
 
 Every cut is at most the **batch cap**: the largest batch the lane's devices can run now
 (:meth:`Batcher.set_cap`; the device workers lower it when a device runs out of memory and raise
@@ -82,7 +82,7 @@ class AdaptiveBatchSize:
     sizes (``give_up_below`` only stops *exploring* past the peak); and a size measured only long
     ago whose old rate would clearly win (beyond ``near_best``) is re-measured, one batch, before
     it is trusted, so a size that really got faster comes back after one fresh batch. The
-    measurements behind both rules: docs/history-intake-kafka.md.
+    measurements behind both rules: docs/benchmarks-history.md.
 
     Args:
         max_batch_size: the largest size.
@@ -168,7 +168,7 @@ class AdaptiveBatchSize:
 
         Sizes are measured round-robin (1, 2, 4, ..., then again), not ``min_observations``
         times each in turn, so that a drift of the machine's speed during calibration favours no
-        size (docs/history-intake-kafka.md). In play are the sizes up to the first never
+        size (docs/benchmarks-history.md). In play are the sizes up to the first never
         measured or past the peak by the fastest batch so far (the one past the peak gets its
         full ``min_observations`` too: one interfered batch does not end the exploration).
         """

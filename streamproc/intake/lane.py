@@ -1,4 +1,5 @@
-"""A lane: the runtime of one ``pipelines[]`` entry between the source and its dispatcher.
+"""A lane: one pipeline's rings and batch-cut policy under one lock, between the source and the
+pipeline's dispatcher (one lane per ``pipelines[]`` entry; "lane" means nothing else).
 
 A :class:`Lane` owns its input topic's per-partition rings (:class:`PartitionBuffers`), the
 batch-cut policy (:class:`Batcher`, with its adaptive size and arrival gaps) and the one lock
@@ -58,8 +59,9 @@ class Offered:
 
 
 @dataclass(frozen=True, slots=True)
-class CutBatch:
-    """Records :meth:`Lane.next_cut` took for one batch.
+class CutRecords:
+    """The records :meth:`Lane.next_cut` took in one cut; the dispatcher numbers them into a
+    :class:`~streamproc.records.Batch`.
 
     Attributes:
         records: in the order the batcher chose (offset order within a partition); never empty.
@@ -156,7 +158,7 @@ class Lane:
             return self._buffers.fill_ratios()
 
     # -- dispatcher thread -----------------------------------------------------------------
-    def next_cut(self, stop: threading.Event) -> CutBatch | None:
+    def next_cut(self, stop: threading.Event) -> CutRecords | None:
         """Wait until the batcher says cut, then take the batch's records; None once ``stop``
         is set (records still in the rings stay there, uncommitted)."""
         batcher, buffers, cond = self._batcher, self._buffers, self._cond
@@ -172,7 +174,7 @@ class Lane:
                         (r.consumed_at_s for r in records), np.float64, len(records)
                     )
                     batcher.cut(consumed_s)
-                    return CutBatch(records, flow, now_s, consumed_s, decision.reason)
+                    return CutRecords(records, flow, now_s, consumed_s, decision.reason)
                 cond.wait(None if decision.until_s is None else decision.until_s - now_s)
         return None
 

@@ -33,7 +33,8 @@ from streamproc.kafka.protocols import ConsumerClient, ktp
 from streamproc.kafka.transient import read_committed, retry_transient
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
-from streamproc.offsets.tracker import Committer, OffsetTracker
+from streamproc.offsets.committers import Committer
+from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import TopicPartition
 
 log = get_logger(__name__)
@@ -244,11 +245,11 @@ class RebalanceHandler:
     def _start(self, tps: list[TopicPartition]) -> None:
         generations = self._tracker.assign(tps)
         self._assignment.start(tps, generations)
-        by_lane: dict[str, list[TopicPartition]] = {}
+        by_topic: dict[str, list[TopicPartition]] = {}
         for tp in tps:
-            by_lane.setdefault(tp.topic, []).append(tp)
-        for topic, lane_tps in by_lane.items():
-            self._lanes[topic].assign(lane_tps)
+            by_topic.setdefault(tp.topic, []).append(tp)
+        for topic, topic_tps in by_topic.items():
+            self._lanes[topic].assign(topic_tps)
 
     def _forget(self, tps: list[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
         self._tracker.revoke(tps)

@@ -10,7 +10,7 @@ Flow control: a partition paused at its ring's high watermark is resumed at the 
 makes librdkafka drop the partition's prefetched messages, and a plain resume is fetched again
 only on the broker thread's next idle wake-up, long after the ring ran dry. A resume therefore
 also seeks the partition to its next offset, which starts the fetch at once (the measurements:
-docs/history-intake-kafka.md). While partitions are paused the source never blocks long in
+docs/benchmarks-history.md). While partitions are paused the source never blocks long in
 ``consume``: with everything paused it waits on its control queue instead (a resume wakes it at
 once), with some paused at most :data:`PAUSED_POLL_S`.
 """

@@ -8,7 +8,7 @@ hand to the pipeline). Series of partitions no longer assigned are removed.
 
 Not the AdminClient: its ``list_offsets`` and ``list_consumer_group_offsets`` crash librdkafka
 2.16.0 (an assertion, SIGABRT: the whole process) when two of three brokers were down and
-return (docs/history-intake-kafka.md).
+return (docs/benchmarks-history.md).
 """
 
 from __future__ import annotations

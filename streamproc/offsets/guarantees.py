@@ -39,13 +39,9 @@ from confluent_kafka import KafkaError
 from streamproc.config import Scalar
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
+from streamproc.offsets.committers import AtLeastOnceCommitter, Committer, TransactionalCommitter
 from streamproc.offsets.refusals import Refusal, Refusals, record_refusal
-from streamproc.offsets.tracker import (
-    AtLeastOnceCommitter,
-    Committer,
-    OffsetTracker,
-    TransactionalCommitter,
-)
+from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import Record
 

@@ -19,15 +19,12 @@ Error handling follows the transactional producer's contract:
   zombie) or that it may not be used -> :class:`~streamproc.errors.FatalPipelineError`; this
   process stops, nobody else;
 * any other fatal error (the producer's own state, e.g. ``INVALID_TXN_STATE`` when the
-  transaction coordinator failed over during an abort: seen with two of three brokers down),
-  an abort that fails, or a call that never returns (wedged: still inside the client
-  :data:`WEDGED_GRACE_S` after its own timeout) -> the producer is replaced by a fresh one with
-  the same ``transactional.id``, whose ``init_transactions`` fences the old one and aborts its
-  transaction; then as an abort. librdkafka 2.16 can wait forever for a group coordinator that
-  is gone (``send_offsets_to_transaction``; confluentinc/librdkafka#5456 and #5511): seen with
-  the broker that led an input partition and coordinated the group killed for 20 s
-  (tests/faults), the source thread then stuck in that call, no progress 8 minutes after the
-  broker was back.
+  transaction coordinator failed over during an abort), an abort that fails, or a call that
+  never returns (wedged: still inside the client :data:`WEDGED_GRACE_S` after its own timeout)
+  -> the producer is replaced by a fresh one with the same ``transactional.id``, whose
+  ``init_transactions`` fences the old one and aborts its transaction; then as an abort.
+  librdkafka 2.16 can wait forever for a group coordinator that is gone
+  (``send_offsets_to_transaction``; confluentinc/librdkafka#5456 and #5511).
 
 ``transactional.id`` must be stable per instance (e.g. ``<group>-<StatefulSet pod name>``) so a
 restarted instance fences its predecessor and aborts the predecessor's open transaction.

@@ -72,7 +72,7 @@ def producer_settings(user: dict[str, Any], transactional_id: str | None = None)
     there aborts the transaction and the inputs are consumed again.
     """
     settings: dict[str, Any] = {
-        "linger.ms": 2,  # why 2: docs/history-output.md, "output/producer.py"
+        "linger.ms": 2,  # why 2: docs/benchmarks-history.md, "output/producer.py"
         "compression.type": "lz4",
         "logger": kafka_logger(),
         **user,

@@ -25,9 +25,10 @@ decode; one with extra fields is decoded leniently and its whole document checke
 accepted exactly when it was before.
 
 Results are msgspec Structs too, serialised by :data:`RESULT_ENCODER` (built once; measured
-faster than building a dict for ``orjson.dumps``, benchmarks/codecs.py); :class:`Source` is
-their ``source`` field. One decoder or encoder instance serves every decode and results thread
-(msgspec keeps no state between calls; 8 threads sharing one gave the serial results).
+faster than building a dict for ``orjson.dumps``, benchmarks/codecs.py);
+:class:`SourceCoordinates` is their ``source`` field. One decoder or encoder instance serves
+every decode and results thread (msgspec keeps no state between calls; 8 threads sharing one
+gave the serial results).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ _MALFORMED_PREFIX = "JSON is malformed: "
 _OUT_OF_RANGE = "Number out of range"
 
 
-class Source(msgspec.Struct, gc=False):
+class SourceCoordinates(msgspec.Struct, gc=False):
     """The input record's coordinates in a result body (``"source": {"topic", "partition",
     "offset"}``, as :func:`~streamproc.workloads.base.source_coordinates`)."""
 
@@ -67,7 +68,7 @@ class Source(msgspec.Struct, gc=False):
     offset: int
 
     @classmethod
-    def of(cls, record: Record) -> Source:
+    def of(cls, record: Record) -> SourceCoordinates:
         """The coordinates of ``record``."""
         return cls(record.tp.topic, record.tp.partition, record.offset)
 

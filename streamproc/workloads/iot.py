@@ -36,7 +36,7 @@ from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded
 from streamproc.workloads.codecs import (
     INT64,
-    Source,
+    SourceCoordinates,
     StrictJsonDecoder,
     encode_one,
     encode_results,
@@ -93,7 +93,7 @@ class IotResult(msgspec.Struct, gc=False):
     anomaly: bool  # score > threshold
     threshold: float
     model: str
-    source: Source
+    source: SourceCoordinates
 
 
 IOT_MESSAGE = StrictJsonDecoder(IotMessage)
@@ -229,7 +229,7 @@ class IotWorkload(CheckpointScorer):
                 flag,
                 threshold,
                 MODEL_NAME,
-                Source.of(record),
+                SourceCoordinates.of(record),
             )
 
         return encode_results(records, zip(scores, flags, strict=True), IOT_HEAD, build)

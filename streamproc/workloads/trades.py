@@ -44,7 +44,7 @@ from streamproc.records import Headers, Record
 from streamproc.workloads.base import Encoded
 from streamproc.workloads.codecs import (
     INT64,
-    Source,
+    SourceCoordinates,
     StrictJsonDecoder,
     encode_one,
     encode_results,
@@ -111,7 +111,7 @@ class TradeResult(msgspec.Struct, gc=False):
     threshold: float
     features: TradeFeatures
     model: str
-    source: Source
+    source: SourceCoordinates
 
 
 TRADE_MESSAGE = StrictJsonDecoder(TradeMessage)
@@ -301,7 +301,7 @@ class TradesWorkload(CheckpointScorer):
                 threshold,
                 TradeFeatures(row[0], row[1], int(row[2])),
                 MODEL_NAME,
-                Source.of(record),
+                SourceCoordinates.of(record),
             )
 
         rows = zip(scores, flags, feats, strict=True)

@@ -1,80 +1,8 @@
-"""The batch-observed histogram exposes what prometheus_client's own Histogram would."""
+"""The process metrics: one registry per :class:`Metrics`, series read through it."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-
-from streamproc.metrics import BatchHistogram, Metrics
-
-BUCKETS = (0.001, 0.01, 0.1, 1.0, 10.0)
-
-
-def _samples(registry: CollectorRegistry) -> list[str]:
-    text = generate_latest(registry).decode()
-    return sorted(
-        line
-        for line in text.splitlines()
-        if line.startswith("lat_seconds") and "_created" not in line
-    )
-
-
-def test_batch_observations_match_the_library_histogram_sample_for_sample() -> None:
-    rng = np.random.default_rng(7)
-    # bucket bounds themselves included: "le" is inclusive
-    values = np.concatenate([rng.exponential(0.05, 500), np.array(BUCKETS), [0.0, 99.0]])
-    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
-    ours = BatchHistogram("lat_seconds", "latency", ["topic"], BUCKETS, ours_registry)
-    theirs = Histogram(
-        "lat_seconds", "latency", ["topic"], buckets=BUCKETS, registry=theirs_registry
-    )
-    for chunk in np.array_split(values, 7):
-        ours.labels("a").observe_many(chunk)
-        for value in chunk:
-            theirs.labels("a").observe(float(value))
-    ours.labels("b").observe_many(np.array([0.5]))
-    theirs.labels("b").observe(0.5)
-    ours_lines, theirs_lines = _samples(ours_registry), _samples(theirs_registry)
-    assert len(ours_lines) == 2 * (len(BUCKETS) + 3)  # buckets, +Inf, _count, _sum per series
-    names = [line.rsplit(" ", 1)[0] for line in ours_lines]
-    assert names == [line.rsplit(" ", 1)[0] for line in theirs_lines]
-    for mine, library in zip(ours_lines, theirs_lines, strict=True):
-        assert float(mine.rsplit(" ", 1)[1]) == pytest.approx(float(library.rsplit(" ", 1)[1]))
-
-
-def test_nan_integer_arrays_and_non_string_labels_match_the_library() -> None:
-    # int64 values once wrapped their sum, NaN landed in +Inf and _count, and an int label
-    # value failed the whole /metrics scrape
-    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
-    ours = BatchHistogram("lat_seconds", "latency", ["partition"], BUCKETS, ours_registry)
-    theirs = Histogram(
-        "lat_seconds", "latency", ["partition"], buckets=BUCKETS, registry=theirs_registry
-    )
-    huge = np.array([2**62] * 3, dtype=np.int64)
-    ours.labels(0).observe_many(huge)
-    ours.labels(0).observe_many(np.array([[0.5, np.nan]]))  # any shape
-    for value in [*huge.tolist(), 0.5, float("nan")]:
-        theirs.labels(0).observe(float(value))
-    ours_lines, theirs_lines = _samples(ours_registry), _samples(theirs_registry)
-    assert [line.rsplit(" ", 1)[0] for line in ours_lines] == [
-        line.rsplit(" ", 1)[0] for line in theirs_lines
-    ]
-    for mine, library in zip(ours_lines, theirs_lines, strict=True):
-        assert float(mine.rsplit(" ", 1)[1]) == pytest.approx(
-            float(library.rsplit(" ", 1)[1]), nan_ok=True
-        )
-    assert 'lat_seconds_count{partition="0"} 4.0' in ours_lines
-
-
-def test_bad_buckets_and_labels_are_refused() -> None:
-    with pytest.raises(ValueError, match="increasing"):
-        BatchHistogram("x_seconds", "x", ["topic"], (1.0, 0.5), CollectorRegistry())
-    with pytest.raises(ValueError, match="finite"):
-        BatchHistogram("z_seconds", "z", ["topic"], (1.0, float("inf")), CollectorRegistry())
-    histogram = BatchHistogram("y_seconds", "y", ["topic"], BUCKETS, CollectorRegistry())
-    with pytest.raises(ValueError, match="expected labels"):
-        histogram.labels("a", "b")
+from streamproc.metrics import Metrics
 
 
 def test_counter_value_reads_a_series_through_the_registry() -> None:
@@ -87,3 +15,50 @@ def test_counter_value_reads_a_series_through_the_registry() -> None:
     assert metrics.counter_value(metrics.consumed, topic="other") == 0.0
     assert metrics.counter_value(metrics.dead_lettered, topic="t", stage="decode") == 1.0
     assert metrics.counter_value(metrics.dead_lettered, topic="t", stage="model") == 0.0
+
+
+EXPOSED = [  # name and type of every family, in registration order (operators' dashboards)
+    ("streamproc_messages_consumed", "counter"),
+    ("streamproc_messages_produced", "counter"),
+    ("streamproc_produce_retries", "counter"),
+    ("streamproc_messages_dead_lettered", "counter"),
+    ("streamproc_batch_size_messages", "histogram"),
+    ("streamproc_queue_wait_seconds", "histogram"),
+    ("streamproc_inference_seconds", "histogram"),
+    ("streamproc_end_to_end_seconds", "histogram"),
+    ("streamproc_ring_fill_ratio", "gauge"),
+    ("streamproc_paused_partitions", "gauge"),
+    ("streamproc_commits", "counter"),
+    ("streamproc_commit_failures", "counter"),
+    ("streamproc_transaction_aborts", "counter"),
+    ("streamproc_producer_renewals", "counter"),
+    ("streamproc_late_results", "counter"),
+    ("streamproc_pinned_pool_in_use_buffers", "gauge"),
+    ("streamproc_pinned_pool_capacity_buffers", "gauge"),
+    ("streamproc_pinned_pool_allocations", "gauge"),
+    ("streamproc_pool_leaked_buffers", "gauge"),
+    ("streamproc_device_batches", "counter"),
+    ("streamproc_device_in_flight_batches", "gauge"),
+    ("streamproc_device_busy_seconds", "counter"),
+    ("streamproc_device_stalled", "gauge"),
+    ("streamproc_device_deferred_launches", "counter"),
+    ("streamproc_device_yielded_launches", "counter"),
+    ("streamproc_results_waiting_batches", "gauge"),
+    ("streamproc_model_retry_calls", "counter"),
+    ("streamproc_model_isolated_rows", "counter"),
+    ("streamproc_model_broken_batches", "counter"),
+    ("streamproc_device_out_of_memory", "counter"),
+    ("streamproc_batch_size_cap", "gauge"),
+    ("streamproc_decode_workers", "gauge"),
+    ("streamproc_decode_wait_ratio", "gauge"),
+    ("streamproc_decode_inline", "gauge"),
+    ("streamproc_consumer_lag_messages", "gauge"),
+    ("streamproc_stalled_partitions", "gauge"),
+    ("streamproc_gpu_utilization_ratio", "gauge"),
+    ("streamproc_gpu_memory_used_bytes", "gauge"),
+]
+
+
+def test_every_metric_family_keeps_its_name_and_type() -> None:
+    families = Metrics().registry.collect()
+    assert [(family.name, family.type) for family in families] == EXPOSED

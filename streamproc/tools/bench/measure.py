@@ -20,7 +20,7 @@ import numpy as np
 
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
-from streamproc.tools.verify import TopicDump, read_topic
+from streamproc.tools.verify import TopicDump
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 """Topic config of every bench topic: record timestamps are the broker's append time."""
@@ -50,12 +50,6 @@ def output_stats(dump: TopicDump) -> OutputStats:
     span_s = (stamps[-1] - stamps[0]) / 1000.0
     rate = (len(stamps) - 1) / span_s if len(stamps) > 1 and span_s > 0 else None
     return OutputStats(len(stamps), rate, stamps[0], stamps[-1])
-
-
-def rate_from_output(bootstrap: str, topic: str) -> tuple[int, float | None]:
-    """Records in ``topic`` and its throughput (msg/s) from their timestamps."""
-    stats = output_stats(read_topic(bootstrap, topic))
-    return stats.count, stats.rate_msg_s
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError
 
 from streamproc.config import load_config
 from streamproc.intake.batcher import Batcher
-from streamproc.intake.lane import CutBatch, Lane
+from streamproc.intake.lane import CutRecords, Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.intake.source import Source
 from streamproc.metrics import Metrics
@@ -85,7 +85,7 @@ class Harness:
         self.source.poll_until(done)
         assert not self.fatal, self.fatal
 
-    def cut(self) -> CutBatch:
+    def cut(self) -> CutRecords:
         batch = self.lane.next_cut(threading.Event())
         assert batch is not None
         self.source.apply(batch.flow)

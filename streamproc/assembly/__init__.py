@@ -1,0 +1,139 @@
+"""Assembly: builds every stage of the process from the config, one function per stage.
+Nothing is started here; :class:`~streamproc.pipeline.Pipeline` owns the lifecycle.
+
+Words (one word, one thing):
+
+* *pipeline*: one ``pipelines[]`` entry, an input topic bound to a workload and an output topic;
+  the class :class:`~streamproc.pipeline.Pipeline` is the process that hosts all of them.
+* *lane*: a :class:`~streamproc.intake.lane.Lane`, one pipeline's rings and batch-cut policy
+  under one lock. There is one per pipeline, so "per lane" counts the same as "per pipeline".
+* :class:`TopicStages`: everything built for one pipeline, keyed by its input topic
+  (:mod:`.topic`).
+* :class:`Shared`: what every pipeline shares, one of each per process (:mod:`.shared`);
+  its decode workers are a strategy chosen once from ``worker.decode_mode`` (:mod:`.decoding`).
+
+Build order (each step needs the ones before it)::
+
+    metrics, offset tracker -> devices -> decode workers -> results producer, guarantee, sink
+      -> device admission -> per pipeline: workload, staging pool, decoder, lane, placement
+         state, result handler and resequencer, one device worker per device (models built
+         and their precision checked here)
+      -> source (over the lanes) -> dispatchers (they hand resume decisions to the source)
+      -> lag monitor -> health endpoint
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamproc.assembly.decoding import build_decoding
+from streamproc.assembly.shared import (
+    OnFatal,
+    Shared,
+    admin_settings,
+    build_admission,
+    build_output,
+    late_results_reporter,
+)
+from streamproc.assembly.topic import TopicStages, build_dispatcher, build_topic_stages
+from streamproc.config import Config
+from streamproc.device import DeviceWorker
+from streamproc.device.dispatch import Dispatcher
+from streamproc.device.selection import select_devices
+from streamproc.health import HealthServer, Probe
+from streamproc.intake.source import Source
+from streamproc.kafka.lag import LagMonitor
+from streamproc.kafka.protocols import ConsumerFactory, ProducerFactory
+from streamproc.metrics import Metrics
+from streamproc.offsets.tracker import OffsetTracker
+
+__all__ = ["Shared", "Stages", "TopicStages", "admin_settings", "assemble"]
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Every stage of the process, built and not started."""
+
+    shared: Shared
+    topics: tuple[TopicStages, ...]
+    """One per pipeline, in config order."""
+    source: Source
+    dispatchers: tuple[Dispatcher, ...]
+    """One per pipeline, in config order."""
+    lag: LagMonitor
+    http: HealthServer | None
+    """None with ``metrics.port: 0``."""
+
+    @property
+    def workers(self) -> list[DeviceWorker]:
+        """Every device worker, by pipeline, then device."""
+        return [worker for stages in self.topics for worker in stages.workers]
+
+
+def assemble(
+    config: Config,
+    on_fatal: OnFatal,
+    live: Probe,
+    ready: Probe,
+    consumer_factory: ConsumerFactory,
+    producer_factory: ProducerFactory,
+) -> Stages:
+    """Build every stage from ``config``, in the order of the module docstring.
+
+    Args:
+        on_fatal: what a stage calls when the process must stop (any thread).
+        live, ready: the ``/healthz`` and ``/readyz`` probes.
+        consumer_factory, producer_factory: build the Kafka clients (tests pass fakes).
+
+    Raises:
+        ConfigError: librdkafka refused a setting under ``kafka.consumer``/``kafka.producer``,
+            a device is not visible, or a model refused its precision.
+    """
+    metrics = Metrics()
+    tracker = OffsetTracker(on_late=late_results_reporter(metrics))
+    devices = select_devices(config.worker.device, config.worker.devices)
+    decoding = build_decoding(config.worker, metrics)
+    guarantee, sink = build_output(config, tracker, metrics, on_fatal, producer_factory)
+    admission = build_admission(config)
+    shared = Shared(
+        config, metrics, tracker, devices, decoding, guarantee, sink, admission, on_fatal
+    )
+    topics = tuple(build_topic_stages(spec, shared) for spec in config.pipelines)
+    lanes = {stages.topic: stages.lane for stages in topics}
+    source = Source(config, lanes, tracker, guarantee, metrics, on_fatal, consumer_factory)
+    dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)
+    lag = build_lag_monitor(config, source, metrics, topics)
+    return Stages(
+        shared, topics, source, dispatchers, lag, build_health(config, metrics, live, ready)
+    )
+
+
+def build_lag_monitor(
+    config: Config, source: Source, metrics: Metrics, topics: tuple[TopicStages, ...]
+) -> LagMonitor:
+    """The ``lag`` thread; every ``metrics.lag_interval_s`` it also samples the GPU gauges and
+    checks every pipeline's devices for stalls."""
+
+    def tick() -> None:
+        metrics.sample_gpu()
+        for stages in topics:
+            stages.load.check_stalls()
+
+    return LagMonitor(
+        admin_settings(config),
+        config.kafka.group_id,
+        source.positions,
+        metrics,
+        config.metrics.lag_interval_s,
+        on_tick=tick,
+        stall_timeout_s=config.metrics.stall_timeout_s,
+    )
+
+
+def build_health(
+    config: Config, metrics: Metrics, live: Probe, ready: Probe
+) -> HealthServer | None:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``metrics.port`` (None: ``port: 0``)."""
+    if not config.metrics.port:
+        return None
+    return HealthServer(config.metrics.host, config.metrics.port, metrics.registry, live, ready)

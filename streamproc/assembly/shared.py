@@ -1,0 +1,115 @@
+"""The stages every pipeline of the process shares (one of each per process), and their
+builders: the offset tracker's late-results hook, the results producer with the processing
+guarantee and the sink, the device admission, and the settings the admin clients connect with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streamproc.assembly.decoding import Decoding
+from streamproc.config import Config, Scalar
+from streamproc.device.admission import DeviceAdmission
+from streamproc.device.selection import DeviceSpec
+from streamproc.kafka.protocols import ProducerFactory
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
+from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
+from streamproc.offsets.tracker import LateHook, OffsetTracker
+from streamproc.offsets.transactions import Transactions
+from streamproc.output.producer import build_producer, producer_settings
+from streamproc.output.sink import Sink
+from streamproc.records import TopicPartition
+
+log = get_logger(__name__)
+
+OnFatal = Callable[[BaseException], None]
+"""Called by any stage, from any thread, when the process must stop."""
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The stages every pipeline shares, with the config and the fatal-error hook."""
+
+    config: Config
+    metrics: Metrics
+    tracker: OffsetTracker
+    devices: tuple[DeviceSpec, ...]
+    decoding: Decoding
+    guarantee: Guarantee
+    sink: Sink
+    admission: DeviceAdmission | None
+    on_fatal: OnFatal
+
+
+def late_results_reporter(metrics: Metrics) -> LateHook:
+    """The offset tracker's ``on_late``: results for a partition no longer owned (revoked while
+    in flight) are produced (duplicates under at-least-once), never committed; each is counted
+    in ``streamproc_late_results_total`` and the first of an assignment is logged."""
+
+    def report(tp: TopicPartition, count: int, first: bool) -> None:
+        metrics.late_results.inc(count)
+        if first:
+            log.warning(
+                "late results for a partition no longer owned; produced, not committed "
+                "(further ones are counted in streamproc_late_results_total)",
+                topic=tp.topic,
+                partition=tp.partition,
+                results=count,
+            )
+
+    return report
+
+
+def build_output(
+    config: Config,
+    tracker: OffsetTracker,
+    metrics: Metrics,
+    on_fatal: OnFatal,
+    producer_factory: ProducerFactory,
+) -> tuple[Guarantee, Sink]:
+    """The results producer, the processing guarantee (chosen once: the source and the sink
+    never branch on it) and the sink, which owns the producer from then on.
+
+    Raises:
+        ConfigError: librdkafka refused a setting under ``kafka.producer``.
+    """
+    settings = producer_settings(
+        {"bootstrap.servers": config.bootstrap_servers, **config.kafka.producer},
+        config.transactional_id if config.exactly_once else None,
+    )
+    producer = build_producer(settings, producer_factory)
+    guarantee: Guarantee = (
+        ExactlyOnce(
+            tracker,
+            metrics,
+            Transactions(producer, renew=lambda: sink.renew_producer()),
+            max_aborts=config.kafka.max_transaction_aborts,
+        )
+        if config.exactly_once
+        else AtLeastOnce(tracker, metrics)
+    )
+    sink = Sink(producer, settings, guarantee, metrics, on_fatal, producer_factory=producer_factory)
+    return guarantee, sink
+
+
+def build_admission(config: Config) -> DeviceAdmission | None:
+    """One launch order per device across lanes (``worker.priority_admission``); None with a
+    single pipeline or with the admission off."""
+    worker = config.worker
+    if not worker.priority_admission or len(config.pipelines) < 2:
+        return None
+    return DeviceAdmission(worker.priority_max_defer_ms / 1000.0)
+
+
+def admin_settings(config: Config) -> dict[str, Scalar]:
+    """What the admin clients and the lag monitor's probe consumer connect with: the brokers
+    and the ``security.*``, ``sasl.*``, ``ssl.*`` and ``client.*`` settings of
+    ``kafka.consumer``."""
+    security = {
+        key: value
+        for key, value in config.kafka.consumer.items()
+        if key.startswith(("security.", "sasl.", "ssl.", "client."))
+    }
+    return {"bootstrap.servers": config.bootstrap_servers, **security}

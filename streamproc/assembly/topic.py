@@ -1,0 +1,241 @@
+"""The stages of one pipeline (one ``pipelines[]`` entry, keyed by its input topic), one builder
+per stage: staging pool, decoder, lane, placement state, result handler with resequencer, one
+device worker (own model instance) per device, and the dispatcher that feeds them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from streamproc.assembly.shared import Shared
+from streamproc.config import Config, PipelineConfig
+from streamproc.decode import Decoder
+from streamproc.device import (
+    DeviceResult,
+    DeviceWorker,
+    PoolLeak,
+    Release,
+    Resequencer,
+    StagingPool,
+)
+from streamproc.device.dispatch import Dispatcher
+from streamproc.device.placement import DeviceLoad
+from streamproc.device.precision import build_model
+from streamproc.device.recovery import Outcome
+from streamproc.device.selection import DeviceSpec
+from streamproc.device.staging import report_leaks
+from streamproc.intake.batcher import Batcher
+from streamproc.intake.lane import Lane
+from streamproc.intake.rings import FlowControl, PartitionBuffers
+from streamproc.logs import get_logger
+from streamproc.metrics import Metrics
+from streamproc.output.results import ResultHandler
+from streamproc.records import Priority
+from streamproc.workloads import ModelFn, Workload, load_workload
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class TopicStages:
+    """The stages built for one pipeline: its lane, decoder, staging pool (shared by its
+    devices), one device worker per device, their placement state, and the resequencer that
+    hands results to the result handler in cut order."""
+
+    lane: Lane
+    decoder: Decoder
+    staging: StagingPool
+    workers: tuple[DeviceWorker, ...]
+    load: DeviceLoad
+    resequencer: Resequencer
+
+    @property
+    def topic(self) -> str:
+        """The pipeline's input topic."""
+        return self.lane.topic
+
+    def calibrate(self) -> None:
+        """Start-up, before the dispatcher runs: time the batch sizes the lane's adaptive model
+        needs; with several devices, also one batch per device at the target size (the first
+        placements use those times)."""
+        lane = self.lane
+        if lane.calibrate(self.workers[0].time_batch):
+            log.info("batch size calibrated", topic=lane.topic, target=lane.target)
+        if len(self.workers) > 1:
+            size = lane.target
+            for index, worker in enumerate(self.workers):
+                self.load.observe(index, size, worker.time_batch(size))
+
+    def leak_check(self, metrics: Metrics) -> tuple[PoolLeak, ...]:
+        """The staging pool's and every output buffer pool's missing buffers, reported (error
+        log and ``streamproc_pool_leaked_buffers``); empty when all are back."""
+        checks = [self.staging.leak(), *(worker.output_leak() for worker in self.workers)]
+        return report_leaks(self.topic, checks, metrics)
+
+
+def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
+    """The stages of one pipeline (its dispatcher is built once the source exists).
+
+    Raises:
+        ConfigError: a device or the workload refuses the pipeline's precision.
+    """
+    workload = load_workload(spec.workload, spec.options)
+    staging = build_staging_pool(workload, shared)
+    decoder = shared.decoding.decoder(spec, workload, staging)
+    topic, metrics, worker = spec.input_topic, shared.metrics, shared.config.worker
+    metrics.pool_capacity.labels(topic).set(staging.capacity)
+    metrics.pool_allocations.labels(topic).set(staging.allocations)
+    lane = build_lane(spec, workload, shared)
+    labels = [device.label for device in shared.devices]
+    load = DeviceLoad(
+        topic, labels, worker.max_in_flight_batches, worker.device_stall_timeout_s, metrics
+    )
+    handler = ResultHandler(spec, workload, shared.sink, metrics, observe=lane.observe)
+    resequencer = Resequencer(topic, handler, load.released, shared.on_fatal, metrics=metrics)
+
+    def completed(result: DeviceResult, release: Release) -> None:
+        load.completed(result.batch.batch_id, result.inference_s)
+        resequencer.put(result, release)
+
+    workers = tuple(
+        build_device_worker(spec, workload, device, lane, staging, completed, shared)
+        for device in shared.devices
+    )
+    return TopicStages(lane, decoder, staging, workers, load, resequencer)
+
+
+def build_staging_pool(workload: Workload, shared: Shared) -> StagingPool:
+    """``worker.staging_buffers`` slabs per device of ``batching.max_batch_size`` rows of the
+    workload's item shape and dtype; pinned where a device is CUDA, in shared memory where
+    decode processes write them."""
+    config = shared.config
+    return StagingPool(
+        config.worker.staging_buffers * len(shared.devices),
+        config.batching.max_batch_size,
+        workload.item_shape,
+        workload.item_dtype,
+        pin=any(d.device.type == "cuda" for d in shared.devices),
+        shared=shared.decoding.shared_staging,
+    )
+
+
+def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane:
+    """The pipeline's rings (``buffers``) and batch-cut policy (``batching``); a message without
+    a ``priority`` header gets the pipeline's ``priority``, else the workload's."""
+    batching, buffers = shared.config.batching, shared.config.buffers
+    return Lane(
+        spec.input_topic,
+        PartitionBuffers(buffers.ring_capacity, buffers.high_watermark, buffers.low_watermark),
+        Batcher(
+            batching.max_batch_size,
+            batching.max_batch_bytes,
+            batching.max_wait_s,
+            adaptive=batching.adaptive_batch_size,
+        ),
+        shared.tracker,
+        Priority.parse(spec.priority or workload.default_priority),
+    )
+
+
+def build_device_worker(
+    spec: PipelineConfig,
+    workload: Workload,
+    device: DeviceSpec,
+    lane: Lane,
+    staging: StagingPool,
+    completed: Callable[[DeviceResult, Release], None],
+    shared: Shared,
+) -> DeviceWorker:
+    """The pipeline's worker on ``device`` with its own model instance; ``completed`` gets each
+    batch it completes."""
+    worker, topic, admission = shared.config.worker, spec.input_topic, shared.admission
+    return DeviceWorker(
+        build_device_model(spec, workload, device.device, shared.config),
+        device.device,
+        staging,
+        worker.max_in_flight_batches,
+        worker.cuda_streams,
+        completed,
+        shared.on_fatal,
+        label=device.label,
+        gate=(
+            None
+            if admission is None
+            else admission.gate(device.device, topic, device.label, shared.metrics)
+        ),
+        on_model_failure=worker.on_model_failure,
+        oom_recovery_s=worker.oom_recovery_s,
+        on_cap=cap_reporter(lane, device.label, shared),
+        on_outcome=outcome_counter(topic, device.label, shared.metrics),
+    )
+
+
+def build_device_model(
+    spec: PipelineConfig, workload: Workload, device: torch.device, config: Config
+) -> ModelFn:
+    """The pipeline's batch function on ``device`` at its precision (``pipelines[].precision``,
+    else ``worker.precision``).
+
+    Raises:
+        ConfigError: the device or the workload refuses that precision (named by its key).
+    """
+    index = config.pipelines.index(spec)
+    precision = spec.precision or config.worker.precision
+    key = "worker.precision" if spec.precision is None else f"pipelines.{index}.precision"
+    model = build_model(workload, device, precision, key)
+    log.info(
+        "model built",
+        topic=spec.input_topic,
+        workload=workload.name,
+        device=str(device),
+        precision=precision,
+    )
+    return model
+
+
+def cap_reporter(lane: Lane, device: str, shared: Shared) -> Callable[[int], None]:
+    """A device worker's ``on_cap``: the lane cuts at most the cap; the gauge shows it."""
+    gauge = shared.metrics.batch_size_cap.labels(lane.topic, device)
+    gauge.set(shared.config.batching.max_batch_size)
+
+    def report(cap: int) -> None:
+        gauge.set(cap)
+        lane.cap_batch(device, cap)
+
+    return report
+
+
+def outcome_counter(topic: str, device: str, metrics: Metrics) -> Callable[[Outcome], None]:
+    """A device worker's ``on_outcome``: counts the re-runs of batches whose model call
+    raised."""
+    retries = metrics.model_retry_calls.labels(topic, device)
+    isolated = metrics.model_isolated_rows.labels(topic, device)
+    broken = metrics.model_broken_batches.labels(topic, device)
+    out_of_memory = metrics.device_out_of_memory.labels(topic, device)
+
+    def count(outcome: Outcome) -> None:
+        retries.inc(outcome.calls - 1)
+        isolated.inc(outcome.isolated)
+        broken.inc(outcome.broken)
+        out_of_memory.inc(outcome.out_of_memory)
+
+    return count
+
+
+def build_dispatcher(
+    stages: TopicStages, apply_flow: Callable[[FlowControl], None], shared: Shared
+) -> Dispatcher:
+    """The pipeline's ``dispatch-<topic>`` thread; ``apply_flow`` takes its resume decisions
+    (the source's :meth:`~streamproc.intake.source.Source.apply`)."""
+    return Dispatcher(
+        stages.lane,
+        stages.decoder,
+        stages.staging,
+        stages.workers,
+        stages.load,
+        apply_flow,
+        shared.metrics,
+        shared.on_fatal,
+    )

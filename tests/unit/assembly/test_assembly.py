@@ -1,0 +1,84 @@
+"""The assembly over the in-package fake clients: what it builds for a config (nothing is
+started; the pipeline's close releases what was built)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamproc.assembly.decoding import ProcessDecoding, ThreadDecoding
+from streamproc.assembly.shared import admin_settings, build_admission, late_results_reporter
+from streamproc.config import Config, load_config
+from streamproc.metrics import Metrics
+from streamproc.pipeline import Pipeline, State
+from streamproc.records import TopicPartition
+from streamproc.testing import FakeConsumer, FakeProducer, factory
+
+TRADES = {"name": "t", "input_topic": "t", "output_topic": "to", "workload": "trades"}
+IOT = {"name": "i", "input_topic": "i", "output_topic": "io", "workload": "iot"}
+
+
+def _config(pipelines: list[dict[str, str]], **sections: Any) -> Config:
+    overrides = {
+        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        "metrics": {"port": 0},
+        "pipelines": pipelines,
+        **sections,
+    }
+    return load_config(overrides=overrides)
+
+
+def _pipeline(config: Config) -> Pipeline:
+    return Pipeline(config, factory(FakeConsumer({})), factory(FakeProducer()))
+
+
+def test_one_topic_stages_per_pipeline_and_one_device_worker_per_device() -> None:
+    pipeline = _pipeline(_config([TRADES, IOT], worker={"devices": ["cpu", "cpu"]}))
+    try:
+        stages = pipeline.stages
+        assert [t.topic for t in stages.topics] == ["t", "i"]  # config order
+        assert [d.topic for d in stages.dispatchers] == ["t", "i"]
+        assert all(len(t.workers) == 2 for t in stages.topics)
+        assert pipeline.workers == [w for t in stages.topics for w in t.workers]
+        assert [t.lane.default_priority.label for t in stages.topics] == ["high", "normal"]
+        shared = stages.shared
+        assert isinstance(shared.decoding, ThreadDecoding) and not shared.decoding.shared_staging
+        assert shared.admission is not None  # two pipelines share the devices
+        assert stages.http is None  # metrics.port 0
+    finally:
+        pipeline.close()
+    assert pipeline.state is State.CLOSED
+
+
+def test_decode_processes_share_the_staging_slabs() -> None:
+    pipeline = _pipeline(_config([TRADES], worker={"device": "cpu", "decode_mode": "process"}))
+    try:
+        (topic,) = pipeline.stages.topics
+        assert isinstance(pipeline.stages.shared.decoding, ProcessDecoding)
+        assert topic.staging.shared_names  # slabs in named shared memory
+        assert pipeline.stages.shared.admission is None  # one pipeline: nothing to order
+    finally:
+        pipeline.close()
+
+
+def test_admission_only_where_several_pipelines_have_it_on() -> None:
+    assert build_admission(_config([TRADES, IOT])) is not None
+    assert build_admission(_config([TRADES])) is None
+    assert build_admission(_config([TRADES, IOT], worker={"priority_admission": False})) is None
+
+
+def test_admin_settings_carry_the_brokers_and_the_security_settings_only() -> None:
+    consumer = {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "fetch.wait.max.ms": 5}
+    config = _config([TRADES], kafka={"bootstrap_servers": "b:9092", "consumer": consumer})
+    assert admin_settings(config) == {
+        "bootstrap.servers": "b:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+    }
+
+
+def test_late_results_are_counted_as_they_happen() -> None:
+    metrics = Metrics()
+    report = late_results_reporter(metrics)
+    report(TopicPartition("t", 0), 3, True)
+    report(TopicPartition("t", 0), 2, False)
+    assert metrics.registry.get_sample_value("streamproc_late_results_total") == 5
