@@ -74,8 +74,8 @@ class Record:
     """One consumed Kafka message. Treated as immutable once created.
 
     Not a frozen dataclass on purpose: one is built per consumed message, and a frozen one is
-    several times slower to build (docs/benchmarks-history.md). Equality is identity: two records are
-    the same message only if they are the same object.
+    several times slower to build (docs/benchmarks-history.md). Equality is identity: two records
+    are the same message only if they are the same object.
 
     Attributes:
         tp: source topic partition.
