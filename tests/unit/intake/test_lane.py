@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from streamproc.intake.batcher import Batcher
-from streamproc.intake.lane import CutBatch, Lane
+from streamproc.intake.lane import CutRecords, Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Record, TopicPartition
@@ -69,7 +69,7 @@ class LaneUnderTest:
     def records(self, tp: TopicPartition, offsets: range, at_s: float = NOW_S) -> list[Record]:
         return make_records(tp, offsets, self.generations[tp], consumed_at_s=at_s)
 
-    def cut(self) -> CutBatch:
+    def cut(self) -> CutRecords:
         """The cut due now: the dispatcher must not wait for it (it returns None if it would)."""
         self.clock.stop.clear()
         self.clock.reads_left = 1
@@ -162,9 +162,11 @@ def test_next_cut_returns_none_once_stop_is_set_and_leaves_the_records_in_their_
     assert t.held(A) == 2 and t.tracker.pending(A) == 2  # still there, still uncommitted
 
 
-def _dispatch(lane: Lane, stop: threading.Event) -> tuple[threading.Thread, list[CutBatch | None]]:
+def _dispatch(
+    lane: Lane, stop: threading.Event
+) -> tuple[threading.Thread, list[CutRecords | None]]:
     """A dispatcher thread waiting in :meth:`Lane.next_cut`; its result lands in the list."""
-    out: list[CutBatch | None] = []
+    out: list[CutRecords | None] = []
     thread = threading.Thread(target=lambda: out.append(lane.next_cut(stop)), daemon=True)
     thread.start()
     return thread, out

@@ -20,8 +20,9 @@ from streamproc.intake.rebalance import Assignment, RebalanceHandler, Unassigned
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.kafka.protocols import ktp
 from streamproc.metrics import Metrics
+from streamproc.offsets.committers import AtLeastOnceCommitter, Committer
 from streamproc.offsets.guarantees import ExactlyOnce
-from streamproc.offsets.tracker import AtLeastOnceCommitter, Committer, OffsetTracker
+from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import Record, TopicPartition
 from streamproc.testing import FakeClock, FakeConsumer, FakeProducer, kafka_error

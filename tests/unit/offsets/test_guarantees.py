@@ -14,8 +14,9 @@ from confluent_kafka import KafkaError
 
 from streamproc.kafka.protocols import ktp
 from streamproc.metrics import Metrics
+from streamproc.offsets.committers import AtLeastOnceCommitter, TransactionalCommitter
 from streamproc.offsets.guarantees import NO_PLAN, AtLeastOnce, ExactlyOnce, Handling, How, Plan
-from streamproc.offsets.tracker import AtLeastOnceCommitter, OffsetTracker, TransactionalCommitter
+from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import Record, TopicPartition
 from streamproc.testing import GROUP_METADATA, FakeConsumer, FakeProducer, kafka_error
