@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Mapping
 from functools import partial
 
@@ -18,6 +19,9 @@ from streamproc.errors import BrokerError
 from streamproc.kafka.clients import build_admin
 from streamproc.kafka.protocols import AdminClientLike, AdminFactory
 from streamproc.kafka.transient import retry_transient
+from streamproc.logs import get_logger
+
+log = get_logger(__name__)
 
 
 def _admin(
@@ -127,17 +131,45 @@ def max_message_bytes(
 ) -> dict[str, int]:
     """Each existing topic's ``max.message.bytes`` (the largest record batch it accepts).
 
-    Topics that do not exist, or whose config cannot be read (e.g. not authorised to describe
-    configs), are left out: callers then rely on the broker's answer per record.
+    A request that is not answered (it went to a broker that is down: the process starts while
+    one of a replicated cluster's brokers is) or fails transiently is sent again by a fresh admin
+    client, each attempt waiting at most a third of ``timeout_s``, until ``timeout_s`` seconds
+    have passed. Topics that do not exist, or whose config still cannot be read then (e.g. not
+    authorised to describe configs), are left out, with a warning: callers then rely on the
+    broker's answer per record.
     """
-    admin, _ = _admin(bootstrap_or_config, admin_factory)
-    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
+    attempt_s = timeout_s / 3
     limits: dict[str, int] = {}
-    for resource, future in admin.describe_configs(resources).items():
+    for topic in topics:
+        read = partial(_topic_max_bytes, bootstrap_or_config, topic, attempt_s, admin_factory)
         try:
-            entry = future.result(timeout_s).get("max.message.bytes")
-        except KafkaException:
+            value = retry_transient(read, timeout_s, f"max.message.bytes of {topic}")
+        except KafkaException as exc:
+            log.warning("topic limit unknown", topic=topic, error=exc.args[0].str())
             continue
-        if entry is not None and entry.value is not None:
-            limits[resource.name] = int(entry.value)
+        if value is not None:
+            limits[topic] = value
     return limits
+
+
+def _topic_max_bytes(
+    bootstrap_or_config: str | Mapping[str, Scalar],
+    topic: str,
+    timeout_s: float,
+    admin_factory: AdminFactory,
+) -> int | None:
+    """One attempt: ``topic``'s ``max.message.bytes``, None when the broker has no value.
+
+    Raises:
+        KafkaException: the broker refused, or ``_TIMED_OUT`` when no answer came within
+            ``timeout_s`` seconds.
+    """
+    admin, where = _admin(bootstrap_or_config, admin_factory)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    future = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
+    try:
+        entry = future.result(timeout_s).get("max.message.bytes")
+    except concurrent.futures.TimeoutError:
+        reason = f"no answer from {where} within {timeout_s:.1f} s"
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, reason)) from None
+    return None if entry is None or entry.value is None else int(entry.value)
