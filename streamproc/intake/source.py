@@ -3,7 +3,7 @@
 It polls, wraps each message in a :class:`~streamproc.records.Record`, routes it to its lane's
 rings, applies pause/resume decisions and schedules commits. It never decodes or runs a model,
 and keeps polling while partitions are paused, so group membership survives long device work.
-Commits are made by the guarantee's committer (``offsets.tracker``) and rebalances handled by
+Commits are made by the guarantee's committer (``offsets.committers``) and rebalances handled by
 ``streamproc.intake.rebalance``, both on this thread.
 
 Flow control: a partition paused at its ring's high watermark is resumed at the low one. Pausing

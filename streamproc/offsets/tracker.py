@@ -8,7 +8,7 @@ markers and compaction leave holes, so we track the offsets we actually consumed
 Each assignment of a partition gets a new :class:`PartitionTrack` with a higher ``generation``;
 a completion carrying an older generation (a late result for a partition we no longer own, or
 owned again since) is counted in :attr:`OffsetTracker.late_results`, reported to the
-``on_late`` hook as it happens (the pipeline moves ``streamproc_late_results_total`` and logs
+``on_late`` hook as it happens (the assembly's hook moves ``streamproc_late_results_total`` and logs
 one line per revoked partition), and ignored. Thread-safe.
 
 The committers (:mod:`streamproc.offsets.committers`) turn the watermarks into commits.

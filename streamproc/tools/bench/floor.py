@@ -2,8 +2,8 @@
 
 What it does per message is what streamproc must do at the least for the same promise:
 
-* the results producer streamproc builds (:func:`output.sink.producer_settings`: idempotent,
-  ``acks=all``, ``linger.ms`` 2, lz4) and the consumer settings of its source
+* the results producer streamproc builds (:func:`streamproc.output.producer.producer_settings`:
+  idempotent, ``acks=all``, ``linger.ms`` 2, lz4) and the consumer settings of its source
   (:func:`streamproc.intake.source.consumer_settings`: no auto commit, ``fetch.wait.max.ms`` 20);
 * the result headers streamproc writes: source topic, partition and offset, and the timing
   header (``streamproc.timing``: queue wait, inference and processing milliseconds);

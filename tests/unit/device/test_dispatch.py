@@ -49,7 +49,7 @@ class GatedModel:
 
 
 class TwoDeviceLane:
-    """A lane of batches of 2 over two logical CPU devices, wired as the pipeline wires it."""
+    """A lane of batches of 2 over two logical CPU devices, wired as the assembly wires it."""
 
     def __init__(self) -> None:
         self.clock = FakeClock()
