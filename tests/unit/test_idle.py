@@ -14,7 +14,7 @@ from streamproc.idle import IdleExit, Verdict
 from streamproc.kafka.lag import LagMonitor
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
-from tests.unit.intake.test_source import TP, Harness
+from tests.unit.source_harness import TP, Harness
 
 IDLE_S = 2.0
 TIMEOUT_S = 30.0

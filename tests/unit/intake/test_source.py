@@ -7,95 +7,12 @@ tests/integration.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
-from streamproc.config import load_config
-from streamproc.intake.batcher import Batcher
-from streamproc.intake.lane import CutRecords, Lane
-from streamproc.intake.rings import PartitionBuffers
-from streamproc.intake.source import Source
-from streamproc.metrics import Metrics
-from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
-from streamproc.offsets.tracker import OffsetTracker
-from streamproc.offsets.transactions import Transactions
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeClock, FakeConsumer, FakeProducer, factory, kafka_error
-
-TP = TopicPartition("in", 0)
-PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload": "trades"}
-
-
-class Harness:
-    """A source over a fake consumer with one lane (ring of 8: pause at 6, resume at 2)."""
-
-    def __init__(
-        self,
-        messages: int,
-        guarantee: Callable[[OffsetTracker, Metrics], Guarantee] | None = None,
-        revoke_timeout_s: float = 10.0,
-        partitions: int = 1,
-    ) -> None:
-        self.config = load_config(
-            overrides={
-                "pipelines": [PIPELINE],
-                "buffers": {"ring_capacity": 8, "high_watermark": 0.75, "low_watermark": 0.25},
-                "revoke_timeout_s": revoke_timeout_s,
-                "kafka": {"commit_interval_ms": 1000},
-            },
-            bootstrap="fake:9092",
-        )
-        self.late: list[tuple[TopicPartition, int, bool]] = []
-        self.tracker = OffsetTracker(on_late=lambda tp, n, first: self.late.append((tp, n, first)))
-        self.metrics = Metrics()
-        self.guarantee = (guarantee or AtLeastOnce)(self.tracker, self.metrics)
-        self.lane = Lane(
-            "in", PartitionBuffers(8, 0.75, 0.25), Batcher(4, 1 << 30, 0.0), self.tracker
-        )
-        self.consumer = FakeConsumer(
-            {
-                TopicPartition("in", p): [b"%d" % i for i in range(messages)]
-                for p in range(partitions)
-            }
-        )
-        self.clock = FakeClock()
-        self.fatal: list[BaseException] = []
-        self.source = Source(
-            self.config,
-            {"in": self.lane},
-            self.tracker,
-            self.guarantee,
-            self.metrics,
-            self.fatal.append,
-            factory(self.consumer),
-            clock=self.clock,
-        )
-        self.source.subscribe()  # no source thread: the test drives the poll loop itself
-
-    def poll(self, times: int = 1, advance_s: float = 0.0) -> None:
-        """Run the poll loop ``times`` iterations, moving the clock ``advance_s`` before each."""
-        left = [times]
-
-        def done() -> bool:
-            left[0] -= 1
-            self.clock.advance(advance_s)
-            return left[0] < 0
-
-        self.source.poll_until(done)
-        assert not self.fatal, self.fatal
-
-    def cut(self) -> CutRecords:
-        batch = self.lane.next_cut(threading.Event())
-        assert batch is not None
-        self.source.apply(batch.flow)
-        return batch
-
-    def count(self, name: str, **labels: str) -> float | None:
-        return self.metrics.registry.get_sample_value(name, labels)
-
-    def in_ring(self) -> float:
-        return self.lane.fill_ratios().get(TP, 0.0) * 8
+from streamproc.testing import FakeProducer, kafka_error
+from tests.unit.source_harness import TP, Harness, exactly_once
 
 
 def test_a_full_ring_refuses_pauses_and_seeks_back_then_resumes_where_it_stopped() -> None:
@@ -174,14 +91,10 @@ def test_results_after_the_revoke_budget_are_late_counted_and_never_committed() 
     assert h.consumer.calls_named("commit") == commits  # late results are never committed
 
 
-def _exactly_once(producer: FakeProducer) -> Callable[[OffsetTracker, Metrics], Guarantee]:
-    return lambda tracker, metrics: ExactlyOnce(tracker, metrics, Transactions(producer))
-
-
 def _commit_to_abort(producer: FakeProducer) -> tuple[Harness, list[Record]]:
     """Exactly-once from committed offset 2 of 6: records 2..5 fetched, 2 and 3 sent inside
     the transaction, and the next commit fails so that the transaction aborts."""
-    h = Harness(6, guarantee=_exactly_once(producer))
+    h = Harness(6, guarantee=exactly_once(producer))
     h.consumer.committed_offsets[TP] = 2
     h.consumer.schedule_assign([TP])
     h.poll()
@@ -232,7 +145,7 @@ def test_lost_partitions_abort_the_open_transaction_that_holds_their_results() -
     # stayed in it, the next commit carried them without their offsets, the partition was
     # fetched again from its committed offset: one result twice under read_committed
     producer = FakeProducer()
-    h = Harness(6, guarantee=_exactly_once(producer))
+    h = Harness(6, guarantee=exactly_once(producer))
     h.consumer.schedule_assign([TP])
     h.poll()
     batch = h.cut().records
@@ -251,7 +164,7 @@ def test_lost_partitions_abort_the_open_transaction_that_holds_their_results() -
 def test_lost_partitions_rewind_the_ones_still_assigned_when_their_work_was_aborted() -> None:
     producer = FakeProducer()
     other = TopicPartition("in", 1)
-    h = Harness(6, guarantee=_exactly_once(producer), partitions=2)
+    h = Harness(6, guarantee=exactly_once(producer), partitions=2)
     h.consumer.committed_offsets[other] = 2
     h.consumer.schedule_assign([TP, other])
     h.poll()
@@ -266,7 +179,7 @@ def test_lost_partitions_rewind_the_ones_still_assigned_when_their_work_was_abor
 
 def test_a_retriable_send_offsets_error_is_retried_not_fatal() -> None:
     producer = FakeProducer()
-    h = Harness(4, guarantee=_exactly_once(producer))
+    h = Harness(4, guarantee=exactly_once(producer))
     h.consumer.schedule_assign([TP])
     h.poll()
     for record in h.cut().records:

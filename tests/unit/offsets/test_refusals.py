@@ -18,7 +18,7 @@ from streamproc.output.headers import H_CLASS, H_OFFSET, H_STAGE, H_VALUE_OMITTE
 from streamproc.output.sink import Sink
 from streamproc.records import Record
 from streamproc.testing import FakeConsumer, FakeProducer, Produced, kafka_error
-from tests.unit.intake.test_source import TP, Harness, _exactly_once
+from tests.unit.source_harness import TP, Harness, consume_again, exactly_once
 
 LIMIT = 1000  # the output topic's max.message.bytes
 TOO_LARGE = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
@@ -27,15 +27,6 @@ TOO_LARGE = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
 def _broker(produced: Produced) -> KafkaError | None:
     """The broker's verdict: a record over LIMIT is refused (its whole record batch)."""
     return TOO_LARGE if len(produced.value or b"") > LIMIT else None
-
-
-def consume_again(tracker: OffsetTracker, n: int) -> list[Record]:
-    """The inputs 0..n-1 of TP under a fresh generation (an assignment, or a rewind)."""
-    tracker.revoke([TP])
-    generation = tracker.assign([TP])[TP]
-    records = [Record(TP, o, b"k", b"in%d" % o, (), 0, 0.0, generation) for o in range(n)]
-    tracker.consumed_many(records)
-    return records
 
 
 class EosSink:
@@ -159,7 +150,7 @@ def test_fruitless_aborts_are_bounded_and_the_error_names_the_offsets() -> None:
     # timeout), again and again: after kafka.max_transaction_aborts (5) in a row the source
     # stops with an error naming the offsets and the error, and commits nothing after that.
     producer = FakeProducer()
-    h = Harness(4, guarantee=_exactly_once(producer))
+    h = Harness(4, guarantee=exactly_once(producer))
     h.consumer.schedule_assign([TP])
     timed_out = kafka_error(KafkaError._MSG_TIMED_OUT, txn_requires_abort=True)
     for abort in range(1, 6):
@@ -192,7 +183,7 @@ def test_fruitless_aborts_are_bounded_and_the_error_names_the_offsets() -> None:
 
 def test_aborts_that_teach_something_are_not_fruitless() -> None:
     producer = FakeProducer()
-    h = Harness(4, guarantee=_exactly_once(producer))
+    h = Harness(4, guarantee=exactly_once(producer))
     assert isinstance(h.guarantee, ExactlyOnce)
     h.consumer.schedule_assign([TP])
     too_large = kafka_error(KafkaError.MSG_SIZE_TOO_LARGE, txn_requires_abort=True)
@@ -213,7 +204,7 @@ def test_between_an_abort_and_the_rewind_no_aborted_work_joins_the_next_transact
     # more after the rewind: a duplicate once both commit. The pipeline must not look idle
     # meanwhile either (its done offsets are not committed).
     producer = FakeProducer()
-    h = Harness(4, guarantee=_exactly_once(producer))
+    h = Harness(4, guarantee=exactly_once(producer))
     h.consumer.schedule_assign([TP])
     h.poll()
     records = h.cut().records

@@ -34,8 +34,7 @@ from streamproc.output.headers import source_headers
 from streamproc.output.sink import Sink
 from streamproc.records import Record
 from streamproc.testing import FakeConsumer, FakeProducer, factory, kafka_error
-from tests.unit.intake.test_source import TP
-from tests.unit.offsets.test_refusals import consume_again
+from tests.unit.source_harness import TP, consume_again
 
 BOUND_S = 30.0  # the test's own bound on a commit (old code: it never returned)
 
