@@ -18,7 +18,7 @@ from streamproc.config import Scalar
 from streamproc.errors import BrokerError
 from streamproc.kafka.clients import build_admin
 from streamproc.kafka.protocols import AdminClientLike, AdminFactory
-from streamproc.kafka.transient import retry_transient
+from streamproc.kafka.transient import is_transient, retry_transient
 from streamproc.logs import get_logger
 
 log = get_logger(__name__)
@@ -131,45 +131,46 @@ def max_message_bytes(
 ) -> dict[str, int]:
     """Each existing topic's ``max.message.bytes`` (the largest record batch it accepts).
 
-    A request that is not answered (it went to a broker that is down: the process starts while
-    one of a replicated cluster's brokers is) or fails transiently is sent again by a fresh admin
-    client, each attempt waiting at most a third of ``timeout_s``, until ``timeout_s`` seconds
-    have passed. Topics that do not exist, or whose config still cannot be read then (e.g. not
-    authorised to describe configs), are left out, with a warning: callers then rely on the
-    broker's answer per record.
+    One request for all ``topics``. A request that is not answered (it went to a broker that
+    is down: the process starts while one of a replicated cluster's brokers is) or fails
+    transiently is sent again by a fresh admin client, each attempt waiting at most a third of
+    ``timeout_s``, until ``timeout_s`` seconds have passed; then every limit is left out, with
+    a warning. Topics that do not exist, or whose config cannot be read (e.g. not authorised to
+    describe configs), are left out too: callers then rely on the broker's answer per record.
     """
-    attempt_s = timeout_s / 3
-    limits: dict[str, int] = {}
-    for topic in topics:
-        read = partial(_topic_max_bytes, bootstrap_or_config, topic, attempt_s, admin_factory)
-        try:
-            value = retry_transient(read, timeout_s, f"max.message.bytes of {topic}")
-        except KafkaException as exc:
-            log.warning("topic limit unknown", topic=topic, error=exc.args[0].str())
-            continue
-        if value is not None:
-            limits[topic] = value
-    return limits
+    read = partial(_max_bytes, bootstrap_or_config, topics, timeout_s / 3, admin_factory)
+    try:
+        return retry_transient(read, timeout_s, "max.message.bytes of the output topics")
+    except KafkaException as exc:
+        log.warning("topic limits unknown", topics=topics, error=exc.args[0].str())
+        return {}
 
 
-def _topic_max_bytes(
+def _max_bytes(
     bootstrap_or_config: str | Mapping[str, Scalar],
-    topic: str,
+    topics: list[str],
     timeout_s: float,
     admin_factory: AdminFactory,
-) -> int | None:
-    """One attempt: ``topic``'s ``max.message.bytes``, None when the broker has no value.
+) -> dict[str, int]:
+    """One attempt of :func:`max_message_bytes`.
 
     Raises:
-        KafkaException: the broker refused, or ``_TIMED_OUT`` when no answer came within
-            ``timeout_s`` seconds.
+        KafkaException: a transient error, or ``_TIMED_OUT`` when a topic's answer did not
+            come within ``timeout_s`` seconds.
     """
     admin, where = _admin(bootstrap_or_config, admin_factory)
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    future = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
-    try:
-        entry = future.result(timeout_s).get("max.message.bytes")
-    except concurrent.futures.TimeoutError:
-        reason = f"no answer from {where} within {timeout_s:.1f} s"
-        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, reason)) from None
-    return None if entry is None or entry.value is None else int(entry.value)
+    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
+    limits: dict[str, int] = {}
+    for resource, future in admin.describe_configs(resources, request_timeout=timeout_s).items():
+        try:
+            entry = future.result(timeout_s).get("max.message.bytes")
+        except concurrent.futures.TimeoutError:
+            reason = f"no answer from {where} within {timeout_s:.1f} s"
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, reason)) from None
+        except KafkaException as exc:
+            if is_transient(exc):
+                raise
+            continue  # the topic's own answer (absent, not authorised): left out
+        if entry is not None and entry.value is not None:
+            limits[resource.name] = int(entry.value)
+    return limits

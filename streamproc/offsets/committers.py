@@ -254,10 +254,9 @@ class TransactionalCommitter:
             True when a transaction was aborted: the caller rewinds the partitions still
             assigned.
         """
-        with self._transactions.lock:
-            if not self._transactions.open:
+        with self._transactions.lock:  # no producer joins between the abort and the retire
+            if not self._transactions.abandon(LOST):
                 return False  # nothing sent since the last commit
             self._tracker.retire()
-            self._transactions.abandon(LOST)
         self._metrics.transaction_aborts.labels(LOST).inc()
         return True

@@ -121,7 +121,7 @@ class Transactions:
         self._limit_s = timeout_s + grace_s
         self.renewals = 0
         # why the last abort replaced the producer, or the reason it was asked for
-        self._renewed: str | None = None
+        self._reason: str | None = None
         # a fatal error the sink's poll raised (any thread sets it; the next commit acts)
         self.fatal_error: KafkaError | None = None
         self.lock = threading.RLock()
@@ -142,16 +142,11 @@ class Transactions:
         producer.init_transactions(timeout_s)  # fences older instances, aborts their txn
 
     @property
-    def open(self) -> bool:
-        """Whether a transaction is open (read it under :attr:`lock` to act on it)."""
-        return self._open
-
-    @property
     def abort_reason(self) -> str:
         """Why the last transaction aborted: the error's name, :data:`WEDGED`, the reason given
         to :meth:`abandon`, or unknown."""
-        if self._renewed is not None:
-            return self._renewed
+        if self._reason is not None:
+            return self._reason
         return "unknown" if self.abort_error is None else self.abort_error.name()
 
     def produce(self, produce: Callable[..., None], *args: Any) -> None:
@@ -287,7 +282,7 @@ class Transactions:
         self.failed = self.must_abort = None
         self.aborts += 1
         self.abort_error = err
-        self._renewed = reason
+        self._reason = reason
 
     def _replace(self, why: str, reason: str) -> None:
         """The producer cannot go on (``why``): take a fresh one whose ``init_transactions``
@@ -313,7 +308,7 @@ class Transactions:
         self.failed = self.must_abort = self.fatal_error = None
         self.aborts += 1
         self.abort_error = None
-        self._renewed = reason
+        self._reason = reason
 
     def abandon(self, reason: str) -> bool:
         """Abort the open transaction on purpose (``reason``, e.g. its partitions were lost),
