@@ -18,6 +18,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+CONSUMER_PROTOCOL_REFUSED = frozenset(
+    {
+        "partition.assignment.strategy",
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "group.protocol.type",
+    }
+)
+"""librdkafka consumer keys that ``group.protocol=consumer`` refuses (client creation fails)."""
+
+
 class KafkaConfig(_Section):
     """Kafka client settings. ``consumer``/``producer`` pass raw librdkafka keys through.
 
@@ -32,6 +43,18 @@ class KafkaConfig(_Section):
     ``max_transaction_aborts`` (exactly-once only): aborted transactions in a row that teach
     nothing new (no record refused for its own sake learned, nothing committed) before the
     process stops (exit 1) naming the offsets and the error, instead of retrying forever.
+
+    ``group_protocol``: ``classic`` (the default: the group rebalances through its leader,
+    cooperative-sticky assignment, ``session_timeout_ms`` from here) or ``consumer`` (KIP-848:
+    the broker assigns partitions incrementally; the session timeout is the broker's
+    ``group.consumer.session.timeout.ms``, so ``session_timeout_ms`` and the librdkafka keys
+    the protocol refuses, :data:`CONSUMER_PROTOCOL_REFUSED`, fail at start-up). Measured side
+    by side in docs/operations.md ("Rebalances and scaling").
+    ``group_instance_id``: static membership (``group.instance.id``): a member that comes back
+    under the same id within the session timeout takes its partitions back without a
+    rebalance; a member that leaves for good keeps its partitions unowned until the session
+    timeout expires. Unique per instance and stable across its restarts (the chart sets it to
+    the StatefulSet pod name); default none (dynamic membership).
     """
 
     bootstrap_servers: str | None = None
@@ -47,8 +70,35 @@ class KafkaConfig(_Section):
     create_topics: bool = True
     transactional_id: str | None = None
     max_transaction_aborts: int = Field(default=5, ge=1, le=1000)
+    group_protocol: Literal["classic", "consumer"] = "classic"
+    group_instance_id: str | None = Field(default=None, min_length=1, max_length=249)
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _group_keys(self) -> KafkaConfig:
+        owned = {"group.protocol": "group_protocol", "group.instance.id": "group_instance_id"}
+        for key, field in owned.items():
+            if key in self.consumer:
+                raise ValueError(
+                    f'kafka.consumer."{key}": set kafka.{field} instead (streamproc reads it)'
+                )
+        if self.group_protocol != "consumer":
+            return self
+        if "session_timeout_ms" in self.model_fields_set:
+            raise ValueError(
+                "kafka.session_timeout_ms: not supported with kafka.group_protocol=consumer "
+                "(the broker's group.consumer.session.timeout.ms applies); remove it, or set "
+                "kafka.group_protocol to classic"
+            )
+        refused = sorted(CONSUMER_PROTOCOL_REFUSED & self.consumer.keys())
+        if refused:
+            raise ValueError(
+                f"kafka.consumer: {refused} not supported with kafka.group_protocol=consumer "
+                "(the broker assigns partitions and times sessions out; group.remote.assignor "
+                "picks its assignor); remove them, or set kafka.group_protocol to classic"
+            )
+        return self
 
     @property
     def poll_timeout_s(self) -> float:

@@ -296,7 +296,15 @@ class Metrics:
         reg = self.registry
         self.consumer_lag = Gauge(
             "streamproc_consumer_lag_messages",
-            "Latest offset minus the next offset the source will deliver",
+            "Messages not yet processed: in the pipeline and not yet done, plus the latest "
+            "offset minus the consumer's position (transaction markers read are excluded)",
+            _TOPIC_PARTITION,
+            registry=reg,
+        )
+        self.consumer_lag_seconds = Gauge(
+            "streamproc_consumer_lag_seconds",
+            "Age of the oldest message in the pipeline not yet done (now minus its record "
+            "timestamp); 0 when none is",
             _TOPIC_PARTITION,
             registry=reg,
         )

@@ -97,6 +97,8 @@ class FakeConsumer:
 
     Args:
         logs: per partition, the values at offsets 0, 1, 2, ...
+        markers: per partition, offsets that hold no message (transaction markers): never
+            delivered, but the position moves past them.
 
     Rebalances are scripted: :meth:`schedule_assign`, :meth:`schedule_revoke` and
     :meth:`schedule_lost` queue a callback that the next :meth:`consume` runs first, on the
@@ -106,6 +108,7 @@ class FakeConsumer:
     """
 
     logs: Mapping[TopicPartition, Sequence[bytes | None]]
+    markers: Mapping[TopicPartition, frozenset[int]] = field(default_factory=dict)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     committed_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     commit_errors: deque[KafkaError] = field(default_factory=deque)
@@ -156,8 +159,12 @@ class FakeConsumer:
                 if tp in self.paused:
                     continue
                 log = self.logs.get(tp, ())
+                markers = self.markers.get(tp, frozenset())
                 while position < len(log) and len(out) < num_messages:
-                    out.append(FakeMessage(tp.topic, tp.partition, position, log[position]))
+                    if position not in markers:
+                        out.append(FakeMessage(tp.topic, tp.partition, position, log[position]))
+                    position += 1
+                while position in markers:  # librdkafka reads a trailing marker too
                     position += 1
                 self.positions[tp] = position
         self.delivered += len(out)
@@ -199,6 +206,13 @@ class FakeConsumer:
         if asynchronous:
             return None
         return [KafkaTopicPartition(tp.topic, tp.partition, o) for tp, o in committed.items()]
+
+    def position(self, partitions: list[KafkaTopicPartition]) -> list[KafkaTopicPartition]:
+        with self._lock:
+            return [
+                KafkaTopicPartition(p.topic, p.partition, self.positions.get(_ours(p), -1001))
+                for p in partitions
+            ]
 
     def committed(
         self, partitions: list[KafkaTopicPartition], timeout: float = -1
@@ -283,7 +297,8 @@ class FakeProducer:
     reported without an explicit error (None: accepted; e.g. refuse values over a size).
     Inside a transaction a failed delivery puts it in librdkafka's abortable state: later
     produces raise ``_STATE`` and the commit raises the delivery's error (``txn_requires_abort``)
-    until the transaction aborts. Every call is recorded in :attr:`calls`.
+    until the transaction aborts. Every call is recorded in :attr:`calls`; the offsets of
+    every committed transaction are in :attr:`committed_offsets`.
     """
 
     settings: dict[str, Any] = field(default_factory=dict)
@@ -295,6 +310,8 @@ class FakeProducer:
     judge: Callable[[Produced], KafkaError | None] | None = None
     txn_error: KafkaError | None = None  # the abortable state of the open transaction
     in_transaction: bool = False
+    committed_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    _sent_offsets: dict[TopicPartition, int] = field(default_factory=dict)
 
     def fail_next(self, method: str, *errors: KafkaError) -> None:
         """Make the next calls of ``method`` raise ``KafkaException(error)``, in order."""
@@ -358,16 +375,20 @@ class FakeProducer:
         self, positions: list[KafkaTopicPartition], group_metadata: Any, timeout: float = -1
     ) -> None:
         self._call("send_offsets_to_transaction")
+        self._sent_offsets.update({_ours(p): p.offset for p in positions})
 
     def commit_transaction(self, timeout: float = -1) -> None:
         self._call("commit_transaction")
         if self.txn_error is not None:
             raise KafkaException(KafkaError(self.txn_error.code(), txn_requires_abort=True))
         self.in_transaction = False
+        self.committed_offsets.update(self._sent_offsets)
+        self._sent_offsets.clear()
 
     def abort_transaction(self, timeout: float = -1) -> None:
         self._call("abort_transaction")
         self.in_transaction = False
+        self._sent_offsets.clear()
         self.txn_error = None
 
 

@@ -102,14 +102,18 @@ def assemble(
     lanes = {stages.topic: stages.lane for stages in topics}
     source = Source(config, lanes, tracker, guarantee, metrics, on_fatal, consumer_factory)
     dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)
-    lag = build_lag_monitor(config, source, metrics, topics)
+    lag = build_lag_monitor(config, source, tracker, metrics, topics)
     return Stages(
         shared, topics, source, dispatchers, lag, build_health(config, metrics, live, ready)
     )
 
 
 def build_lag_monitor(
-    config: Config, source: Source, metrics: Metrics, topics: tuple[TopicStages, ...]
+    config: Config,
+    source: Source,
+    tracker: OffsetTracker,
+    metrics: Metrics,
+    topics: tuple[TopicStages, ...],
 ) -> LagMonitor:
     """The ``lag`` thread; every ``metrics.lag_interval_s`` it also samples the GPU gauges and
     checks every pipeline's devices for stalls."""
@@ -127,6 +131,7 @@ def build_lag_monitor(
         config.metrics.lag_interval_s,
         on_tick=tick,
         stall_timeout_s=config.metrics.stall_timeout_s,
+        backlog=tracker.backlog,
     )
 
 

@@ -50,17 +50,27 @@ _STOP_FETCHING = "stop_fetching"
 
 
 def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
-    """The consumer's librdkafka settings: ours, then the user's ``kafka.consumer``, then what
-    the guarantee needs (``isolation.level`` for exactly-once)."""
+    """The consumer's librdkafka settings: ours (by ``kafka.group_protocol``: the classic
+    protocol's assignor and session timeout, or ``group.protocol=consumer``; static membership
+    when ``kafka.group_instance_id`` is set), then the user's ``kafka.consumer``, then what the
+    guarantee needs (``isolation.level`` for exactly-once)."""
     kafka = config.kafka
+    if kafka.group_protocol == "classic":
+        group: dict[str, Any] = {
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": kafka.session_timeout_ms,
+        }
+    else:  # KIP-848: the broker assigns (incrementally) and times sessions out
+        group = {"group.protocol": "consumer"}
+    if kafka.group_instance_id is not None:
+        group["group.instance.id"] = kafka.group_instance_id
     return {
         "bootstrap.servers": config.bootstrap_servers,
         "group.id": kafka.group_id,
-        "partition.assignment.strategy": "cooperative-sticky",
+        **group,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": kafka.auto_offset_reset,
-        "session.timeout.ms": kafka.session_timeout_ms,
         "max.poll.interval.ms": kafka.max_poll_interval_ms,
         # A resumed partition is fetched in the broker's next fetch session; with the
         # default 500 ms long-poll on idle partitions every pause/resume cycle would stall
@@ -106,6 +116,7 @@ class Source:
         self._on_fatal = on_fatal
         self._clock = clock
         self._committer = guarantee.committer
+        self._tracker = tracker
         self._control: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.assignment = Assignment(clock)
@@ -367,6 +378,43 @@ class Source:
                     self._consumer.seek(ktp(tp, offset))
         self._export_buffer_gauges()
 
+    def _pass_empty_offsets(self) -> None:
+        """Move each drained partition's watermark to the consumer's position where the
+        consumer passed offsets that hold no message (the transaction marker that follows a
+        transactional producer's records, aborted or compacted records): the commit then
+        reaches the end offset and the lag of a drained partition reads 0, not 1 for ever.
+
+        Only partitions that delivered a record in this generation (a seek or rewind before
+        the first record may leave librdkafka reporting the old position) and are neither
+        paused by flow control nor sought back after a refusal; every message below the
+        position was then handed to :meth:`_route` already (this thread, between polls).
+        """
+        state = self.assignment
+        mine = {
+            tp: position
+            for tp in state.assigned
+            if (position := state.position(tp)) is not None
+            and tp not in state.flow_paused
+            and tp not in state.seek_floors
+        }
+        if not mine:
+            return
+        try:
+            reported = self._consumer.position([ktp(tp) for tp in mine])
+        except KafkaException as exc:
+            log.debug("consumer position unavailable", error=str(exc))
+            return
+        passed: dict[TopicPartition, tuple[int, int]] = {}
+        for part in reported:
+            tp = TopicPartition(part.topic, part.partition)
+            position = part.offset
+            if part.error is None and position > mine.get(tp, position):
+                passed[tp] = (state.generations[tp], position)
+                state.advance(tp, position)
+        if passed:
+            self._tracker.passed(passed)
+
     def _commit(self, synchronous: bool) -> None:
+        self._pass_empty_offsets()
         if not self._committer.commit(self._consumer, synchronous):
             self.rebalance.rewind(self._consumer)

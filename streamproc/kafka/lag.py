@@ -1,10 +1,14 @@
-"""Consumer lag per partition, correct while partitions are paused.
+"""Consumer lag per partition, in messages and in seconds, correct while partitions are paused.
 
 librdkafka's own lag statistics come from fetch responses, which stop while a partition is
 paused, so they go stale exactly when lag matters. This monitor asks the broker for the latest
 offset of every assigned partition (a probe consumer's ``get_watermark_offsets``, off the
-consumer thread; it never subscribes) and subtracts the source's position (next offset it will
-hand to the pipeline). Series of partitions no longer assigned are removed.
+consumer thread; it never subscribes). Lag in messages is the work left: the messages in the
+pipeline not yet done (the offset tracker's count) plus the offsets not yet fetched (end offset
+minus the source's position, which moves past transaction markers as the consumer reads them:
+a drained partition reads 0, not 1 per transaction marker). Lag in seconds is the age of the
+oldest message in the pipeline not yet done (now minus its record timestamp), 0 when none is.
+Series of partitions no longer assigned are removed.
 
 Not the AdminClient: its ``list_offsets`` and ``list_consumer_group_offsets`` crash librdkafka
 2.16.0 (an assertion, SIGABRT: the whole process) when two of three brokers were down and
@@ -39,13 +43,18 @@ class LagMonitor:
             source has not consumed from yet).
         positions: returns, per assigned partition, the next offset the source will deliver,
             or None when it has not consumed from it yet.
-        metrics: where the gauge lives.
+        metrics: where the gauges live (``streamproc_consumer_lag_messages`` and
+            ``streamproc_consumer_lag_seconds``).
         interval_s: refresh period in seconds.
         on_tick: also called every period (e.g. GPU sampling), errors logged.
         stall_timeout_s: a partition with lag > 0 whose position has not moved for this long
             is *stalled*: counted in ``streamproc_stalled_partitions`` and logged once.
         clock: monotonic clock in seconds.
         probe_factory: builds the probe consumer from its settings (tests pass a fake).
+        backlog: per assigned partition, the messages in the pipeline not yet done and the
+            timestamp (ms since the epoch) of the oldest of them
+            (:meth:`~streamproc.offsets.tracker.OffsetTracker.backlog`); none when omitted.
+        wall: wall clock in seconds since the epoch (for the lag in seconds).
     """
 
     def __init__(
@@ -59,7 +68,11 @@ class LagMonitor:
         stall_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         probe_factory: Callable[[dict[str, Any]], Any] = Consumer,
+        backlog: Callable[[], Mapping[TopicPartition, tuple[int, int | None]]] = dict,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        self._backlog = backlog
+        self._wall = wall
         self._stall_timeout_s = stall_timeout_s
         self._clock = clock
         self._progress: dict[TopicPartition, tuple[int | None, float]] = {}
@@ -126,16 +139,17 @@ class LagMonitor:
                 log.debug("lag refresh failed", error=repr(exc))
 
     def refresh(self, timeout_s: float = 10.0) -> dict[TopicPartition, int]:
-        """Query end offsets now, update the gauges and :attr:`empty_at`; return lag per
-        partition."""
+        """Query end offsets now, update the gauges and :attr:`empty_at`; return lag in
+        messages per partition."""
         started_s = self._clock()
         positions = self._positions()
         for tp in set(self._progress) - positions.keys():
             self._progress.pop(tp, None)
             self.stalled.discard(tp)
         for tp in self._exported - positions.keys():
-            with contextlib.suppress(KeyError):
-                self._metrics.consumer_lag.remove(tp.topic, str(tp.partition))
+            for gauge in (self._metrics.consumer_lag, self._metrics.consumer_lag_seconds):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(tp.topic, str(tp.partition))
         self._exported &= positions.keys()
         if not positions:
             self.empty_at = {}
@@ -143,6 +157,8 @@ class LagMonitor:
         ends = self._offsets(positions, True, timeout_s)
         unknown = [tp for tp, pos in positions.items() if pos is None]
         starts = self._starts(unknown, timeout_s) if unknown else {}
+        backlog = self._backlog()
+        now_s = self._wall()
         lags = {}
         empty_at: dict[TopicPartition, float] = {}
         for tp, end in ends.items():
@@ -154,11 +170,15 @@ class LagMonitor:
                     empty_at[tp] = started_s
             if position is None:
                 continue
-            lag = max(0, end - position)
+            pending, oldest_ms = backlog.get(tp, (0, None))
+            lag = pending + max(0, end - position)
             self._watch(tp, positions.get(tp), lag)
             lags[tp] = lag
             if tp in self._positions():  # still ours after the round trip
-                self._metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+                labels = (tp.topic, str(tp.partition))
+                self._metrics.consumer_lag.labels(*labels).set(lag)
+                age_s = 0.0 if oldest_ms is None else max(0.0, now_s - oldest_ms / 1000.0)
+                self._metrics.consumer_lag_seconds.labels(*labels).set(age_s)
                 self._exported.add(tp)
         self.empty_at = empty_at
         return lags

@@ -2,8 +2,11 @@
 
 An input offset is *done* when its result (or its dead-letter record) was acknowledged by the
 broker. Per partition the committable offset is the first not-done offset among those consumed,
-or the last consumed offset + 1 when all are done (offsets need not be contiguous: transaction
-markers and compaction leave holes, so we track the offsets we actually consumed).
+or, when all are done, the offset after the last one the consumer passed: the last consumed
+offset + 1, or further where the consumer's position moved past offsets that hold no message
+(:meth:`OffsetTracker.passed`: the transaction marker after a transactional producer's records,
+aborted or compacted records). Committing that far is what lets the lag of a drained partition
+read 0: a commit at the marker's offset would leave a lag of 1 for ever.
 
 Each assignment of a partition gets a new :class:`PartitionTrack` with a higher ``generation``;
 a completion carrying an older generation (a late result for a partition we no longer own, or
@@ -29,28 +32,42 @@ class PartitionTrack:
     Contract checks: consumed offsets strictly increase; a done offset must have been consumed.
     """
 
-    __slots__ = ("_done", "_pending", "committed", "generation", "last_consumed")
+    __slots__ = ("_done", "_pending", "_stamps", "committed", "generation", "last_consumed")
 
     def __init__(self, generation: int) -> None:
         self.generation = generation
         self._pending: deque[int] = deque()
+        self._stamps: deque[int] = deque()  # per pending offset, its record's timestamp (ms)
         self._done: set[int] = set()
         self.last_consumed: int | None = None
         self.committed: int | None = None
 
-    def consumed(self, offset: int) -> None:
+    def consumed(self, offset: int, timestamp_ms: int = 0) -> None:
         if self.last_consumed is not None and offset <= self.last_consumed:
             raise ValueError(f"offset {offset} consumed after {self.last_consumed}")
         self.last_consumed = offset
         self._pending.append(offset)
+        self._stamps.append(timestamp_ms)
+
+    def passed(self, position: int) -> None:
+        """The consumer's position is ``position``: every offset below it was consumed or
+        holds no message."""
+        if self.last_consumed is None or position - 1 > self.last_consumed:
+            self.last_consumed = position - 1
 
     def done(self, offset: int) -> None:
         if offset in self._done or not self._pending or offset < self._pending[0]:
             return  # already done (duplicate acknowledgement) or below the watermark
         self._done.add(offset)
-        pending, done = self._pending, self._done
+        pending, stamps, done = self._pending, self._stamps, self._done
         while pending and pending[0] in done:
             done.discard(pending.popleft())
+            stamps.popleft()
+
+    @property
+    def oldest_ms(self) -> int | None:
+        """Timestamp (ms since the epoch) of the oldest consumed offset not yet done."""
+        return self._stamps[0] if self._stamps else None
 
     @property
     def watermark(self) -> int | None:
@@ -108,17 +125,36 @@ class OffsetTracker:
             track = self._tracks.get(tp)
             return track is not None and track.generation == generation
 
-    def consumed(self, tp: TopicPartition, offset: int) -> None:
-        """Record that ``offset`` of ``tp`` entered the pipeline."""
+    def consumed(self, tp: TopicPartition, offset: int, timestamp_ms: int = 0) -> None:
+        """Record that ``offset`` of ``tp`` (its record's timestamp ``timestamp_ms``, ms since
+        the epoch) entered the pipeline."""
         with self._lock:
-            self._tracks[tp].consumed(offset)
+            self._tracks[tp].consumed(offset, timestamp_ms)
 
     def consumed_many(self, records: Iterable[Record]) -> None:
         """:meth:`consumed` for each record, under one lock acquisition."""
         with self._lock:
             tracks = self._tracks
             for record in records:
-                tracks[record.tp].consumed(record.offset)
+                tracks[record.tp].consumed(record.offset, record.timestamp_ms)
+
+    def passed(self, positions: dict[TopicPartition, tuple[int, int]]) -> None:
+        """Per partition, ``(generation, position)``: the consumer's position moved to
+        ``position`` and every offset below it that held a message was consumed (the caller,
+        the consumer's thread, checks that); the rest held none (markers, aborted or compacted
+        records). Moves the watermark of a drained partition to ``position``. A partition
+        under another generation is left alone."""
+        with self._lock:
+            for tp, (generation, position) in positions.items():
+                track = self._tracks.get(tp)
+                if track is not None and track.generation == generation:
+                    track.passed(position)
+
+    def backlog(self) -> dict[TopicPartition, tuple[int, int | None]]:
+        """Per assigned partition: consumed offsets not yet done, and the timestamp (ms since
+        the epoch) of the oldest of them (None when none)."""
+        with self._lock:
+            return {tp: (t.pending, t.oldest_ms) for tp, t in self._tracks.items()}
 
     def done_many(self, records: Iterable[Record]) -> int:
         """:meth:`done` for each record (its own partition and generation), under one lock

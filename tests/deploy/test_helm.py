@@ -288,6 +288,8 @@ def test_keda_scales_on_consumer_lag_with_secret_references(render) -> None:
         assert meta["bootstrapServers"] == config["kafka"]["bootstrap_servers"]
         assert meta["lagThreshold"] == "200"
         assert meta["allowIdleConsumers"] == "false"
+        # no pods for partitions without work, and none for a partition stuck on one record
+        assert meta["limitToPartitionsWithLag"] == meta["excludePersistentLag"] == "true"
         assert (meta["sasl"], meta["tls"]) == ("scram_sha512", "enable")
         assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
     refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
@@ -333,6 +335,25 @@ def test_exactly_once_runs_as_statefulset_with_stable_instance_ids(render) -> No
         s for s in by_kind(manifests, "Service") if wanted <= s["metadata"]["labels"].items()
     ]
     assert [s["metadata"]["name"] for s in matched] == [sts["metadata"]["name"]]
+
+
+def test_static_membership_takes_the_group_instance_id_from_the_pod_name(render) -> None:
+    env = {e["name"]: e for e in container(render("exactly-once"))["env"]}
+    assert "STREAMPROC_KAFKA__GROUP_INSTANCE_ID" not in env  # dynamic membership by default
+    manifests = render("exactly-once", "staticMembership=true")
+    env = {e["name"]: e for e in container(manifests)["env"]}
+    assert env["STREAMPROC_KAFKA__GROUP_INSTANCE_ID"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}
+    }
+
+
+def test_the_consumer_group_protocol_renders_a_config_the_package_accepts(render) -> None:
+    manifests = render("defaults", "config.kafka.group_protocol=consumer")
+    config = rendered_config(manifests)
+    assert config["kafka"]["group_protocol"] == "consumer"
+    assert "session_timeout_ms" not in config["kafka"]
+    loaded = load_config(overrides=config)
+    assert loaded.kafka.group_protocol == "consumer"
 
 
 @pytest.mark.parametrize("values", CI_NAMES)
@@ -439,6 +460,11 @@ def test_prometheus_rule_matches_the_compose_alerts(render) -> None:
         (("kafkaAuth.sasl.enabled=true",), "existingSecret"),
         (("workload.kind=DaemonSet",), "Deployment"),
         (("replicas=3",), "'replicas' not allowed"),
+        (("staticMembership=true",), "staticMembership needs workload.kind StatefulSet"),
+        (
+            ("config.kafka.group_protocol=consumer", "config.kafka.session_timeout_ms=45000"),
+            "session_timeout_ms is not supported with config.kafka.group_protocol consumer",
+        ),
     ],
 )
 def test_inconsistent_values_are_refused(

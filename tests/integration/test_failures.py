@@ -192,14 +192,24 @@ def test_batch_slower_than_max_poll_interval_keeps_group_membership(
     assert verdict.missing == [] and verdict.duplicates == 0 and verdict.committed_equals_end
 
 
-@pytest.mark.parametrize("kills", [2])
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_exactly_once_with_kill_9_has_no_missing_and_no_duplicates(
-    bootstrap_servers: str, topics: Topics, tmp_path: Path, kills: int
+    bootstrap_servers: str, topics: Topics, tmp_path: Path, protocol: str
 ) -> None:
-    total = 600
+    total, kills = 600, 2
     produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
+    kafka = {
+        "bootstrap_servers": bootstrap_servers,
+        "group_id": topics.group,
+        "commit_interval_ms": 200,
+        "group_protocol": protocol,
+    }
     config = write_config(
-        tmp_path / "c.yaml", bootstrap_servers, topics, processing_guarantee="exactly_once"
+        tmp_path / "c.yaml",
+        bootstrap_servers,
+        topics,
+        processing_guarantee="exactly_once",
+        kafka=kafka,
     )
     env = {"STREAMPROC_INSTANCE_ID": "eos-0"}  # the restart fences the killed instance
     log = tmp_path / "consumer.log"
@@ -220,7 +230,7 @@ def test_exactly_once_with_kill_9_has_no_missing_and_no_duplicates(
     final = start_consumer(config, log, env=env)
     assert final.wait(180) == 0, log.read_text()[-3000:]
     verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
-    report(f"exactly-once, {kills} kill -9", verdict)
+    report(f"exactly-once, {kills} kill -9 ({protocol} protocol)", verdict)
     assert verdict.inputs == total
     assert verdict.missing == [] and verdict.duplicates == 0
     assert verdict.output_stable  # no transaction left open

@@ -101,16 +101,23 @@ def _ownership(log: Path) -> list[tuple[str, str, float]]:
     return events
 
 
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_scale_out_to_three_and_back_keeps_single_ownership(
-    bootstrap_servers: str, tmp_path: Path
+    bootstrap_servers: str, tmp_path: Path, protocol: str
 ) -> None:
     suffix = uuid.uuid4().hex[:6]
     t = Topics(f"scale.{suffix}", f"scale.out.{suffix}", f"scale.{suffix}.dlq", f"g-{suffix}")
     ensure_topics(bootstrap_servers, {t.input: 6, t.output: 6, t.dlq: 1})
     total = 2400
     produce("trades", t.input, bootstrap_servers, 6, limit=total, progress=False)
+    kafka = {
+        "bootstrap_servers": bootstrap_servers,
+        "group_id": t.group,
+        "commit_interval_ms": 200,
+        "group_protocol": protocol,
+    }
     config = write_config(
-        tmp_path / "c.yaml", bootstrap_servers, t, pipelines=slow_pipeline(t, 0.05)
+        tmp_path / "c.yaml", bootstrap_servers, t, pipelines=slow_pipeline(t, 0.05), kafka=kafka
     )
     logs = [tmp_path / f"member{i}.log" for i in range(3)]
     first = start_consumer(config, logs[0], idle_s=3)
@@ -127,7 +134,7 @@ def test_scale_out_to_three_and_back_keeps_single_ownership(
     assert all(member.wait(60) == 0 for member in extra)
     assert first.wait(300) == 0
     verdict = verify(bootstrap_servers, t.input, t.output, t.dlq, t.group)
-    report("scale 1 -> 3 -> 1", verdict)
+    report(f"scale 1 -> 3 -> 1 ({protocol} protocol)", verdict)
     assert verdict.missing == [] and verdict.committed_equals_end
     # each partition is owned by at most one member at any time
     intervals: dict[str, list[tuple[float, float, int]]] = {}

@@ -24,7 +24,8 @@ PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload":
 
 
 class Harness:
-    """A source over a fake consumer with one lane (ring of 8: pause at 6, resume at 2)."""
+    """A source over a fake consumer with one lane (ring of 8: pause at 6, resume at 2);
+    ``markers``: offsets of every partition that hold no message (transaction markers)."""
 
     def __init__(
         self,
@@ -32,6 +33,7 @@ class Harness:
         guarantee: Callable[[OffsetTracker, Metrics], Guarantee] | None = None,
         revoke_timeout_s: float = 10.0,
         partitions: int = 1,
+        markers: frozenset[int] = frozenset(),
     ) -> None:
         self.config = load_config(
             overrides={
@@ -53,7 +55,8 @@ class Harness:
             {
                 TopicPartition("in", p): [b"%d" % i for i in range(messages)]
                 for p in range(partitions)
-            }
+            },
+            markers={TopicPartition("in", p): markers for p in range(partitions)},
         )
         self.clock = FakeClock()
         self.fatal: list[BaseException] = []

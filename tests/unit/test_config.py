@@ -222,3 +222,53 @@ def test_decode_worker_bounds_default_to_a_fixed_count_and_are_checked() -> None
         worker(decode_workers_min=5, decode_workers_max=3)
     with pytest.raises(ConfigError, match=r"worker.decode_workers \(8, the count at start\)"):
         worker(decode_workers=8, decode_workers_max=4)
+
+
+@pytest.mark.parametrize(
+    ("kafka", "message"),
+    [
+        ({"group_protocol": "eager"}, r"kafka\.group_protocol: .*'classic' or 'consumer'"),
+        (
+            {"group_protocol": "consumer", "session_timeout_ms": 10_000},
+            r"kafka\.session_timeout_ms: not supported with kafka\.group_protocol=consumer",
+        ),
+        (
+            {"group_protocol": "consumer", "consumer": {"heartbeat.interval.ms": 500}},
+            r"kafka\.consumer: \['heartbeat\.interval\.ms'\] not supported",
+        ),
+        ({"consumer": {"group.instance.id": "a"}}, r"set kafka\.group_instance_id instead"),
+        ({"consumer": {"group.protocol": "consumer"}}, r"set kafka\.group_protocol instead"),
+        ({"group_instance_id": ""}, r"kafka\.group_instance_id"),
+    ],
+)
+def test_group_keys_the_protocol_refuses_fail_at_start_naming_the_key(
+    kafka: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides={"pipelines": [PIPELINE], "kafka": kafka})
+
+
+def test_the_group_protocol_and_static_membership_reach_the_consumer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from streamproc.intake.source import consumer_settings
+    from streamproc.metrics import Metrics
+    from streamproc.offsets.guarantees import AtLeastOnce
+    from streamproc.offsets.tracker import OffsetTracker
+
+    guarantee = AtLeastOnce(OffsetTracker(), Metrics())
+    classic = consumer_settings(
+        load_config(overrides={"pipelines": [PIPELINE]}, bootstrap="b:1"), guarantee
+    )
+    assert classic["partition.assignment.strategy"] == "cooperative-sticky"
+    assert classic["session.timeout.ms"] == 45_000
+    assert "group.protocol" not in classic and "group.instance.id" not in classic
+    # the chart sets the instance id from the pod name through the environment
+    monkeypatch.setenv("STREAMPROC_KAFKA__GROUP_INSTANCE_ID", "streamproc-1")
+    config = load_config(
+        overrides={"pipelines": [PIPELINE], "kafka": {"group_protocol": "consumer"}},
+        bootstrap="b:1",
+    )
+    new = consumer_settings(config, guarantee)
+    assert new["group.protocol"] == "consumer" and new["group.instance.id"] == "streamproc-1"
+    assert not {"partition.assignment.strategy", "session.timeout.ms"} & new.keys()

@@ -195,3 +195,46 @@ def test_a_retriable_send_offsets_error_is_retried_not_fatal() -> None:
         h.count("streamproc_commits_total") == 1
         and h.count("streamproc_commit_failures_total") == 0
     )
+
+
+def test_a_drained_partition_commits_past_the_transaction_marker_after_its_records() -> None:
+    # input written by a transactional producer: records 0-2, its commit marker at 3. The
+    # commit stopped at 3 (last record + 1): a lag of 1 for ever, so a lag-scaled group never
+    # scaled to zero
+    h = Harness(4, markers=frozenset({3}))
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    records = h.cut().records
+    assert [r.offset for r in records] == [0, 1, 2]
+    h.tracker.done_many(records)
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {TP: 4}  # the end offset: lag 0
+    assert h.source.positions() == {TP: 4}
+
+
+def test_markers_between_records_never_move_the_commit_past_a_record_not_done() -> None:
+    h = Harness(7, markers=frozenset({2, 6}))
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    records = h.cut().records
+    assert [r.offset for r in records] == [0, 1, 3, 4]
+    h.tracker.done_many(records[:2])
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {TP: 3}  # 3 is not done
+    h.tracker.done_many(records[2:] + h.cut().records)
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {TP: 7}
+
+
+def test_under_exactly_once_the_transaction_commits_past_the_trailing_marker() -> None:
+    producer = FakeProducer()
+    h = Harness(3, exactly_once(producer), markers=frozenset({2}))
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    records = h.cut().records
+    for record in records:
+        assert h.guarantee.send(record, lambda: None)
+    producer.deliver()
+    h.tracker.done_many(records)
+    h.poll(advance_s=1.5)
+    assert producer.committed_offsets == {TP: 3}

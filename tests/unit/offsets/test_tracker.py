@@ -134,3 +134,22 @@ def test_consumed_many_rejects_offsets_going_backwards() -> None:
     tracker.consumed_many(_records(A, range(5, 7), generation))
     with pytest.raises(ValueError):
         tracker.consumed_many(_records(A, range(6, 8), generation))
+
+
+def test_passed_offsets_move_the_watermark_of_a_drained_partition_only() -> None:
+    tracker = OffsetTracker()
+    generation = tracker.assign([A])[A]
+    tracker.consumed(A, 0, timestamp_ms=1_000)
+    tracker.consumed(A, 1, timestamp_ms=2_000)
+    tracker.passed({A: (generation, 3)})  # a marker at 2
+    assert tracker.watermarks([A]) == {A: 0}  # 0 and 1 are not done
+    assert tracker.backlog() == {A: (2, 1_000)}
+    tracker.done(A, 0, generation)
+    assert tracker.backlog() == {A: (1, 2_000)}
+    tracker.done(A, 1, generation)
+    assert tracker.watermarks([A]) == {A: 3} and tracker.backlog() == {A: (0, None)}
+    tracker.passed({A: (generation + 1, 9)})  # another generation: ignored
+    tracker.passed({A: (generation, 2)})  # never backwards
+    assert tracker.watermarks([A]) == {A: 3}
+    with pytest.raises(ValueError):
+        tracker.consumed(A, 2)  # below the position passed

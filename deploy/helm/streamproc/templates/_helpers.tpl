@@ -129,6 +129,13 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- if and (eq (default "at_least_once" $config.processing_guarantee) "exactly_once") (ne $kind "StatefulSet") -}}
 {{- fail "config.processing_guarantee exactly_once needs workload.kind StatefulSet (stable pod names for Kafka transactional ids)" -}}
 {{- end -}}
+{{- if and .Values.staticMembership (ne $kind "StatefulSet") -}}
+{{- fail "staticMembership needs workload.kind StatefulSet (stable pod names: the group instance ids)" -}}
+{{- end -}}
+{{- $kafka := default dict $config.kafka -}}
+{{- if and (eq (default "classic" $kafka.group_protocol) "consumer") (hasKey $kafka "session_timeout_ms") -}}
+{{- fail "config.kafka.session_timeout_ms is not supported with config.kafka.group_protocol consumer (the broker's group.consumer.session.timeout.ms applies): remove it" -}}
+{{- end -}}
 {{- if eq (include "streamproc.metricsPort" .) "0" -}}
 {{- fail "config.metrics.port must not be 0 in Kubernetes: the probes use /healthz and /readyz on it" -}}
 {{- end -}}
@@ -258,6 +265,13 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: metadata.name
+        {{- if .Values.staticMembership }}
+        # Static membership: the StatefulSet pod name is the group instance id.
+        - name: STREAMPROC_KAFKA__GROUP_INSTANCE_ID
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        {{- end }}
         - name: POD_NAMESPACE
           valueFrom:
             fieldRef:
