@@ -121,6 +121,14 @@ PRIORITY_ARGS ?=
 priority-isolation: venv kafka-jars
 	$(PY) benchmarks/priority_isolation.py $(PRIORITY_ARGS)
 
+# Rebalance gaps: the longest stretch without results per partition during scale 1 -> 3, a rolling
+# restart and scale 3 -> 1, classic vs consumer group protocol, with and without static membership
+# (benchmarks/rebalance_gaps.py; docs/operations.md "Rebalances and scaling"). ~14 min per run.
+GAPS_ARGS ?= --runs 2
+.PHONY: rebalance-gaps
+rebalance-gaps: venv kafka-jars
+	$(PY) benchmarks/rebalance_gaps.py $(GAPS_ARGS)
+
 # A 5-minute paced soak: consumer RSS must stay within +-5 % (benchmarks/soak.py).
 soak: venv kafka-jars
 	$(PY) benchmarks/soak.py

@@ -27,6 +27,7 @@ from benchmarks import (
     pipeline_ab,
     precision,
     priority_isolation,
+    rebalance_gaps,
     quix_app,
     results_path,
     soak,
@@ -183,3 +184,23 @@ def test_quix_app_step_encodes_a_real_message_and_drops_a_bad_one() -> None:
     assert result is not None and b'"score"' in result
     assert infer(b"not json", b"k", 0, None) is None
     assert meter.trace.start_cpu_s is not None  # the first call opened the CPU window
+
+
+def test_rebalance_gaps_measures_stretches_without_results_per_partition() -> None:
+    stamps = {0: [1_000, 1_100, 4_600, 4_700], 1: [1_000, 1_050, 1_100, 4_700]}
+    results = TopicDump(
+        {
+            (0, i): (b"r", None, {rebalance_gaps.H_PARTITION: b"%d" % p}, ts)
+            for i, (p, ts) in enumerate((p, ts) for p, series in stamps.items() for ts in series)
+        },
+        {},
+    )
+    # partition 0: 3.5 s without a result; partition 1: 3.6 s; the window edges count too
+    longest, unowned = rebalance_gaps.gaps(results, 1_000, 5_000, 2, gap_s=1.0)
+    assert longest == pytest.approx(3.6)
+    assert unowned == pytest.approx(3.5 + 3.6)
+    rows = [
+        rebalance_gaps.Row("consumer", True, run, "scale 3->1", 40.0 + run, 80.0) for run in (1, 2)
+    ]
+    text = rebalance_gaps.summary(rows)
+    assert "consumer static" in text and "41" in text and "42" in text
