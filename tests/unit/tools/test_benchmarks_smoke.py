@@ -27,8 +27,8 @@ from benchmarks import (
     pipeline_ab,
     precision,
     priority_isolation,
-    rebalance_gaps,
     quix_app,
+    rebalance_gaps,
     results_path,
     soak,
 )
