@@ -133,6 +133,12 @@ def produce_cmd(
     partitions: Annotated[int, typer.Option(min=1, help="Partitions if created.")] = 4,
     limit: Annotated[int | None, typer.Option(min=1, help="Messages (default: one pass).")] = None,
     rate: Annotated[float | None, typer.Option(min=0.001, help="Messages per second.")] = None,
+    transaction_size: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Write in transactions of this many messages (as an exactly-once stage)."
+        ),
+    ] = None,
 ) -> None:
     """Replay real data of a built-in workload into a topic."""
     from streamproc.tools.replay import produce
@@ -144,7 +150,9 @@ def produce_cmd(
     if not bootstrap:
         raise _fail(ValueError("no broker: pass --bootstrap or set KAFKA_BOOTSTRAP_SERVERS"))
     try:
-        count = produce(workload, topic, bootstrap, partitions, limit, rate)
+        count = produce(
+            workload, topic, bootstrap, partitions, limit, rate, transaction_size=transaction_size
+        )
     except (StreamprocError, RuntimeError) as exc:
         raise _fail(exc) from exc
     typer.echo(f"produced {count} {workload} messages to {topic}")

@@ -8,8 +8,9 @@
 #  3. starts the cluster (deploy/k8s/cluster.sh up), loads the images into the node, deploys one
 #     Apache Kafka broker (deploy/k8s/manifests/kafka.yaml);
 #  4. runs tests/k8s (helm install with deploy/k8s/values/*.yaml, replay, crash, roll, scale,
-#     probes, securityContext, exactly-once StatefulSet, KEDA, helm test, helm uninstall), each
-#     verified from the broker;
+#     probes, securityContext, exactly-once StatefulSet, KEDA, scale to zero and back under
+#     exactly-once, a rolling update with static membership, the consumer group protocol under
+#     kill -9, helm test, helm uninstall), each verified from the broker;
 #  5. tears the cluster down and fails if any process, mount, network device, iptables chain or
 #     cgroup of it is left; prints the time of every phase.
 # KEEP=1 leaves the cluster up (deploy/k8s/cluster.sh down removes it). PYTEST_ARGS passes on.

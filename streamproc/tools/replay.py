@@ -24,6 +24,7 @@ import itertools
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ def messages(workload: str) -> Iterator[Message]:
 # Sleep only when ahead by more than this: a sleep per message costs the replayer about as much
 # CPU as the message itself at 10,000 msg/s (CPU the consumer under test is then denied).
 _PACING_GRANULARITY_S = 0.001
+_TRANSACTION_TIMEOUT_S = 60.0
 
 
 def produce(
@@ -77,6 +79,7 @@ def produce(
     progress: bool | None = None,
     flush_timeout_s: float | None = None,
     stop: threading.Event | None = None,
+    transaction_size: int | None = None,
 ) -> int:
     """Replay ``workload`` into ``topic`` (created with ``partitions`` if missing).
 
@@ -89,6 +92,9 @@ def produce(
             librdkafka bounds by the producer's ``message.timeout.ms``.
         stop: when set, the replay ends early (after the message being sent); ``limit`` is
             then the most it sends.
+        transaction_size: write as an exactly-once upstream stage does: in transactions of
+            this many messages (a transactional producer of its own id), each leaving a commit
+            marker in every partition it wrote to; None: no transactions.
 
     Returns:
         The number of messages acknowledged by the broker.
@@ -98,6 +104,9 @@ def produce(
     """
     ensure_topics(bootstrap_servers, {topic: partitions})
     total = recording_size(workload) if limit is None else limit
+    transactional = (
+        {} if transaction_size is None else {"transactional.id": f"replay-{uuid.uuid4().hex}"}
+    )
     producer = Producer(
         {
             "bootstrap.servers": bootstrap_servers,
@@ -105,8 +114,11 @@ def produce(
             "acks": "all",
             "linger.ms": 5,
             "logger": kafka_logger(),
+            **transactional,
         }
     )
+    if transaction_size is not None:
+        producer.init_transactions(_TRANSACTION_TIMEOUT_S)
     acked = 0
     failed: list[str] = []
 
@@ -133,6 +145,10 @@ def produce(
                 wait_s = start_s + index / rate - time.monotonic()
                 if wait_s > _PACING_GRANULARITY_S:
                     time.sleep(wait_s)  # open-loop pacing, not synchronisation
+            if transaction_size is not None and index % transaction_size == 0:
+                if index:
+                    producer.commit_transaction(_TRANSACTION_TIMEOUT_S)
+                producer.begin_transaction()
             while True:
                 try:
                     producer.produce(
@@ -147,6 +163,8 @@ def produce(
                     producer.poll(0.05)
             producer.poll(0)
             bar.update(1)
+        if transaction_size is not None and total:
+            producer.commit_transaction(_TRANSACTION_TIMEOUT_S)
         # Every message gets its delivery report by message.timeout.ms (librdkafka's bound):
         # wait for all of them (or until flush_timeout_s) rather than a fixed time a loaded
         # broker may need more of.

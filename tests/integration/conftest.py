@@ -3,6 +3,7 @@ leak check after every test that ran a pipeline (in this process or as ``streamp
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +185,18 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
         if time.monotonic() > deadline_s:
             pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(0.2)
+
+
+def ownership_events(log: Path) -> list[tuple[str, str, float]]:
+    """``(assigned | revoked | lost, "topic[partition]", epoch seconds)`` from a consumer's JSON
+    log, in order."""
+    events = []
+    for line in log.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        doc = json.loads(line)
+        if doc.get("event") in ("partitions assigned", "partitions revoked", "partitions lost"):
+            ts = datetime.fromisoformat(doc["timestamp"].replace("Z", "+00:00")).timestamp()
+            for partition in doc["partitions"]:
+                events.append((doc["event"].split()[1], partition, ts))
+    return events

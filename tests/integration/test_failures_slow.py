@@ -4,14 +4,12 @@ restart, pause/rebalance/resume with small rings, a 10x burst under a slow model
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import tempfile
 import threading
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -26,6 +24,7 @@ from streamproc.tools.verify import committed_offsets, verify
 from tests.integration.conftest import (
     Topics,
     end_offset_total,
+    ownership_events,
     report,
     start_consumer,
     wait_for,
@@ -88,19 +87,6 @@ def test_repeated_kill_9_loses_nothing_and_duplicates_only_in_flight(
     assert verdict.duplicates <= sum(in_flight_at_kills)
 
 
-def _ownership(log: Path) -> list[tuple[str, str, float]]:
-    events = []
-    for line in log.read_text().splitlines():
-        if not line.startswith("{"):
-            continue
-        doc = json.loads(line)
-        if doc.get("event") in ("partitions assigned", "partitions revoked", "partitions lost"):
-            ts = datetime.fromisoformat(doc["timestamp"].replace("Z", "+00:00")).timestamp()
-            for partition in doc["partitions"]:
-                events.append((doc["event"].split()[1], partition, ts))
-    return events
-
-
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_scale_out_to_three_and_back_keeps_single_ownership(
     bootstrap_servers: str, tmp_path: Path, protocol: str
@@ -124,7 +110,7 @@ def test_scale_out_to_three_and_back_keeps_single_ownership(
     wait_for(lambda: end_offset_total(bootstrap_servers, t.output) >= 200, 120, "first results")
     extra = [start_consumer(config, logs[i], idle_s=None) for i in (1, 2)]
     wait_for(
-        lambda: all(any(e[0] == "assigned" for e in _ownership(lg)) for lg in logs[1:]),
+        lambda: all(any(e[0] == "assigned" for e in ownership_events(lg)) for lg in logs[1:]),
         120,
         "new members assigned",
     )
@@ -140,7 +126,7 @@ def test_scale_out_to_three_and_back_keeps_single_ownership(
     intervals: dict[str, list[tuple[float, float, int]]] = {}
     for member, log in enumerate(logs):
         open_at: dict[str, float] = {}
-        for kind, partition, ts in _ownership(log):
+        for kind, partition, ts in ownership_events(log):
             if kind == "assigned":
                 open_at[partition] = ts
             elif partition in open_at:
@@ -248,7 +234,7 @@ def test_pause_rebalance_resume_leaves_no_partition_paused(
         # LeaveGroup when a cooperative member with no partition closes mid-rebalance; the group
         # then waits max.poll.interval.ms for it: see docs/guarantees.md.)
         wait_for(
-            lambda: any(kind == "assigned" for kind, _, _ in _ownership(other_log)),
+            lambda: any(kind == "assigned" for kind, _, _ in ownership_events(other_log)),
             120,
             "the new member to own a partition",
         )

@@ -4,32 +4,24 @@ both group protocols; static membership takes the partitions back without a reba
 
 from __future__ import annotations
 
-import itertools
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 
-from streamproc.tools.replay import messages
+from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify
-from tests.integration.conftest import Topics, report, start_consumer, write_config
+from tests.integration.conftest import (
+    Topics,
+    ownership_events,
+    report,
+    start_consumer,
+    wait_for,
+    write_config,
+)
 
-TRANSACTION = 25  # records per upstream transaction
 TOTAL = 300
-
-
-def produce_in_transactions(bootstrap: str, topic: str, transactional_id: str) -> None:
-    """TOTAL trades into ``topic``'s 3 partitions, TRANSACTION records per transaction, as an
-    upstream exactly-once stage writes them: every transaction leaves a commit marker in each
-    partition it wrote to, the last one after the last record."""
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
-    producer.init_transactions(60)
-    rows = list(itertools.islice(messages("trades"), TOTAL))
-    for start in range(0, TOTAL, TRANSACTION):
-        producer.begin_transaction()
-        for i, row in enumerate(rows[start : start + TRANSACTION], start):
-            producer.produce(topic, row.value, row.key, partition=i % 3, headers=list(row.headers))
-        producer.commit_transaction(60)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +33,9 @@ def test_input_of_a_transactional_producer_drains_to_a_lag_of_zero(
 ) -> None:
     # the commit stopped at the last record + 1, one short of the end offset (the marker): a
     # lag of 1 per partition for ever, so a lag-scaled deployment never went to zero replicas
-    produce_in_transactions(bootstrap_servers, topics.input, f"upstream-{topics.group}")
+    # written as an upstream exactly-once stage writes: transactions of 25, each leaving a
+    # commit marker in every partition it wrote to, the last one after the last record
+    produce("trades", topics.input, bootstrap_servers, 3, TOTAL, transaction_size=25)
     kafka = {
         "bootstrap_servers": bootstrap_servers,
         "group_id": topics.group,
@@ -59,3 +53,65 @@ def test_input_of_a_transactional_producer_drains_to_a_lag_of_zero(
     assert verdict.inputs == TOTAL
     assert verdict.missing == [] and verdict.duplicates == 0
     assert verdict.committed_equals_end, (verdict.committed, verdict.end_offsets)
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_static_member_restarted_within_the_session_timeout_moves_no_partition(
+    bootstrap_servers: str, topics: Topics, tmp_path: Path, protocol: str
+) -> None:
+    # two members with stable instance ids (as StatefulSet pods); one restarts (SIGTERM, then
+    # the same id again, as a rolling update does): the group must not rebalance, so the other
+    # member neither gives up nor gains a partition and the restarted one gets its own back
+    kafka: dict[str, object] = {
+        "bootstrap_servers": bootstrap_servers,
+        "group_id": topics.group,
+        "commit_interval_ms": 200,
+        "group_protocol": protocol,
+    }
+    if protocol == "classic":  # consumer protocol: the broker's 45 s session timeout
+        kafka["session_timeout_ms"] = 45_000
+    config = write_config(tmp_path / "c.yaml", bootstrap_servers, topics, kafka=kafka)
+    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
+
+    def member(name: str) -> subprocess.Popen[bytes]:
+        env = {"STREAMPROC_KAFKA__GROUP_INSTANCE_ID": f"member-{name}"}
+        return start_consumer(config, logs[name], idle_s=None, env=env)
+
+    def held(name: str) -> set[str]:
+        owned: set[str] = set()
+        for kind, partition, _ in ownership_events(logs[name]):
+            if kind == "assigned":
+                owned.add(partition)
+            else:
+                owned.discard(partition)
+        return owned
+
+    members = {name: member(name) for name in logs}
+    wait_for(
+        lambda: len(held("a")) + len(held("b")) == 3 and held("a") and held("b"),
+        120,
+        "both members to own partitions",
+    )
+    before = {name: held(name) for name in logs}
+    a_events = len(ownership_events(logs["a"]))
+    members["b"].send_signal(signal.SIGTERM)
+    assert members["b"].wait(60) == 0
+    members["b"] = member("b")
+    wait_for(lambda: held("b") == before["b"], 120, "the restarted member to own its partitions")
+    produce("trades", topics.input, bootstrap_servers, 3, limit=300, progress=False)
+    wait_for(
+        lambda: (
+            verify(
+                bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group
+            ).committed_equals_end
+        ),
+        120,
+        "every input committed",
+    )
+    assert len(ownership_events(logs["a"])) == a_events, ownership_events(logs["a"])[a_events:]
+    assert held("a") == before["a"]
+    for proc in members.values():
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
+    assert verdict.missing == [] and verdict.duplicates == 0

@@ -158,12 +158,13 @@ def wedge(pid: int) -> None:
 
 
 # --- the broker ---------------------------------------------------------------------------------
-def group_assignment(group: str) -> dict[str, set[tuple[str, int]]]:
-    """Member host (the pod's IP) -> partitions, as the group coordinator has them now."""
+def group_assignment(group: str, by: str = "host") -> dict[str, set[tuple[str, int]]]:
+    """Member -> partitions, as the group coordinator has them now; the member named by its
+    host (the pod's IP; ``by="host"``) or its static group instance id (``by="instance"``)."""
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
     description = admin.describe_consumer_groups([group])[group].result(timeout=20)
     return {
-        member.host.lstrip("/"): {
+        (member.host.lstrip("/") if by == "host" else str(member.group_instance_id)): {
             (tp.topic, tp.partition) for tp in member.assignment.topic_partitions
         }
         for member in description.members
@@ -173,16 +174,24 @@ def group_assignment(group: str) -> dict[str, set[tuple[str, int]]]:
 class Replay(threading.Thread):
     """``streamproc produce`` (the replay of real recorded data) in the background."""
 
-    def __init__(self, workload: str, topic: str, limit: int, rate: float | None) -> None:
+    def __init__(
+        self,
+        workload: str,
+        topic: str,
+        limit: int,
+        rate: float | None,
+        transaction_size: int | None = None,
+    ) -> None:
         super().__init__(daemon=True, name=f"replay-{workload}")
         self.args = (workload, topic, BOOTSTRAP, 4, limit, rate, False)
+        self.transaction_size = transaction_size
         self.count = 0
         self.error: BaseException | None = None
         self.start()
 
     def run(self) -> None:
         try:
-            self.count = produce(*self.args)
+            self.count = produce(*self.args, transaction_size=self.transaction_size)
         except BaseException as exc:  # re-raised in the test's thread by finish()
             self.error = exc
 
