@@ -55,7 +55,7 @@ from confluent_kafka import Producer
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
 from streamproc.tools.bench.measure import format_spread
-from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars, free_port
+from streamproc.tools.kafka_local import broker_unless_given, free_port
 from streamproc.tools.replay import Message, messages, produce
 from streamproc.tools.verify import TopicDump, read_topic
 
@@ -321,12 +321,7 @@ def main() -> None:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="streamproc-prio-") as tmp:
         work = Path(tmp)
-        broker = None
-        bootstrap = args.bootstrap
-        if not bootstrap:
-            broker = LocalKafka(work / "kafka", ensure_kafka_jars())
-            bootstrap = broker.start()
-        try:
+        with broker_unless_given(args.bootstrap, work / "kafka") as bootstrap:
             for run, offset in zip(range(1, args.runs + 1), itertools.cycle((0, 1)), strict=False):
                 order = names[offset:] + names[:offset]
                 for name in order:
@@ -336,9 +331,6 @@ def main() -> None:
                     if args.out:
                         with open(args.out, "a") as out:
                             out.write(json.dumps(asdict(row)) + "\n")
-        finally:
-            if broker is not None:
-                broker.stop()
     _summary(rows, names)
 
 

@@ -45,7 +45,7 @@ from confluent_kafka import Producer
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_PARTITION
 from streamproc.tools.bench.measure import format_spread
-from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars, free_port
+from streamproc.tools.kafka_local import broker_unless_given, free_port
 from streamproc.tools.replay import messages
 from streamproc.tools.verify import TopicDump, read_topic
 
@@ -296,12 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="streamproc-gaps-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        broker = None
-        bootstrap = args.bootstrap
-        if not bootstrap:
-            broker = LocalKafka(work / "kafka", ensure_kafka_jars())
-            bootstrap = broker.start()
-        try:
+        with broker_unless_given(args.bootstrap, work / "kafka") as bootstrap:
             for run in range(1, args.runs + 1):
                 for protocol, static in variants:
                     for row in run_variant(args, bootstrap, protocol, static, run, work):
@@ -315,9 +310,6 @@ def main(argv: list[str] | None = None) -> None:
                         if args.out:
                             with open(args.out, "a") as out:
                                 out.write(json.dumps(asdict(row)) + "\n")
-        finally:
-            if broker is not None:
-                broker.stop()
     print(summary(rows))
     print(
         f"({args.runs} run(s); input {args.rate:g} msg/s over {PARTITIONS} partitions; "

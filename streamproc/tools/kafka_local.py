@@ -38,6 +38,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -573,6 +574,20 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def broker_unless_given(bootstrap: str | None, directory: Path) -> Iterator[str]:
+    """``bootstrap`` when given; else a :class:`LocalKafka` in ``directory``, started for the
+    ``with`` block and stopped after it. Yields the broker address."""
+    if bootstrap:
+        yield bootstrap
+        return
+    broker = LocalKafka(directory, ensure_kafka_jars())
+    try:
+        yield broker.start()
+    finally:
+        broker.stop()
 
 
 def read_pid(path: Path) -> int | None:

@@ -116,10 +116,22 @@ def make_config(bootstrap: str, t: Topics, **overrides: Any) -> Config:
     return load_config(overrides=data)
 
 
-def write_config(path: Path, bootstrap: str, t: Topics, **overrides: Any) -> Path:
-    """Write a YAML config for a consumer subprocess; ``overrides`` replace top-level keys."""
+def write_config(
+    path: Path,
+    bootstrap: str,
+    t: Topics,
+    kafka: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> Path:
+    """Write a YAML config for a consumer subprocess; ``kafka`` adds to (or replaces keys of)
+    the kafka section, ``overrides`` replace top-level keys."""
     data: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": bootstrap, "group_id": t.group, "commit_interval_ms": 200},
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            "group_id": t.group,
+            "commit_interval_ms": 200,
+            **(kafka or {}),
+        },
         "pipelines": [
             {"name": "p", "input_topic": t.input, "output_topic": t.output, "workload": "trades"}
         ],

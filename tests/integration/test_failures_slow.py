@@ -96,12 +96,7 @@ def test_scale_out_to_three_and_back_keeps_single_ownership(
     ensure_topics(bootstrap_servers, {t.input: 6, t.output: 6, t.dlq: 1})
     total = 2400
     produce("trades", t.input, bootstrap_servers, 6, limit=total, progress=False)
-    kafka = {
-        "bootstrap_servers": bootstrap_servers,
-        "group_id": t.group,
-        "commit_interval_ms": 200,
-        "group_protocol": protocol,
-    }
+    kafka: dict[str, object] = {"group_protocol": protocol}
     config = write_config(
         tmp_path / "c.yaml", bootstrap_servers, t, pipelines=slow_pipeline(t, 0.05), kafka=kafka
     )

@@ -36,12 +36,7 @@ def test_input_of_a_transactional_producer_drains_to_a_lag_of_zero(
     # written as an upstream exactly-once stage writes: transactions of 25, each leaving a
     # commit marker in every partition it wrote to, the last one after the last record
     produce("trades", topics.input, bootstrap_servers, 3, TOTAL, transaction_size=25)
-    kafka = {
-        "bootstrap_servers": bootstrap_servers,
-        "group_id": topics.group,
-        "commit_interval_ms": 200,
-        "group_protocol": protocol,
-    }
+    kafka: dict[str, object] = {"group_protocol": protocol}
     config = write_config(
         tmp_path / "c.yaml", bootstrap_servers, topics, processing_guarantee=guarantee, kafka=kafka
     )
@@ -62,12 +57,7 @@ def test_a_static_member_restarted_within_the_session_timeout_moves_no_partition
     # two members with stable instance ids (as StatefulSet pods); one restarts (SIGTERM, then
     # the same id again, as a rolling update does): the group must not rebalance, so the other
     # member neither gives up nor gains a partition and the restarted one gets its own back
-    kafka: dict[str, object] = {
-        "bootstrap_servers": bootstrap_servers,
-        "group_id": topics.group,
-        "commit_interval_ms": 200,
-        "group_protocol": protocol,
-    }
+    kafka: dict[str, object] = {"group_protocol": protocol}
     if protocol == "classic":  # consumer protocol: the broker's 45 s session timeout
         kafka["session_timeout_ms"] = 45_000
     config = write_config(tmp_path / "c.yaml", bootstrap_servers, topics, kafka=kafka)
