@@ -354,6 +354,13 @@ def test_the_consumer_group_protocol_renders_a_config_the_package_accepts(render
     assert "session_timeout_ms" not in config["kafka"]
     loaded = load_config(overrides=config)
     assert loaded.kafka.group_protocol == "consumer"
+    # a values file that sets the classic session timeout: null removes it (helm's way)
+    eos = ROOT / "deploy/k8s/values/exactly-once.yaml"
+    assert "session_timeout_ms" in yaml.safe_load(eos.read_text())["config"]["kafka"]
+    sets = ("config.kafka.group_protocol=consumer", "config.kafka.session_timeout_ms=null")
+    config = rendered_config(render(eos, *sets))
+    assert "session_timeout_ms" not in config["kafka"]
+    assert load_config(overrides=config).kafka.group_protocol == "consumer"
 
 
 @pytest.mark.parametrize("values", CI_NAMES)

@@ -84,6 +84,10 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- define "streamproc.config" -}}
 {{- $config := deepCopy .Values.config -}}
 {{- $kafka := deepCopy (default dict $config.kafka) -}}
+{{- /* a key set to null (helm's way to remove one a values file sets) is left out */ -}}
+{{- range $key, $value := $kafka -}}
+{{- if kindIs "invalid" $value -}}{{- $_ := unset $kafka $key -}}{{- end -}}
+{{- end -}}
 {{- $security := include "streamproc.kafkaSecurity" . | fromYaml -}}
 {{- $_ := set $kafka "consumer" (mergeOverwrite (deepCopy $security) (default dict $kafka.consumer)) -}}
 {{- $_ := set $kafka "producer" (mergeOverwrite (deepCopy $security) (default dict $kafka.producer)) -}}
@@ -133,7 +137,7 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- fail "staticMembership needs workload.kind StatefulSet (stable pod names: the group instance ids)" -}}
 {{- end -}}
 {{- $kafka := default dict $config.kafka -}}
-{{- if and (eq (default "classic" $kafka.group_protocol) "consumer") (hasKey $kafka "session_timeout_ms") -}}
+{{- if and (eq (default "classic" $kafka.group_protocol) "consumer") (not (kindIs "invalid" $kafka.session_timeout_ms)) -}}
 {{- fail "config.kafka.session_timeout_ms is not supported with config.kafka.group_protocol consumer (the broker's group.consumer.session.timeout.ms applies): remove it" -}}
 {{- end -}}
 {{- if eq (include "streamproc.metricsPort" .) "0" -}}
