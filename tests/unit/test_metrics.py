@@ -53,6 +53,7 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_decode_wait_ratio", "gauge"),
     ("streamproc_decode_inline", "gauge"),
     ("streamproc_consumer_lag_messages", "gauge"),
+    ("streamproc_consumer_lag_seconds", "gauge"),
     ("streamproc_stalled_partitions", "gauge"),
     ("streamproc_gpu_utilization_ratio", "gauge"),
     ("streamproc_gpu_memory_used_bytes", "gauge"),
