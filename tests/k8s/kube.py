@@ -161,7 +161,8 @@ def wedge(pid: int) -> None:
 def group_assignment(group: str, by: str = "host") -> dict[str, set[tuple[str, int]]]:
     """Member -> partitions, as the group coordinator has them now; the member named by its
     host (the pod's IP; ``by="host"``) or its static group instance id (``by="instance"``)."""
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    # log_level 4: not librdkafka's notice of the purged background queue at every close
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 4})
     description = admin.describe_consumer_groups([group])[group].result(timeout=20)
     return {
         (member.host.lstrip("/") if by == "host" else str(member.group_instance_id)): {
