@@ -31,6 +31,7 @@ METRICS = {
     "streamproc_ring_fill_ratio",
     "streamproc_paused_partitions",
     "streamproc_consumer_lag_messages",
+    "streamproc_consumer_lag_seconds",
     "streamproc_commits_total",
     "streamproc_commit_failures_total",
     "streamproc_pinned_pool_in_use_buffers",
