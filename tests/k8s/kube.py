@@ -15,6 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streamproc.tools.replay import produce
@@ -357,3 +359,39 @@ def overlaps(owned: dict[str, list[Ownership]]) -> list[str]:
                         f"{b.pod} [{b.start:.3f}, {b.end:.3f}]"
                     )
     return found
+
+
+class StuckMember(threading.Thread):
+    """A member of GROUP outside the chart, subscribed to TOPIC, that pauses every partition it
+    is given and never commits: those partitions are stuck, as behind a member stuck on one
+    record. It keeps polling (so it stays in the group) until :meth:`leave`."""
+
+    def __init__(self, group: str, topic: str) -> None:
+        super().__init__(daemon=True, name="stuck-member")
+        self.owned: list[tuple[str, int]] = []
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": BOOTSTRAP,
+                "group.id": group,
+                "partition.assignment.strategy": "cooperative-sticky",
+                "enable.auto.commit": False,
+                "log_level": 4,
+            }
+        )
+        self._consumer.subscribe([topic], on_assign=self._assigned)
+        self.start()
+
+    def _assigned(self, consumer: Consumer, parts: list[KafkaTopicPartition]) -> None:
+        consumer.incremental_assign(parts)
+        consumer.pause(parts)
+        self.owned.extend((p.topic, p.partition) for p in parts)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self._consumer.consume(1, 0.5)  # paused: nothing comes; the group sees it alive
+        self._consumer.close()  # leaves the group: its partitions go to the chart's pods
+
+    def leave(self) -> None:
+        self._stop.set()
+        self.join(60)

@@ -9,6 +9,7 @@ topics and every verification covers everything replayed so far: 0 missing, dupl
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -18,8 +19,10 @@ from datetime import datetime
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 
 from streamproc.kafka.admin import ensure_topics
+from streamproc.tools.replay import messages
 from streamproc.tools.verify import Verdict, read_topic, verify
 from tests.k8s.kube import (
     BOOTSTRAP,
@@ -27,6 +30,7 @@ from tests.k8s.kube import (
     VALUES,
     LogFollower,
     Replay,
+    StuckMember,
     all_ready,
     condition_time,
     container_host_pid,
@@ -390,6 +394,67 @@ def test_keda_scales_on_lag_and_back() -> None:
 
 def replicas(kind: str, name: str) -> int:
     return int(kubectl_json("get", kind, "-n", NS, name)["spec"]["replicas"])
+
+
+def test_a_stuck_partition_does_not_scale_to_the_maximum() -> None:
+    # One trades partition is held by a member that never moves (StuckMember) and gets a
+    # backlog of 3,000: with the chart's KEDA defaults (limitToPartitionsWithLag,
+    # excludePersistentLag) the Deployment stays at 1 replica; with both off, the same lag
+    # drives it to keda.maxReplicaCount (3), pods that could not touch the stuck partition.
+    keda_config = os.environ.get("KEDA_CONFIG", "")
+    if not keda_config:
+        pytest.fail("KEDA_CONFIG is not set (deploy/k8s/k8s-test.sh sets it)")
+    from tests.k8s.keda import deploy_keda
+
+    deploy_keda(keda_config)
+    ensure_topics(BOOTSTRAP, {"trades": PARTITIONS})
+    keda = ("--values", str(VALUES / "keda.yaml"))
+    install(RELEASE, "at-least-once.yaml", *keda)
+    stuck = StuckMember(GROUP, "trades")
+    try:
+        wait_for("the stuck member to hold a partition", lambda: stuck.owned, 180)
+        topic, partition = stuck.owned[0]
+        producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 5})
+        for row in itertools.islice(messages("trades"), 3000):
+            producer.produce(
+                topic, row.value, row.key, partition=partition, headers=list(row.headers)
+            )
+            producer.poll(0)
+        assert producer.flush(60) == 0
+
+        def most_replicas(seconds: float) -> int:
+            most, deadline = 0, time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                most = max(most, replicas("deployment", "sp-streamproc"))
+                time.sleep(2)  # sampling the Deployment KEDA scales
+            return most
+
+        with_defaults = most_replicas(90)
+        install(
+            RELEASE, "at-least-once.yaml", *keda,
+            "--set", "keda.limitToPartitionsWithLag=false",
+            "--set", "keda.excludePersistentLag=false",
+        )  # fmt: skip
+
+        def scaled_out() -> int | None:
+            n = replicas("deployment", "sp-streamproc")
+            return n if n >= 3 else None
+
+        without = wait_for(
+            "the stuck lag to scale out without the two settings", scaled_out, 240, 2
+        )
+        print(
+            f"[stuck partition] replicas at most {with_defaults} with the chart's defaults, "
+            f"{without} without limitToPartitionsWithLag/excludePersistentLag"
+        )
+        assert with_defaults == 1, with_defaults
+    finally:
+        stuck.leave()
+        install(RELEASE, "at-least-once.yaml")
+    found = wait_for(
+        "every result once the member left", lambda: complete(PIPELINES, GROUP), 900, 5
+    )
+    report("stuck partition released", found)
 
 
 def test_keda_scales_a_transactional_group_to_zero_and_back() -> None:
