@@ -369,7 +369,7 @@ class StuckMember(threading.Thread):
     def __init__(self, group: str, topic: str) -> None:
         super().__init__(daemon=True, name="stuck-member")
         self.owned: list[tuple[str, int]] = []
-        self._stop = threading.Event()
+        self._leaving = threading.Event()  # not _stop: threading.Thread has a _stop method
         self._consumer = Consumer(
             {
                 "bootstrap.servers": BOOTSTRAP,
@@ -388,10 +388,10 @@ class StuckMember(threading.Thread):
         self.owned.extend((p.topic, p.partition) for p in parts)
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._leaving.is_set():
             self._consumer.consume(1, 0.5)  # paused: nothing comes; the group sees it alive
         self._consumer.close()  # leaves the group: its partitions go to the chart's pods
 
     def leave(self) -> None:
-        self._stop.set()
+        self._leaving.set()
         self.join(60)
