@@ -243,16 +243,19 @@ def test_produce_needs_a_broker_address() -> None:
 def test_produce_hands_its_arguments_to_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
 
-    def produce(*args: Any) -> int:
-        calls.append(args)
+    def produce(*args: Any, transaction_size: int | None = None) -> int:
+        calls.append((*args, transaction_size))
         return 12
 
     monkeypatch.setattr("streamproc.tools.replay.produce", produce)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "env:9092")
     result = invoke("produce", "iot", "--topic", "t", "--partitions", "2", "--limit", "12")
     assert result.exit_code == 0, result.output
-    assert calls == [("iot", "t", "env:9092", 2, 12, None)]
+    assert calls == [("iot", "t", "env:9092", 2, 12, None, None)]
     assert result.stdout == "produced 12 iot messages to t\n"
+    result = invoke("produce", "iot", "--topic", "t", "--limit", "12", "--transaction-size", "5")
+    assert result.exit_code == 0, result.output
+    assert calls[-1] == ("iot", "t", "env:9092", 4, 12, None, 5)
 
 
 def test_produce_refuses_zero_partitions() -> None:
