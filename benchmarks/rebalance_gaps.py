@@ -40,13 +40,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from confluent_kafka import Producer
-
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_PARTITION
 from streamproc.tools.bench.measure import format_spread
 from streamproc.tools.kafka_local import broker_unless_given, free_port
-from streamproc.tools.replay import messages
+from streamproc.tools.replay import produce
 from streamproc.tools.verify import TopicDump, read_topic
 
 PARTITIONS = 6
@@ -145,28 +143,6 @@ class Group:
                 member.proc = None
 
 
-def paced_replay(bootstrap: str, topic: str, rate: float, stop: threading.Event) -> None:
-    """Trades into every partition in turn (the recording's 4 symbol keys would hash onto
-    fewer partitions than the group has members) at ``rate`` msg/s, until ``stop``."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    started = time.monotonic()
-    for i, message in enumerate(messages("trades")):
-        if stop.is_set():
-            break
-        ahead_s = started + i / rate - time.monotonic()
-        if ahead_s > 0:
-            time.sleep(ahead_s)  # pacing the open-loop input
-        producer.produce(
-            topic,
-            message.value,
-            message.key,
-            partition=i % PARTITIONS,
-            headers=list(message.headers),
-        )
-        producer.poll(0)
-    producer.flush(30)
-
-
 def gaps(
     results: TopicDump, start_ms: int, end_ms: int, partitions: int, gap_s: float
 ) -> tuple[float, float]:
@@ -216,7 +192,12 @@ def run_variant(
     first, *others = group.members
     stop = threading.Event()
     replay = threading.Thread(
-        target=paced_replay, args=(bootstrap, topic, args.rate, stop), name="replay"
+        # every partition in turn: the 4 symbol keys would hash onto fewer partitions than
+        # the group has members
+        target=produce,
+        args=("trades", topic, bootstrap, PARTITIONS, int(args.rate * 3600), args.rate, False),
+        kwargs={"stop": stop, "spread": True},
+        name="replay",
     )
     phases: list[tuple[str, int, int]] = []
     try:

@@ -408,7 +408,7 @@ class Source:
         for part in reported:
             tp = TopicPartition(part.topic, part.partition)
             position = part.offset
-            if part.error is None and position > mine.get(tp, position):
+            if part.error is None and position > mine[tp]:
                 passed[tp] = (state.generations[tp], position)
                 state.advance(tp, position)
         if passed:

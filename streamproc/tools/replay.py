@@ -67,6 +67,7 @@ def messages(workload: str) -> Iterator[Message]:
 # CPU as the message itself at 10,000 msg/s (CPU the consumer under test is then denied).
 _PACING_GRANULARITY_S = 0.001
 _TRANSACTION_TIMEOUT_S = 60.0
+_BY_KEY = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks (by key)
 
 
 def produce(
@@ -80,6 +81,7 @@ def produce(
     flush_timeout_s: float | None = None,
     stop: threading.Event | None = None,
     transaction_size: int | None = None,
+    spread: bool = False,
 ) -> int:
     """Replay ``workload`` into ``topic`` (created with ``partitions`` if missing).
 
@@ -95,6 +97,8 @@ def produce(
         transaction_size: write as an exactly-once upstream stage does: in transactions of
             this many messages (a transactional producer of its own id), each leaving a commit
             marker in every partition it wrote to; None: no transactions.
+        spread: message ``i`` goes to partition ``i % partitions`` (every partition gets
+            input, whatever the keys hash to); False: by key, as a producer of the data would.
 
     Returns:
         The number of messages acknowledged by the broker.
@@ -157,6 +161,7 @@ def produce(
                         key=message.key,
                         headers=list(message.headers),
                         on_delivery=delivered,
+                        partition=index % partitions if spread else _BY_KEY,
                     )
                     break
                 except BufferError:
