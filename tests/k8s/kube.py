@@ -175,7 +175,8 @@ def group_assignment(group: str, by: str = "host") -> dict[str, set[tuple[str, i
 
 
 class Replay(threading.Thread):
-    """``streamproc produce`` (the replay of real recorded data) in the background."""
+    """``streamproc produce`` (the replay of real recorded data) in the background; setting
+    ``stopping`` ends it early (``finish`` then returns the count sent)."""
 
     def __init__(
         self,
@@ -184,17 +185,20 @@ class Replay(threading.Thread):
         limit: int,
         rate: float | None,
         transaction_size: int | None = None,
+        partitions: int = 4,
+        spread: bool = False,
     ) -> None:
         super().__init__(daemon=True, name=f"replay-{workload}")
-        self.args = (workload, topic, BOOTSTRAP, 4, limit, rate, False)
-        self.transaction_size = transaction_size
+        self.args = (workload, topic, BOOTSTRAP, partitions, limit, rate, False)
+        self.options: dict[str, Any] = {"transaction_size": transaction_size, "spread": spread}
+        self.stopping = threading.Event()
         self.count = 0
         self.error: BaseException | None = None
         self.start()
 
     def run(self) -> None:
         try:
-            self.count = produce(*self.args, transaction_size=self.transaction_size)
+            self.count = produce(*self.args, stop=self.stopping, **self.options)
         except BaseException as exc:  # re-raised in the test's thread by finish()
             self.error = exc
 

@@ -16,11 +16,13 @@ import signal
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import orjson
 import pytest
 from confluent_kafka import Producer
 
+from benchmarks import rebalance_gaps
 from streamproc.kafka.admin import ensure_topics
 from streamproc.tools.replay import messages
 from streamproc.tools.verify import Verdict, read_topic, verify
@@ -457,43 +459,70 @@ def test_a_stuck_partition_does_not_scale_to_the_maximum() -> None:
     report("stuck partition released", found)
 
 
-def test_keda_scales_a_transactional_group_to_zero_and_back() -> None:
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_keda_scales_a_transactional_group_to_zero_and_back(guarantee: str) -> None:
     # Issue 27: a transactional producer leaves a commit marker after its records; the commit
     # stopped one short of the end offset, so KEDA read a lag of 1 per partition for ever and
     # never scaled to zero. The input here is written in transactions (an upstream exactly-once
-    # stage), and the output is exactly-once too.
+    # stage), under either guarantee: the exactly-once release (a StatefulSet, transactional
+    # output) and the at-least-once one (a Deployment, the three workloads' group).
     keda_config = os.environ.get("KEDA_CONFIG", "")
     if not keda_config:
         pytest.fail("KEDA_CONFIG is not set (deploy/k8s/k8s-test.sh sets it)")
     from tests.k8s.keda import deploy_keda
 
     deploy_keda(keda_config)
-    pipeline = [("trades", *EOS_TOPICS)]
-    ensure_topics(BOOTSTRAP, {EOS_TOPICS[0]: PARTITIONS})
+    if guarantee == "exactly_once":
+        release, values, kind, group = EOS_RELEASE, "exactly-once.yaml", "sts", EOS_GROUP
+        pipelines = [("trades", *EOS_TOPICS)]
+    else:
+        release, values, kind, group = RELEASE, "at-least-once.yaml", "deployment", GROUP
+        pipelines = PIPELINES
+    workload_name = f"{release}-streamproc"
+    input_topic = pipelines[-1][1]
+    ensure_topics(BOOTSTRAP, {input_topic: PARTITIONS})
     install(
-        EOS_RELEASE, "exactly-once.yaml", "--values", str(VALUES / "keda.yaml"),
+        release, values, "--values", str(VALUES / "keda.yaml"),
         "--set", "keda.minReplicaCount=0", "--set", "keda.maxReplicaCount=2",
     )  # fmt: skip
-    sts = "eos-streamproc"
     started = time.monotonic()
-    wait_for("KEDA to scale the drained group to zero", lambda: replicas("sts", sts) == 0, 420, 5)
-    print(f"[scale to zero] drained group at 0 replicas after {time.monotonic() - started:.0f} s")
-    replay = Replay("trades", EOS_TOPICS[0], 800, None, transaction_size=50)
-    started = time.monotonic()
-    wait_for("new input to bring a replica back", lambda: replicas("sts", sts) >= 1, 240, 2)
+    wait_for(
+        "KEDA to scale the drained group to zero",
+        lambda: replicas(kind, workload_name) == 0,
+        420,
+        5,
+    )
     print(
-        f"[scale to zero] back to {replicas('sts', sts)} after {time.monotonic() - started:.0f} s"
+        f"[scale to zero, {guarantee}] drained group at 0 replicas after "
+        f"{time.monotonic() - started:.0f} s"
+    )
+    replay = Replay("trades", input_topic, 800, None, transaction_size=50)
+    started = time.monotonic()
+    wait_for(
+        "new input to bring a replica back", lambda: replicas(kind, workload_name) >= 1, 240, 2
+    )
+    print(
+        f"[scale to zero, {guarantee}] back to {replicas(kind, workload_name)} after "
+        f"{time.monotonic() - started:.0f} s"
     )
     replay.finish()
-    found = wait_for("every result and commit", lambda: complete(pipeline, EOS_GROUP), 900, 5)
-    report("scale to zero and back", found)
-    assert found[0].duplicates == 0 and not found[0].missing
+    found = wait_for("every result and commit", lambda: complete(pipelines, group), 900, 5)
+    report(f"scale to zero and back, {guarantee}", found)
+    assert all(v.duplicates == 0 and not v.missing for v in found)
     started = time.monotonic()
-    wait_for("the group to go back to zero replicas", lambda: replicas("sts", sts) == 0, 420, 5)
-    print(f"[scale to zero] 0 replicas again {time.monotonic() - started:.0f} s after the drain")
+    wait_for(
+        "the group to go back to zero replicas",
+        lambda: replicas(kind, workload_name) == 0,
+        420,
+        5,
+    )
+    print(
+        f"[scale to zero, {guarantee}] 0 replicas again {time.monotonic() - started:.0f} s "
+        "after the drain"
+    )
     # at zero replicas nothing commits: the offsets committed before equal the end offsets
     # still (the lag KEDA read as 0), transaction markers included
-    assert verdicts(pipeline, EOS_GROUP)[0].committed_equals_end
+    assert all(v.committed_equals_end for v in verdicts(pipelines, group))
 
 
 def test_rolling_update_with_static_membership_moves_no_partition() -> None:
@@ -571,6 +600,102 @@ def test_the_consumer_group_protocol_statefulset_killed_mid_stream() -> None:
     found = wait_for("every result and commit", lambda: complete(pipeline, EOS_GROUP), 900, 5)
     report("consumer protocol, kill -9", found)
     assert found[0].duplicates == 0 and not found[0].missing
+
+
+GAPS_RELEASE = "gaps"
+GAPS_PARTITIONS = 6
+GAPS_RATE = 60.0  # msg/s over the 6 partitions: a result about every 0.1 s per owned partition
+GAPS_SETTLE_S = 15.0
+GAPS_SCALE_DOWN_S = 75.0  # beyond the 45 s session timeout a static member that left holds on to
+
+
+def gaps_variant(protocol: str, static: bool, tmp: Path) -> list[rebalance_gaps.Row]:
+    """One variant of benchmarks/rebalance_gaps.py on the cluster: a StatefulSet of 1, scaled to
+    3 (``kubectl scale``), rolled (``kubectl rollout restart``), scaled to 1, under a paced
+    replay; rows per phase from the result timestamps; fails on a missing result."""
+    name = f"gaps-{protocol}-{'static' if static else 'dynamic'}"
+    topic, out, dlq = f"{name}.trades", f"{name}.scores", f"{name}.dlq"
+    ensure_topics(BOOTSTRAP, dict.fromkeys((topic, out, dlq), GAPS_PARTITIONS))
+    values = tmp / f"{name}.json"  # YAML is a superset of JSON
+    values.write_text(
+        json.dumps(
+            {
+                "workload": {"kind": "StatefulSet"},
+                "replicaCount": 1,
+                "staticMembership": static,
+                "config": {
+                    # both protocols at the same 45 s session timeout (the consumer protocol
+                    # takes the broker's group.consumer.session.timeout.ms, 45 s by default)
+                    "kafka": {
+                        "group_id": name,
+                        "group_protocol": protocol,
+                        "session_timeout_ms": None,
+                    },
+                    "pipelines": [
+                        {"name": "t", "input_topic": topic, "output_topic": out,
+                         "workload": "trades"}
+                    ],
+                },
+            }
+        )
+    )  # fmt: skip
+    install(GAPS_RELEASE, "at-least-once.yaml", "--values", str(values))
+    sts = f"statefulset/{GAPS_RELEASE}-streamproc"
+    selector = f"app.kubernetes.io/instance={GAPS_RELEASE},app.kubernetes.io/name=streamproc"
+    replay = Replay("trades", topic, int(GAPS_RATE * 3600), GAPS_RATE, None, GAPS_PARTITIONS, True)
+    phases: list[tuple[str, int, int]] = []
+
+    def now_ms() -> int:
+        return int(time.time() * 1000)
+
+    try:
+        time.sleep(GAPS_SETTLE_S)  # steady state under the paced replay before each change
+        begin = now_ms()
+        kubectl("scale", "-n", NS, sts, "--replicas=3")
+        wait_for("3 Ready pods", lambda: all_ready(NS, selector, 3), START_S, diagnose=NS)
+        time.sleep(GAPS_SETTLE_S)
+        phases.append(("scale 1->3", begin, now_ms()))
+        begin = now_ms()
+        kubectl("rollout", "restart", "-n", NS, sts)
+        kubectl("rollout", "status", "-n", NS, sts, f"--timeout={START_S * 3}s")
+        time.sleep(GAPS_SETTLE_S)
+        phases.append(("rolling restart", begin, now_ms()))
+        begin = now_ms()
+        kubectl("scale", "-n", NS, sts, "--replicas=1")
+        time.sleep(GAPS_SCALE_DOWN_S)  # the observation window of the scale-down
+        phases.append(("scale 3->1", begin, now_ms()))
+    finally:
+        replay.stopping.set()
+        sent = replay.finish(120)
+    try:
+        found = wait_for(
+            f"every result of {name}", lambda: complete([("trades", topic, out, dlq)], name), 600, 5
+        )
+        report(name, found)
+        assert found[0].inputs == sent and not found[0].missing
+    finally:
+        helm("uninstall", GAPS_RELEASE, "--namespace", NS, "--wait", "--timeout", "180s")
+    results = read_topic(BOOTSTRAP, out)
+    rows = []
+    for phase, start_ms, end_ms in phases:
+        longest, unowned = rebalance_gaps.gaps(results, start_ms, end_ms, GAPS_PARTITIONS, 1.0)
+        rows.append(rebalance_gaps.Row(protocol, static, 1, phase, longest, unowned))
+        print(f"[gaps] {rows[-1].variant:<16} {phase:<16} longest {longest:6.1f} s, "
+              f"unowned {unowned:6.1f} partition-s", flush=True)  # fmt: skip
+    return rows
+
+
+def test_rebalance_gaps_by_group_protocol_and_static_membership(tmp_path: Path) -> None:
+    # Issue 27: the time partitions go without results while the group changes, per group
+    # protocol and with and without static membership, on the cluster (the local-broker
+    # counterpart: benchmarks/rebalance_gaps.py; the table: docs/operations.md)
+    rows = [
+        row
+        for protocol, static in rebalance_gaps.VARIANTS
+        for row in gaps_variant(protocol, static, tmp_path)
+    ]
+    print(rebalance_gaps.summary(rows))
+    assert len(rows) == 3 * len(rebalance_gaps.VARIANTS)
 
 
 def test_uninstall_leaves_nothing() -> None:
