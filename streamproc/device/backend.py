@@ -4,35 +4,48 @@ A :class:`~streamproc.device.DeviceWorker` runs the same code on every device an
 which kind it is; streams, events, host buffer pinning and synchronisation are the backend's::
 
                       CpuBackend                          CudaBackend
+    streams           1                                   ``streams`` (>= 1)
     launch()          nothing (the calling thread)        next of ``streams`` streams current
     record(mark)      an event fired at once (its time)   ``torch.cuda.Event`` on that stream
-    synchronous       True: the device thread completes   False: a completion thread polls
-                      each batch itself                   the events (``query()``)
-    host_empty()      pageable memory                     page-locked (pinned) memory
+                                                          (blocking sync: a wait sleeps)
+    synchronous       True: the device thread completes   False: a completion thread waits
+                      each batch itself                   on the events (``synchronize()``)
+    host_empty()      pageable memory                     page-locked in place, exact size
     synchronize()     nothing to wait for                 ``torch.cuda.synchronize(device)``
     release_memory()  nothing                             ``torch.cuda.empty_cache()``
     set_yielding()    half the intra-op threads           nothing (the GPU schedules kernels)
-    register_host()   (not needed)                        ``cudaHostRegister`` (shared slabs)
+    close()           nothing                             synchronise, unregister host_empty's
+    register_host()   (not needed)                        ``cudaHostRegister`` (portable)
 
 Per batch the worker records three marks inside one :meth:`DeviceBackend.launch`::
 
     start --copy in (non_blocking)--> copied --model, copy out (non_blocking)--> done
 
 ``copied`` firing means the staging slab may be reused; ``done`` firing means the host output
-buffers hold the batch's results; ``elapsed_s(start, done)`` is the batch's device time.
+buffers hold the batch's results. A batch's device (service) time is
+``done_i - max(start_i, done_{i-1})`` (:func:`service_s`): with two streams, ``start -> done``
+also covers time the batch shared the device with the other stream's batch.
+
+Pinned memory is allocated pageable and page-locked in place at its exact size
+(``cudaHostRegister``, portable to every device): ``pin_memory=True`` goes through the caching
+host allocator, which rounds each block up to a power of two (a 9.6 MB slab pins 16 MB, and
+pinned memory cannot be swapped).
 
 Ownership: a backend belongs to one device worker. :meth:`~DeviceBackend.launch`,
-:meth:`~DeviceBackend.record` and :meth:`~DeviceBackend.set_yielding` run on its device thread;
-events are queried on whichever thread completes the batch.
+:meth:`~DeviceBackend.record`, :meth:`~DeviceBackend.host_empty` and
+:meth:`~DeviceBackend.set_yielding` run on its device thread (warm-up and calibration too);
+events are queried and waited on by whichever thread completes the batch; :meth:`close` runs on
+the closing thread once the device thread stopped (the list of pinned buffers: its lock).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -42,20 +55,75 @@ Mark = Literal["start", "copied", "done"]
 """Where in a batch's launch an event is recorded: ``start`` before the copy in, ``copied``
 after it, ``done`` after the copy out."""
 
-EVENT_POLL_S = 0.0002
-"""Polling period of an event that has not fired yet, in seconds (never a stream synchronise)."""
+CUDA_HOST_REGISTER_PORTABLE = 1
+"""``cudaHostRegisterPortable``: the page-locked memory counts as pinned for every CUDA device
+(one staging pool serves all of a lane's devices)."""
 
 
 class Event(Protocol):
-    """A point on a device's work queue: ``query()`` is True once the work before it is done."""
+    """A point on a device's work queue: ``query()`` is True once the work before it is done;
+    ``synchronize()`` waits (sleeping, the GIL released) until then."""
 
     def query(self) -> bool: ...
 
+    def synchronize(self) -> None: ...
 
-def wait_for(event: Event) -> None:
-    """Poll ``event`` every :data:`EVENT_POLL_S` until it fired (returns at once if it has)."""
-    while not event.query():
-        time.sleep(EVENT_POLL_S)
+
+def service_s(busy_s: float, since_previous_done_s: float | None) -> float:
+    """A batch's device service time, ``done_i - max(start_i, done_{i-1})``, in seconds.
+
+    Args:
+        busy_s: ``done_i - start_i``, from the batch's own events.
+        since_previous_done_s: ``done_i - done_{i-1}``, the previous batch of the same worker
+            (None for the first; negative where batch ``i`` finished first, on another stream).
+
+    Returns:
+        The time the device spent on batch ``i`` alone: ``busy_s`` less the part it overlapped
+        the previous batch; never negative.
+    """
+    if since_previous_done_s is None:
+        return max(0.0, busy_s)
+    return max(0.0, min(busy_s, since_previous_done_s))
+
+
+def _cudart() -> Any:
+    """The CUDA runtime bindings torch ships (``cudaHostRegister``, ``cudaHostUnregister``)."""
+    return torch.cuda.cudart()  # type: ignore[no-untyped-call]  # unannotated in torch
+
+
+def register_host(tensor: torch.Tensor) -> None:
+    """Page-lock ``tensor``'s memory in place, exactly its bytes, portable to every device
+    (``cudaHostRegister``); a tensor of 0 bytes is left as it is.
+
+    Raises:
+        RuntimeError: CUDA refused (the CUDA error code is in the message).
+    """
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return
+    code = _cudart().cudaHostRegister(tensor.data_ptr(), nbytes, CUDA_HOST_REGISTER_PORTABLE)
+    if int(code) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {code}")
+
+
+def unregister_host(tensor: torch.Tensor) -> None:
+    """Undo :func:`register_host` (``cudaHostUnregister``); only once no copy from or to the
+    memory is in flight, and before the memory is freed."""
+    if tensor.numel() * tensor.element_size() == 0:
+        return
+    _cudart().cudaHostUnregister(tensor.data_ptr())
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised host tensor page-locked at its exact size (:func:`register_host`);
+    the caller unregisters it (:func:`unregister_host`) before it is freed.
+
+    Raises:
+        RuntimeError: CUDA refused to page-lock it.
+    """
+    tensor = torch.empty(shape, dtype=dtype)
+    register_host(tensor)
+    return tensor
 
 
 class DeviceBackend(Protocol):
@@ -64,6 +132,11 @@ class DeviceBackend(Protocol):
     @property
     def device(self) -> torch.device:
         """The torch device the worker's model runs on."""
+        ...
+
+    @property
+    def streams(self) -> int:
+        """Streams launches rotate over (1 on a CPU): warm-up runs every size on each."""
         ...
 
     @property
@@ -109,6 +182,10 @@ class DeviceBackend(Protocol):
         """Run the calling thread's next model calls yielding compute to more urgent lanes
         (``True``) or not (see :mod:`streamproc.device.admission`)."""
 
+    def close(self) -> None:
+        """Release what :meth:`host_empty` holds (CUDA: wait for the device, then unregister
+        the pinned buffers); call once no launch can follow."""
+
 
 @dataclass(frozen=True, slots=True)
 class Fired:
@@ -119,6 +196,9 @@ class Fired:
     def query(self) -> bool:
         return True
 
+    def synchronize(self) -> None:
+        """Fired already: nothing to wait for."""
+
 
 class CpuBackend:
     """The CPU: launches run on the calling thread and return when the work is done.
@@ -128,6 +208,7 @@ class CpuBackend:
     """
 
     synchronous = True
+    streams = 1
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device or torch.device("cpu")
@@ -160,6 +241,9 @@ class CpuBackend:
         """Half this thread's intra-op threads (at least one) while ``yielding``, else all."""
         self._intra_op.use(yielding)
 
+    def close(self) -> None:
+        """Nothing held: pageable buffers are freed with their tensors."""
+
 
 class CudaBackend:
     """A CUDA device: batches launched on ``streams`` streams in rotation (batch ``k`` on
@@ -186,6 +270,12 @@ class CudaBackend:
         ]
         self._launches = 0
         self._stream = self._streams[0]  # the stream of the launch in progress
+        self._pinned: list[torch.Tensor] = []  # host_empty's buffers, unregistered at close
+        self._pinned_lock = threading.Lock()
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
 
     def bind_thread(self) -> None:
         """Event queries, timings and launches on this device, not ``cuda:0``."""
@@ -199,9 +289,12 @@ class CudaBackend:
             yield
 
     def record(self, mark: Mark) -> Event:
-        """A CUDA event on the launch's stream; ``start`` and ``done`` with timing."""
+        """A CUDA event on the launch's stream; ``start`` and ``done`` with timing; blocking
+        sync (a thread waiting on it sleeps instead of spinning)."""
         timing = mark != "copied"
-        event = torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]  # as Stream
+        event = torch.cuda.Event(  # type: ignore[no-untyped-call]  # as Stream
+            enable_timing=timing, blocking=True
+        )
         event.record(self._stream)
         return event
 
@@ -211,8 +304,12 @@ class CudaBackend:
         return float(start.elapsed_time(done)) / 1000.0
 
     def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """Pinned host memory: the copy back from the device is asynchronous only into it."""
-        return torch.empty(shape, dtype=dtype, pin_memory=True)
+        """Pinned host memory of the exact size (:func:`pinned_empty`): the copy back from
+        the device is asynchronous only into it; unregistered at :meth:`close`."""
+        tensor = pinned_empty(shape, dtype)
+        with self._pinned_lock:
+            self._pinned.append(tensor)
+        return tensor
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -223,25 +320,19 @@ class CudaBackend:
     def set_yielding(self, yielding: bool) -> None:
         """Nothing to yield: the device schedules the kernels of every lane."""
 
-    @staticmethod
-    def register_host(tensor: torch.Tensor) -> None:
-        """Page-lock existing host memory for asynchronous copies (``cudaHostRegister``;
-        shared-memory staging slabs).
+    def close(self) -> None:
+        """Wait until the device is idle (no copy into a pinned buffer still in flight), then
+        unregister every buffer :meth:`host_empty` page-locked (idempotent)."""
+        with self._pinned_lock:
+            pinned, self._pinned = self._pinned, []
+        if not pinned:
+            return
+        self.synchronize()
+        for tensor in pinned:
+            unregister_host(tensor)
 
-        Raises:
-            RuntimeError: CUDA refused (the CUDA error code is in the message).
-        """
-        nbytes = tensor.numel() * tensor.element_size()
-        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # unannotated in torch
-        code = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, 0)
-        if int(code) != 0:
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {code}")
-
-    @staticmethod
-    def unregister_host(tensor: torch.Tensor) -> None:
-        """Undo :meth:`register_host` (``cudaHostUnregister``) before the memory is freed."""
-        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # unannotated in torch
-        cudart.cudaHostUnregister(tensor.data_ptr())
+    register_host = staticmethod(register_host)
+    unregister_host = staticmethod(unregister_host)
 
 
 def backend_for(device: torch.device, streams: int) -> DeviceBackend:

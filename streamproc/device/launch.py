@@ -2,7 +2,7 @@
 
 ::
 
-    with backend.launch():                        # CUDA: the next stream is current
+    with backend.launch(), inference_mode():      # CUDA: the next stream is current
         start   <- record                          # device time starts
         x = slab rows 0..n-1 -> device              # non_blocking (pinned slab on CUDA)
         copied  <- record                          # once fired, the slab may be reused
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from streamproc.device.backend import DeviceBackend, Event
 from streamproc.device.jobs import DeviceJob
@@ -86,11 +88,35 @@ class Launcher:
         Raises:
             FatalPipelineError: the pipeline must stop (see :class:`PartRunner`).
         """
-        n = len(job.batch)
+        ran = self.run(model, job.slab.tensor, len(job.batch), slot)
+        if ran.outcome.calls > 1 and self._on_outcome is not None:
+            self._on_outcome(ran.outcome)
+        failed, error = _failures(job, ran.outcome)
+        return Launched(
+            job,
+            slot,
+            ran.start,
+            ran.copied,
+            ran.done,
+            ran.has_outputs and error is None,
+            failed,
+            error,
+            ran.outcome.calls,
+        )
+
+    def run(self, model: ModelFn, rows: torch.Tensor, n: int, slot: int) -> Ran:
+        """Copy rows ``0..n-1`` of the host tensor ``rows`` to the device, run ``model`` on
+        them under ``torch.inference_mode()`` (no autograd graph, whatever the model does),
+        copy the outputs into output set ``slot``, with the backend's three events: one launch,
+        the same path for live batches and start-up timings.
+
+        Raises:
+            FatalPipelineError: the pipeline must stop (see :class:`PartRunner`).
+        """
         backend = self._backend
-        with backend.launch():
+        with backend.launch(), torch.inference_mode():
             start = backend.record("start")
-            x = job.slab.tensor[:n].to(backend.device, non_blocking=True)
+            x = rows[:n].to(backend.device, non_blocking=True)
             copied = backend.record("copied")
             has_outputs = False
 
@@ -107,21 +133,20 @@ class Launcher:
                     dst[lo:hi].copy_(src, non_blocking=True)
 
             outcome = self._runner.run(n, call)
-            if outcome.calls > 1 and self._on_outcome is not None:
-                self._on_outcome(outcome)
-            failed, error = _failures(job, outcome)
             done = backend.record("done")
-        return Launched(
-            job,
-            slot,
-            start,
-            copied,
-            done,
-            has_outputs and error is None,
-            failed,
-            error,
-            outcome.calls,
-        )
+        return Ran(start, copied, done, outcome, has_outputs)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What one :meth:`Launcher.run` queued: its three events, the part runner's outcome, and
+    whether any rows' outputs were copied into the output set."""
+
+    start: Event
+    copied: Event
+    done: Event
+    outcome: Outcome
+    has_outputs: bool
 
 
 def _failures(job: DeviceJob, outcome: Outcome) -> tuple[dict[int, RecordError], ModelError | None]:

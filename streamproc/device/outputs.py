@@ -4,9 +4,9 @@ A worker has ``count`` sets (its ``max_in_flight``). The device thread takes a f
 launches a batch (waiting while all are held), the model's outputs are copied into rows
 ``0..n-1`` of the set's buffers (one ``(rows, *output_shape)`` tensor per model output, made by
 the backend: pinned on CUDA), and the set is given back once the batch's results were handled
-(the ``release`` handed over with them). A set is allocated at its first use and again only
-when the model's output shapes or dtypes change, so :attr:`OutputSets.allocations` stays flat
-after warm-up.
+(the ``release`` handed over with them). Every set is allocated at warm-up
+(:meth:`OutputSets.prepare`) and again only when the model's output shapes or dtypes change, so
+:attr:`OutputSets.allocations` stays flat after warm-up.
 
 Ownership: the free sets and the batch holding each belong to :class:`OutputSets` (its
 condition; a leaf lock). The buffers of a held set belong to the batch holding it.
@@ -75,11 +75,21 @@ class OutputSets:
                 for b, o in zip(bufs, outputs, strict=False)
             )
         ):
-            bufs = tuple(self._host_empty((self.rows, *o.shape[1:]), o.dtype) for o in outputs)
+            # plain tensors even when called under inference mode (the launch): written in
+            # place by every later batch, read through numpy
+            with torch.inference_mode(False):
+                bufs = tuple(self._host_empty((self.rows, *o.shape[1:]), o.dtype) for o in outputs)
             self.allocations += len(bufs)
             self._buffers[index] = bufs
             self._arrays[index] = tuple(b.numpy() for b in bufs)
         return bufs
+
+    def prepare(self, outputs: tuple[torch.Tensor, ...]) -> None:
+        """Allocate every set's buffers for model ``outputs`` (each ``(n, *shape)``) now, on
+        the calling thread (the device thread, at warm-up), rather than at each set's first
+        batch."""
+        for index in range(self.count):
+            self.buffers(index, outputs)
 
     def views(self, index: int, n: int) -> tuple[np.ndarray, ...]:
         """Numpy views of rows ``0..n-1`` of set ``index`` (made once per set, sliced here)."""

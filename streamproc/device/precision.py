@@ -34,8 +34,8 @@ Where each runs (:func:`check_precision`, at start-up):
 precision  cpu                             cuda
 =========  ==============================  ====================================================
 fp32       yes                             yes
-bf16       yes (warns without native bf16  when ``torch.cuda.is_bf16_supported()`` (Ampere on)
-           kernels: it is then emulated)
+bf16       yes (warns without native bf16  on compute capability 8.0 or newer (Ampere on),
+           kernels: it is then emulated)    of the worker's GPU (not ``is_bf16_supported()``)
 fp16       refused: emulated on CPUs        yes
            without native fp16 kernels
 int8       when torch has a quantized       refused: the dynamic int8 kernels are CPU-only
@@ -65,6 +65,9 @@ AUTOCAST_DTYPES: dict[Precision, torch.dtype] = {"bf16": torch.bfloat16, "fp16":
 
 _QUANTIZED_ENGINES = ("x86", "fbgemm", "qnnpack", "onednn")
 
+BF16_CAPABILITY = (8, 0)
+"""The first CUDA compute capability with bf16 tensor-core hardware (Ampere)."""
+
 
 def supported_precisions(device: torch.device) -> tuple[Precision, ...]:
     """The precisions :func:`check_precision` accepts on ``device`` (see the module table)."""
@@ -74,7 +77,7 @@ def supported_precisions(device: torch.device) -> tuple[Precision, ...]:
             found.append("int8")
         return tuple(found)
     if device.type == "cuda":
-        bf16: tuple[Precision, ...] = ("bf16",) if torch.cuda.is_bf16_supported() else ()
+        bf16: tuple[Precision, ...] = ("bf16",) if _native_cuda_bf16(device) else ()
         return ("fp32", *bf16, "fp16")
     return ("fp32",)
 
@@ -132,7 +135,14 @@ def check_precision(
     elif precision == "int8":
         why = "this torch build has no quantized CPU engine (x86, fbgemm or qnnpack)"
     elif precision == "bf16" and device.type == "cuda":
-        why = "this GPU has no bf16 support (torch.cuda.is_bf16_supported() is False)"
+        found = "none found"
+        if torch.cuda.is_available():
+            found = "compute capability {}.{}".format(*torch.cuda.get_device_capability(device))
+        why = (
+            f"{device} ({found}) has no bf16 hardware: bf16 needs "
+            f"compute capability {BF16_CAPABILITY[0]}.{BF16_CAPABILITY[1]} or newer (older "
+            "GPUs emulate it)"
+        )
     else:
         why = f"{precision} is not supported on {device.type}"
     raise ConfigError(
@@ -232,6 +242,16 @@ def _quantized_engine() -> str | None:
     if current in _QUANTIZED_ENGINES:
         return current
     return next((e for e in _QUANTIZED_ENGINES if e in supported), None)
+
+
+def _native_cuda_bf16(device: torch.device) -> bool:
+    """Whether ``device`` (the worker's GPU, not the current one) has bf16 hardware: compute
+    capability 8.0 or newer. ``torch.cuda.is_bf16_supported()`` is not the test: since torch
+    2.4 it reports True on Volta and Turing, where bf16 is emulated, and it asks about the
+    current device."""
+    if not torch.cuda.is_available():
+        return False  # no GPU to ask (the device itself is refused elsewhere)
+    return torch.cuda.get_device_capability(device) >= BF16_CAPABILITY
 
 
 def _native_cpu(kind: Literal["bf16", "fp16"]) -> bool:

@@ -3,8 +3,9 @@
 Each buffer ("slab") holds one batch: ``(max_batch_size, *item_shape)`` of ``item_dtype``.
 With ``shared=True`` the slabs live in POSIX shared memory (``multiprocessing.shared_memory``),
 so decode processes can write into them (``worker.decode_mode: process``); with CUDA they are
-then page-locked in place (:meth:`~streamproc.device.backend.CudaBackend.register_host`) instead
-of allocated pinned.
+and private slabs alike are page-locked in place at their exact size
+(:func:`~streamproc.device.backend.register_host`, portable to every device) rather than
+allocated with ``pin_memory=True`` (which rounds each up to a power of two).
 
 All slabs are allocated up front; :attr:`StagingPool.allocations` counts every host buffer the
 pool ever allocated, so a test or metric can prove nothing is allocated after warm-up.
@@ -31,7 +32,7 @@ from multiprocessing import shared_memory
 import numpy as np
 import torch
 
-from streamproc.device.backend import CudaBackend
+from streamproc.device.backend import register_host, unregister_host
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 
@@ -137,10 +138,12 @@ class StagingPool:
                 array = np.ndarray(self.shape, dtype=self.dtype, buffer=shm.buf)
                 tensor = torch.from_numpy(array)
                 if pin:
-                    CudaBackend.register_host(tensor)
+                    register_host(tensor)
             else:
-                tensor = torch.empty(self.shape, dtype=torch_dtype, pin_memory=pin)
+                tensor = torch.empty(self.shape, dtype=torch_dtype)
                 array = tensor.numpy()
+                if pin:
+                    register_host(tensor)
             self.allocations += 1
             self._slabs.append(Slab(index, tensor, array))
         self._free = list(reversed(self._slabs))
@@ -153,11 +156,23 @@ class StagingPool:
         return tuple(shm.name for shm in self._shared)
 
     def close(self) -> None:
-        """Free shared-memory slabs (unlink their names); a no-op for private slabs."""
-        if self.pinned and self._shared:
+        """Unregister the pinned slabs that are back in the pool, free shared-memory slabs
+        (unlink their names). A slab still leased may have a copy in flight: it stays
+        page-locked (freed with the process) and a warning names its batch."""
+        if self.pinned:
+            with self._cond:
+                leased = dict(self._leased)
             for slab in self._slabs:
+                if slab.index in leased:
+                    log.warning(
+                        "staging slab still leased at close: left page-locked",
+                        pool=self.name,
+                        slab=slab.index,
+                        batch_id=leased[slab.index],
+                    )
+                    continue
                 with contextlib.suppress(Exception):
-                    CudaBackend.unregister_host(slab.tensor)
+                    unregister_host(slab.tensor)
         self._slabs.clear()
         self._free.clear()
         for shm in self._shared:

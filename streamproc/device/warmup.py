@@ -1,6 +1,14 @@
-"""The model's runs before traffic, on zero rows, synchronously on the calling thread (the
-starting thread, before the device thread starts): the warm-up, and the start-up timings the
-adaptive batch size is calibrated on.
+"""The model's runs before traffic, on zero rows, on the worker's device thread (asked for by
+:meth:`~streamproc.device.DeviceWorker.start` and :meth:`~streamproc.device.DeviceWorker.time_batch`
+and waited for there): the warm-up, and the start-up timings the adaptive batch size is
+calibrated on.
+
+They run where live batches run, so that they warm what live batches use: on the device thread
+(its current device, its per-thread cuBLAS/cuDNN handles) and, for every size, on each of the
+backend's streams (the caching allocator keeps blocks per stream); the output buffer sets are
+allocated there too. The timings go through the live launch
+(:meth:`~streamproc.device.launch.Launcher.run`: copy in, model, copy out into the pinned
+outputs) and its events, so calibration and live device times are on one scale.
 
 The staging slab they run on is leased from the worker's pool and given back before they
 return (after the device is synchronised: nothing still reads it).
@@ -8,12 +16,14 @@ return (after the device is synchronised: nothing still reads it).
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 import torch
 
 from streamproc.device.backend import DeviceBackend
-from streamproc.device.recovery import DeviceOutOfMemoryError, PartRunner, is_out_of_memory
+from streamproc.device.launch import Launcher
+from streamproc.device.outputs import OutputSets
+from streamproc.device.recovery import DeviceOutOfMemoryError, is_out_of_memory
 from streamproc.device.staging import Slab, StagingPool
 from streamproc.errors import ModelError
 from streamproc.logs import get_logger
@@ -22,11 +32,24 @@ from streamproc.workloads.base import ModelFn
 log = get_logger(__name__)
 
 
-def warm_up(model: ModelFn, backend: DeviceBackend, pool: StagingPool, label: str) -> int | None:
+def warm_up(
+    model: ModelFn,
+    backend: DeviceBackend,
+    pool: StagingPool,
+    label: str,
+    prepare: Callable[[tuple[torch.Tensor, ...]], None],
+) -> int | None:
     """Run ``model`` once per batch size the adaptive batcher may try (powers of two up to the
-    slab's rows, and the rows) on zeros: the first call of a new shape pays one-off costs
-    (oneDNN primitives, cuDNN autotuning) that would otherwise skew the batcher's first
-    measurements and the first batches' latency.
+    slab's rows, and the rows) and per stream of ``backend``, on zeros: the first call of a
+    new shape pays one-off costs (oneDNN primitives, cuDNN autotuning, the stream's first
+    allocations) that would otherwise skew the batcher's first measurements and the first
+    batches' latency. ``prepare`` gets the outputs of the largest batch that ran (the output
+    buffer sets are allocated from them).
+
+    The device's cached memory is released first: what start-up left cached on the default
+    stream (model loading) is given back, and what the warm-up caches on the worker's streams
+    stays (releasing it afterwards would undo the warm-up: the cache is not released per
+    stream).
 
     A size that runs out of device memory ends the warm-up there: the largest batch that fits
     is found by bisection between the last size that ran and that one, and one warning says so.
@@ -43,13 +66,14 @@ def warm_up(model: ModelFn, backend: DeviceBackend, pool: StagingPool, label: st
     assert slab is not None
     rows = pool.rows
     sizes = sorted({*(2**i for i in range(rows.bit_length()) if 2**i <= rows), rows})
+    backend.release_memory()
     try:
         slab.array[...] = 0
         with torch.inference_mode():
-            fits = 0
+            fits, ran = 0, None
             for size in sizes:
                 try:
-                    model(slab.tensor[:size].to(backend.device))
+                    ran = _on_every_stream(model, backend, slab, size)
                 except Exception as exc:
                     if is_out_of_memory(exc):
                         break
@@ -58,9 +82,13 @@ def warm_up(model: ModelFn, backend: DeviceBackend, pool: StagingPool, label: st
                     log.warning("model warm-up failed", batch_size=size, error=repr(exc))
                 fits = size
             else:
+                if ran is not None:
+                    prepare(ran)
                 return None
             backend.release_memory()
             largest = _largest_fit(model, backend, slab, fits, size, label)
+            if ran is not None:
+                prepare(ran)
         log.warning(
             "batch size capped: the device ran out of memory at warm-up",
             device=label,
@@ -81,7 +109,7 @@ def _largest_fit(
     while fails - fits > 1:
         size = (fits + fails) // 2
         try:
-            model(slab.tensor[:size].to(backend.device))
+            _on_every_stream(model, backend, slab, size)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -100,12 +128,30 @@ def _largest_fit(
     return fits
 
 
+def _on_every_stream(
+    model: ModelFn, backend: DeviceBackend, slab: Slab, size: int
+) -> tuple[torch.Tensor, ...]:
+    """``model`` on rows ``0..size-1`` of ``slab``, once in a launch on each stream; the last
+    call's outputs."""
+    outputs: tuple[torch.Tensor, ...] = ()
+    for _ in range(backend.streams):
+        with backend.launch():
+            outputs = model(slab.tensor[:size].to(backend.device, non_blocking=True))
+    return outputs
+
+
 def time_batch(
-    model: ModelFn, backend: DeviceBackend, pool: StagingPool, runner: PartRunner, size: int
+    model: ModelFn,
+    backend: DeviceBackend,
+    launcher: Launcher,
+    pool: StagingPool,
+    outputs: OutputSets,
+    size: int,
 ) -> float:
-    """Device seconds of ``model`` on one batch of ``size`` zero rows: copy in, model,
-    device synchronised. A batch that runs out of memory runs in parts through ``runner`` (as
-    a live batch would, lowering its cap); the time covers them all.
+    """Device seconds of ``model`` on one batch of ``size`` zero rows, from the events of a live
+    launch (:meth:`Launcher.run`: copy in, model, copy out; ``start`` to ``done``). A batch that
+    runs out of memory runs in parts (as a live batch would, lowering the cap); the time
+    covers them all.
 
     Raises:
         ValueError: ``size`` is not within 1..the staging slab's rows.
@@ -115,20 +161,15 @@ def time_batch(
         raise ValueError(f"batch size {size} outside 1..{pool.rows}")
     slab = pool.lease()
     assert slab is not None
+    slot = outputs.take(-1)
     try:
         slab.array[:size] = 0
-        with torch.inference_mode():
-            started_s = time.perf_counter()
-            x = slab.tensor[:size].to(backend.device)
-            outcome = runner.run(size, lambda lo, hi: _discard(model(x[lo:hi])))
-            backend.synchronize()
-            seconds = time.perf_counter() - started_s
-        if outcome.failed:
-            raise ModelError(f"model failed on zeros: {next(iter(outcome.failed.values()))}")
-        return seconds
+        ran = launcher.run(model, slab.tensor, size, slot)
+        ran.done.synchronize()
+        if ran.outcome.failed:
+            failure = next(iter(ran.outcome.failed.values()))
+            raise ModelError(f"model failed on zeros: {failure}")
+        return backend.elapsed_s(ran.start, ran.done)
     finally:
+        outputs.give_back(slot)
         pool.release(slab)
-
-
-def _discard(outputs: tuple[torch.Tensor, ...]) -> None:
-    """A timing run's outputs are not kept."""

@@ -11,9 +11,23 @@ Who waits for the events is the backend's one choice
 
 * synchronous (CPU: a launch returns with its work done and its events fired): the device
   thread completes each batch itself, right after its launch; there is no other thread;
-* asynchronous (CUDA): ``completion-<label>`` polls the events (``query()``); no thread ever
-  synchronises a stream, and event polling and slab release never wait on a slow encode or a
-  full producer queue: only the output buffer sets wait for the result thread.
+* asynchronous (CUDA): two threads wait on the events, each in launch order, sleeping (blocking
+  sync events, the GIL released; no polling): ``slabs-<label>`` on each batch's ``copied``,
+  giving its slab back (a batch's slab never waits for an earlier batch's compute), and
+  ``completion-<label>`` on each batch's ``done``, completing it. No thread synchronises a
+  stream, and event waits and slab release never wait on a slow encode or a full producer
+  queue: only the output buffer sets wait for the result thread. (Host-to-device copies run in
+  launch order on the copy engine, so waiting on the copies in that order costs nothing.)
+
+Start-up runs on the device thread too: :meth:`DeviceWorker.start` and
+:meth:`DeviceWorker.time_batch` queue their work (the warm-up on every stream, the output buffer
+sets' allocation, the calibration timings through the live launch; :mod:`~streamproc.device.warmup`)
+ahead of any batch and wait for it.
+
+A batch's device time (``DeviceResult.inference_s``) is its service time,
+``done_i - max(start_i, done_{i-1})`` (:func:`~streamproc.device.backend.service_s`): what the
+busy gauge, placement and the adaptive batcher learn from, never more than the wall time the
+device worked.
 
 A lane's :class:`~streamproc.device.resequencer.Resequencer` takes the results of every device of
 the lane and calls the result handler in cut order on its own thread, then ``release``.
@@ -37,12 +51,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
 
 import torch
 
 from streamproc.device import warmup
 from streamproc.device.admission import AdmissionGate
-from streamproc.device.backend import EVENT_POLL_S, DeviceBackend, backend_for, wait_for
+from streamproc.device.backend import DeviceBackend, Event, backend_for, service_s
 from streamproc.device.jobs import DeviceJob, DeviceResult, Release
 from streamproc.device.launch import Launched, Launcher
 from streamproc.device.outputs import OutputSets
@@ -50,6 +66,10 @@ from streamproc.device.recovery import BatchCap, OnModelFailure, Outcome, PartRu
 from streamproc.device.staging import PoolLeak, StagingPool
 from streamproc.errors import FatalPipelineError
 from streamproc.workloads.base import ModelFn
+
+T = TypeVar("T")
+Task = Callable[[], None]
+"""Start-up work queued for the device thread (:meth:`DeviceWorker._on_device`)."""
 
 
 class DeviceWorker:
@@ -132,17 +152,20 @@ class DeviceWorker:
         self._launcher = Launcher(self.backend, self.outputs, self.runner, on_outcome)
         # Unbounded and C-level (no Python condition per put/get): the caller bounds what is
         # queued (DeviceLoad counts a batch from placement to release, <= max_in_flight).
-        self._jobs: queue.SimpleQueue[DeviceJob | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[DeviceJob | Task | None] = queue.SimpleQueue()
         self._inflight: deque[Launched] = deque()  # asynchronous backends (under _cond)
+        self._copying: deque[Launched] = deque()  # their slabs not yet back (under _cond)
         self._cond = threading.Condition()
         self._unfinished = 0  # batches submitted and not yet released (under _cond)
         self._stopping = False
+        self._last_done: Event | None = None  # the thread completing batches owns it
         self._threads = [self._thread(self._launch_loop, "device")]
         if self.backend.synchronous:
             self._hand_over = self._complete_now
         else:
             self._hand_over = self._inflight_append
             self._threads.append(self._thread(self._completion_loop, "completion"))
+            self._threads.append(self._thread(self._slab_loop, "slabs"))
 
     @property
     def output_allocations(self) -> int:
@@ -161,33 +184,67 @@ class DeviceWorker:
 
         return threading.Thread(target=run, name=f"{role}-{self.label}", daemon=True)
 
-    def start(self) -> None:
-        """Warm the model up (first-call allocations and kernel selection happen here, not on
-        the first real batch), then start the device thread (and, on an asynchronous backend,
-        the completion thread)."""
-        self.warm_up()
-        for thread in self._threads:
-            thread.start()
+    def start(self, timeout_s: float | None = None) -> None:
+        """Start the device thread (and, on an asynchronous backend, the completion thread),
+        and warm the model up there before any batch: once per batch size the adaptive batcher
+        may try and per stream, on zeros (:func:`streamproc.device.warmup.warm_up`; first-call
+        allocations and kernel selection happen here, not on the first real batch), and
+        allocate the output buffer sets. Where a size runs out of device memory, the worker's
+        batch cap is set to the largest batch that fits (its ceiling for the process's life)
+        and ``on_cap`` tells the lane.
 
-    def warm_up(self) -> None:
-        """Run the model on zeros once per batch size the adaptive batcher may try
-        (:func:`streamproc.device.warmup.warm_up`). Where a size runs out of device memory,
-        the worker's batch cap is set to the largest batch that fits (its ceiling for the
-        process's life) and ``on_cap`` tells the lane.
+        Args:
+            timeout_s: the most seconds to wait for the warm-up (None: no limit).
 
         Raises:
             DeviceOutOfMemoryError: not even one row fits on the device.
+            TimeoutError: the warm-up took longer than ``timeout_s``.
             Exception: whatever the model raised on the largest size tried.
+            (The worker is closed before any of these is raised.)
         """
-        largest = warmup.warm_up(self.model, self.backend, self.pool, self.label)
+        for thread in self._threads:
+            thread.start()
+        try:
+            self._on_device(self._warm_up_here, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _warm_up_here(self) -> None:
+        """The warm-up, on the device thread."""
+        largest = warmup.warm_up(
+            self.model, self.backend, self.pool, self.label, self.outputs.prepare
+        )
         if largest is not None:
             self.cap.fit(largest)
             self._on_cap(largest)
 
+    def _on_device(self, task: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Run ``task`` on the device thread, after what is queued before it, and return what
+        it returned (or raise what it raised).
+
+        Raises:
+            RuntimeError: the worker is not started, or is closed.
+            TimeoutError: no answer within ``timeout_s``.
+        """
+        if self._threads[0].ident is None or self._stopping:
+            raise RuntimeError(f"device worker {self.label} is not running (start() it first)")
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(task())
+            except BaseException as exc:  # raised in the waiting thread
+                future.set_exception(exc)
+
+        self._jobs.put(run)
+        return future.result(timeout_s)
+
     def time_batch(self, size: int) -> float:
-        """Device seconds of the model on one batch of ``size`` zero rows (copy in, model,
-        synchronised), run synchronously on the calling thread; call after :meth:`start`
-        (which warms the model up) and before the first :meth:`submit`.
+        """Device seconds of the model on one batch of ``size`` zero rows, run on the device
+        thread through the live launch (copy in, model, copy out; its ``start`` to ``done``
+        events, the scale of live device times); call after :meth:`start` (which warms the
+        model up) and before the first :meth:`submit`.
 
         The start-up calibration of the adaptive batch size is built on this: the lane asks
         for the sizes it needs measured, instead of exploring on live traffic (where messages
@@ -197,8 +254,13 @@ class DeviceWorker:
         Raises:
             ValueError: ``size`` is not within 1..the staging slab's rows.
             ModelError: the model raised on zeros.
+            RuntimeError: the worker is not started.
         """
-        return warmup.time_batch(self.model, self.backend, self.pool, self.runner, size)
+        return self._on_device(
+            lambda: warmup.time_batch(
+                self.model, self.backend, self._launcher, self.pool, self.outputs, size
+            )
+        )
 
     def submit(self, job: DeviceJob) -> None:
         """Queue a decoded batch for the device (never blocks: the caller keeps at most
@@ -216,6 +278,9 @@ class DeviceWorker:
         self.backend.bind_thread()
         stopped = False
         while (job := self._jobs.get()) is not None:
+            if not isinstance(job, DeviceJob):  # start-up work (_on_device)
+                job()
+                continue
             if stopped:  # after a fatal error: later batches are dropped, buffers given back
                 self._drop(job)
                 continue
@@ -262,39 +327,50 @@ class DeviceWorker:
         """A synchronous backend: the batch's events have fired when its launch returned (a
         test's backend may fire them later: wait for them here), so the device thread gives
         the slab back and completes the batch itself."""
-        wait_for(item.copied)
+        item.copied.synchronize()
         self.pool.release(item.job.slab)
         item.slab_released = True
-        wait_for(item.done)
+        item.done.synchronize()
         self._complete(item)
 
     def _inflight_append(self, item: Launched) -> None:
-        """An asynchronous backend: the completion thread takes it from here."""
+        """An asynchronous backend: the slab and completion threads take it from here."""
         with self._cond:
             self._inflight.append(item)
+            self._copying.append(item)
             self._cond.notify_all()
 
     # -- completion thread (asynchronous backends) -----------------------------------------
     def _completion_loop(self) -> None:
+        """Per batch in launch order: wait (sleeping) on its ``done`` event, complete it."""
         self.backend.bind_thread()
-        while True:
-            with self._cond:
-                while not self._inflight:
-                    if self._stopping:
-                        return
-                    self._cond.wait(0.1)
-                items = list(self._inflight)
-            for item in items:
-                if not item.slab_released and item.copied.query():
-                    self.pool.release(item.job.slab)
-                    item.slab_released = True
-            head = items[0]
-            if not head.slab_released or not head.done.query():
-                time.sleep(EVENT_POLL_S)  # polling, never a stream synchronize
-                continue
+        while (head := self._next(self._inflight)) is not None:
+            head.done.synchronize()
             with self._cond:
                 self._inflight.popleft()
             self._complete(head)
+
+    # -- slab thread (asynchronous backends) -----------------------------------------------
+    def _slab_loop(self) -> None:
+        """Per batch in launch order: wait (sleeping) on its ``copied`` event, give its staging
+        slab back."""
+        self.backend.bind_thread()
+        while (item := self._next(self._copying)) is not None:
+            item.copied.synchronize()
+            self.pool.release(item.job.slab)
+            with self._cond:
+                self._copying.popleft()
+                item.slab_released = True
+
+    def _next(self, items: deque[Launched]) -> Launched | None:
+        """The first of ``items`` once there is one (left in place); None once the worker
+        stops with none left."""
+        with self._cond:
+            while not items:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            return items[0]
 
     def _complete(self, item: Launched) -> None:
         """Hand a finished batch (events fired, slab back) to ``on_complete``: numpy views of
@@ -305,10 +381,18 @@ class DeviceWorker:
             outputs=self.outputs.views(item.out_slot, n) if item.has_outputs else (),
             failed=item.failed,
             error=item.error,
-            inference_s=self.backend.elapsed_s(item.start, item.done),
+            inference_s=self._service_s(item),
             model_calls=item.model_calls,
         )
         self.on_complete(result, self._releaser(item.out_slot))
+
+    def _service_s(self, item: Launched) -> float:
+        """The batch's device service time (:func:`service_s`; batches complete in launch
+        order, so the previous ``done`` is the one completed before)."""
+        busy_s = self.backend.elapsed_s(item.start, item.done)
+        previous, self._last_done = self._last_done, item.done
+        since = None if previous is None else self.backend.elapsed_s(previous, item.done)
+        return service_s(busy_s, since)
 
     def _releaser(self, slot: int) -> Release:
         """The ``release`` of one completed batch: its output buffer set goes back (once)."""
@@ -350,3 +434,8 @@ class DeviceWorker:
         for thread in self._threads[1:]:
             if thread.ident is not None:
                 thread.join(max(0.0, deadline_s - time.monotonic()))
+        if any(thread.is_alive() for thread in self._threads):
+            # a batch may still be in flight: its pinned buffers stay registered (freed with
+            # the process), never unregistered under a copy
+            return
+        self.backend.close()

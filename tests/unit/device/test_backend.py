@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+import structlog
 import torch
 
 from streamproc.device import (
@@ -24,7 +25,7 @@ from streamproc.device import (
     Release,
     StagingPool,
 )
-from streamproc.device.backend import Fired, backend_for
+from streamproc.device.backend import Fired, backend_for, service_s
 from streamproc.records import Batch, Record, TopicPartition
 from tests.support.waiting import wait_until
 
@@ -83,6 +84,7 @@ class FakeCuda:
     current: FakeStream | None = None
     register_code: int = 0
     clock_ms: float = 0.0
+    registered: dict[int, tuple[int, int]] = field(default_factory=dict)  # ptr -> bytes, flags
 
     def Stream(self, device: torch.device) -> FakeStream:  # torch.cuda's name
         self.streams.append(FakeStream(device))
@@ -110,11 +112,16 @@ class FakeCuda:
 
     def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:  # the CUDA runtime's name
         self.calls.append(("cudaHostRegister", nbytes))
+        self.registered[ptr] = (nbytes, flags)
         return self.register_code
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # the CUDA runtime's name
+        self.calls.append(("cudaHostUnregister", self.registered.pop(ptr)[0]))
+        return 0
 
     def fire(self, *events: FakeEvent) -> None:
         for event in events:
-            event.fired = True
+            event.fired.set()
 
 
 class FakeEvent:
@@ -122,9 +129,14 @@ class FakeEvent:
 
     cuda: FakeCuda
 
-    def __init__(self, enable_timing: bool = False) -> None:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
         self.timing = enable_timing
-        self.fired = self.cuda.auto_fire
+        self.blocking = blocking
+        self.fired = threading.Event()
+        if self.cuda.auto_fire:
+            self.fired.set()
+        self.queries = 0
+        self.waiting = threading.Event()  # a thread waits in synchronize()
         self.stream: FakeStream | None = None
         self.at_ms = 0.0
         self.cuda.events.append(self)
@@ -136,10 +148,16 @@ class FakeEvent:
         self.at_ms = self.cuda.clock_ms
 
     def query(self) -> bool:
-        return self.fired
+        self.queries += 1
+        return self.fired.is_set()
+
+    def synchronize(self) -> None:
+        assert self.blocking, "a wait on an event that spins instead of sleeping"
+        self.waiting.set()
+        assert self.fired.wait(30), "the test never fired the event"
 
     def elapsed_time(self, end: FakeEvent) -> float:
-        assert self.timing and end.timing and self.fired and end.fired
+        assert self.timing and end.timing and self.fired.is_set() and end.fired.is_set()
         return end.at_ms - self.at_ms
 
 
@@ -204,9 +222,10 @@ class HostCudaBackend(CudaBackend):
 def test_on_cuda_slabs_return_when_copied_fires_and_batches_complete_in_order(
     fake_cuda: FakeCuda,
 ) -> None:
-    """The worker's asynchronous path: a completion thread returns each slab once its copy
-    event fired, whatever the batch order, and completes batches in submission order once
-    their done events fired; the device time is the start-to-done event time."""
+    """The worker's asynchronous path: the slab thread returns each slab once its copy event
+    fired, without waiting for an earlier batch's compute; the completion thread completes
+    batches in submission order once their done events fired; the device time is the
+    start-to-done event time (the batches do not overlap here)."""
     fake_cuda.auto_fire = False
     pool = StagingPool(2, rows=2, item_shape=(2,), dtype=np.dtype(np.float32), pin=False)
     host = torch.device("cpu")
@@ -232,11 +251,13 @@ def test_on_cuda_slabs_return_when_copied_fires_and_batches_complete_in_order(
         fake_cuda.events[3:],
     )
     assert start1.stream is not start2.stream  # two streams: copy and compute overlap
-    fake_cuda.fire(copied2)
-    wait_until(lambda: pool.leak().batch_ids == (1,), "batch 2's slab back before batch 1's")
-    fake_cuda.fire(start2, done2)
+    fake_cuda.fire(start1, copied1)
+    wait_until(lambda: pool.leak().batch_ids == (2,), "batch 1's slab back before its compute")
+    fake_cuda.fire(start2, copied2)  # batch 1 still computing (done1 not fired)
+    wait_until(lambda: pool.in_use == 0, "batch 2's slab back while batch 1 computes")
+    fake_cuda.fire(done2)
     assert results.empty()  # batch 1 first
-    fake_cuda.fire(start1, copied1, done1)
+    fake_cuda.fire(done1)
     handed = [results.get(timeout=10) for _ in range(2)]
     worker.close()
     assert [r.batch.batch_id for r, _, _ in handed] == [1, 2]
@@ -246,4 +267,185 @@ def test_on_cuda_slabs_return_when_copied_fires_and_batches_complete_in_order(
         assert result.inference_s == pytest.approx(0.002)  # start to done, 2 fake ms
     assert pool.in_use == 0 and worker.output_leak().missing == 0
     bound = {call[1] for call in fake_cuda.calls if call[0] == "set_device"}
-    assert bound == {(host, "device-cuda:0"), (host, "completion-cuda:0")}
+    assert bound == {(host, f"{role}-cuda:0") for role in ("device", "completion", "slabs")}
+
+
+# -- issue 29: the CUDA path before a GPU runs it -------------------------------------------------
+
+
+class RecordingCudaBackend(HostCudaBackend):
+    """:class:`HostCudaBackend` noting the thread of every output buffer allocation."""
+
+    def __init__(self, device: torch.device, streams: int) -> None:
+        super().__init__(device, streams)
+        self.allocated_on: list[str] = []
+
+    def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        self.allocated_on.append(threading.current_thread().name)
+        return super().host_empty(shape, dtype)
+
+
+def cuda_worker(
+    fake_cuda: FakeCuda, model: object, rows: int = 4, on_complete: object = None
+) -> tuple[DeviceWorker, RecordingCudaBackend, StagingPool]:
+    pool = StagingPool(3, rows=rows, item_shape=(2,), dtype=np.dtype(np.float32), pin=False)
+    backend = RecordingCudaBackend(torch.device("cpu"), 2)
+    worker = DeviceWorker(
+        model,  # type: ignore[arg-type]
+        backend.device,
+        pool,
+        2,
+        2,
+        on_complete or (lambda result, release: release()),  # type: ignore[arg-type]
+        print,
+        backend,
+        label="cuda:0",
+    )
+    return worker, backend, pool
+
+
+def test_warm_up_runs_on_the_device_thread_on_every_stream_and_allocates_the_outputs(
+    fake_cuda: FakeCuda,
+) -> None:
+    # Issue 29: warm-up ran on the starting thread and the default stream, so the first live
+    # batches on each stream allocated (the caching allocator is per stream) and created their
+    # per-thread handles; the output buffers were allocated lazily by the first batches.
+    def model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        stream = next(i for i, st in enumerate(fake_cuda.streams) if st is fake_cuda.current)
+        fake_cuda.calls.append(("model", (x.shape[0], stream, threading.current_thread().name)))
+        return (x.sum(dim=1),)
+
+    worker, backend, _ = cuda_worker(fake_cuda, model, rows=4)
+    worker.start()
+    try:
+        runs = [args for name, args in fake_cuda.calls if name == "model"]
+        # every size (1, 2, 4) once per stream, all on the device thread
+        assert sorted((n, stream) for n, stream, _ in runs) == [
+            (n, stream) for n in (1, 2, 4) for stream in (0, 1)
+        ]
+        assert {thread for _, _, thread in runs} == {"device-cuda:0"}
+        names = [name for name, _ in fake_cuda.calls]
+        # bound to its GPU and the start-up cache released before the first model call
+        first = names.index("model")
+        device_bound = [
+            i for i, (name, args) in enumerate(fake_cuda.calls)
+            if name == "set_device" and args[1] == "device-cuda:0"  # type: ignore[index]
+        ]  # fmt: skip
+        assert device_bound and device_bound[0] < names.index("empty_cache") < first
+        # both output buffer sets exist before the first batch, allocated there
+        assert worker.output_allocations == 2
+        assert backend.allocated_on == ["device-cuda:0"] * 2
+    finally:
+        worker.close()
+
+
+def test_calibration_times_the_live_launch_with_its_events_on_the_device_thread(
+    fake_cuda: FakeCuda,
+) -> None:
+    # Issue 29: time_batch ran on the calling thread, timed by the host's wall clock, with no
+    # copy back: another scale than the live start -> done events it calibrates against.
+    threads: list[str] = []
+
+    def model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        threads.append(threading.current_thread().name)
+        return (x.sum(dim=1),)
+
+    worker, _, pool = cuda_worker(fake_cuda, model)
+    worker.start()
+    threads.clear()
+    events_before = len(fake_cuda.events)
+    seconds = worker.time_batch(3)
+    worker.close()
+    start, _, done = fake_cuda.events[events_before:]
+    assert seconds == pytest.approx((done.at_ms - start.at_ms) / 1000.0)  # the fake clock
+    assert seconds == pytest.approx(0.002)
+    assert threads == ["device-cuda:0"]
+    assert pool.in_use == 0 and worker.output_leak().missing == 0
+    with pytest.raises(RuntimeError, match="not running"):
+        worker.time_batch(3)
+
+
+def test_device_time_is_the_service_time_when_two_streams_overlap(fake_cuda: FakeCuda) -> None:
+    # Issue 29: batch 2 starts at 2 ms on the second stream while batch 1 (0 -> 10 ms) runs,
+    # and is done at 14 ms: start -> done says 12 ms, but the device served it 4 ms alone.
+    # Summed start -> done times (22 ms) exceeded the 14 ms the device was busy.
+    fake_cuda.auto_fire = False
+    results: queue.Queue[DeviceResult] = queue.Queue()
+
+    def on_complete(result: DeviceResult, release: Release) -> None:
+        release()
+        results.put(result)
+
+    worker, _, pool = cuda_worker(fake_cuda, lambda x: (x * 2,), on_complete=on_complete)
+    worker.start()
+    for batch_id in (1, 2):
+        slab = pool.lease(batch_id=batch_id)
+        assert slab is not None
+        worker.submit(DeviceJob(batch(batch_id, 2), slab))
+    wait_until(lambda: len(fake_cuda.events) == 6, "both batches launched")
+    (start1, copied1, done1), (start2, copied2, done2) = (
+        fake_cuda.events[:3],
+        fake_cuda.events[3:],
+    )
+    for event, at_ms in ((start1, 0), (copied1, 1), (done1, 10), (start2, 2), (copied2, 3)):
+        event.at_ms = at_ms
+    done2.at_ms = 14
+    fake_cuda.fire(*fake_cuda.events)
+    served = [results.get(timeout=10).inference_s for _ in range(2)]
+    worker.close()
+    assert served == [pytest.approx(0.010), pytest.approx(0.004)]
+    assert sum(served) == pytest.approx(0.014)  # never more than the device was busy
+
+
+def test_service_time_arithmetic() -> None:
+    assert service_s(0.012, None) == 0.012  # the first batch: its own start -> done
+    assert service_s(0.012, 0.004) == 0.004  # overlapped the previous batch
+    assert service_s(0.003, 0.050) == 0.003  # the device idled in between
+    assert service_s(0.012, -0.001) == 0.0  # finished before the previous one
+
+
+def test_the_completion_and_slab_threads_sleep_on_the_events_never_poll(
+    fake_cuda: FakeCuda,
+) -> None:
+    # Issue 29: the completion thread polled every 0.2 ms (about 5,000 wake-ups a second per
+    # lane and device, each taking the GIL) while a batch ran.
+    fake_cuda.auto_fire = False
+    worker, _, pool = cuda_worker(fake_cuda, lambda x: (x * 2,))
+    worker.start()
+    slab = pool.lease(batch_id=1)
+    assert slab is not None
+    worker.submit(DeviceJob(batch(1, 2), slab))
+    wait_until(lambda: len(fake_cuda.events) == 3, "the batch launched")
+    start, copied, done = fake_cuda.events
+    wait_until(lambda: copied.waiting.is_set(), "the slab thread waiting on the copy")
+    fake_cuda.fire(start, copied)
+    wait_until(lambda: done.waiting.is_set(), "the completion thread waiting on done")
+    assert copied.blocking and done.blocking  # a waiting thread sleeps in the driver
+    assert done.queries == 0 and start.queries == 0  # blocked, not polling
+    fake_cuda.fire(done)
+    wait_until(worker.idle, "the batch completed")
+    worker.close()
+
+
+def test_pinned_memory_is_registered_at_its_exact_size_and_unregistered_after_the_device(
+    fake_cuda: FakeCuda,
+) -> None:
+    # Issue 29: pin_memory=True rounds each allocation up to a power of two in torch's caching
+    # host allocator: a 9.6 MB slab pinned 16 MB (and pinned memory cannot be swapped).
+    pool = StagingPool(2, rows=100, item_shape=(96, 250), dtype=np.dtype(np.float32), pin=True)
+    assert sorted(fake_cuda.registered.values()) == [(9_600_000, 1)] * 2  # exact, portable
+    held = pool.lease(batch_id=5)  # a copy may still be in flight from it at close
+    assert held is not None
+    with structlog.testing.capture_logs() as logs:
+        pool.close()
+    assert list(fake_cuda.registered) == [held.tensor.data_ptr()]  # the free one only
+    assert [e["batch_id"] for e in logs if "still leased" in e["event"]] == [5]
+
+    backend = CudaBackend(torch.device("cuda", 0), 2)
+    out = backend.host_empty((300, 1000), torch.float32)
+    assert fake_cuda.registered[out.data_ptr()] == (1_200_000, 1)
+    assert out.shape == (300, 1000) and out.dtype == torch.float32
+    fake_cuda.calls.clear()
+    backend.close()
+    assert [name for name, _ in fake_cuda.calls] == ["synchronize", "cudaHostUnregister"]
+    assert out.data_ptr() not in fake_cuda.registered

@@ -246,3 +246,25 @@ def test_bf16_video_top5_agrees_with_fp32_on_the_real_frames() -> None:
     categories = workload.categories  # type: ignore[attr-defined]
     assert {"tabby", "tiger cat", "Egyptian cat"} & {categories[int(i)] for i in ids[0, :2]}
     assert categories[int(ids[1, 0])] == "espresso" and scores[1, 0] > 0.9
+
+
+def test_bf16_on_cuda_follows_the_workers_gpu_compute_capability(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 29: torch.cuda.is_bf16_supported() reports True on Volta/Turing (bf16 emulated)
+    # and asks about the current device: cuda:0 here is a Turing (7.5), cuda:1 an Ampere (8.0)
+    capability = {0: (7, 5), 1: (8, 0)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda device=None: capability[device.index]
+    )
+    turing, ampere = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert supported_precisions(turing) == ("fp32", "fp16")
+    assert supported_precisions(ampere) == ("fp32", "bf16", "fp16")
+    check_precision("bf16", ampere)  # accepted
+    with pytest.raises(ConfigError) as refused:
+        check_precision("bf16", turing, key="pipelines.0.precision")
+    message = str(refused.value)
+    assert message.startswith("pipelines.0.precision: cuda:0 (compute capability 7.5)")
+    assert "needs compute capability 8.0" in message and "['fp32', 'fp16']" in message

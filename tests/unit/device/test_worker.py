@@ -157,6 +157,9 @@ class FakeCopyEvent:
     def query(self) -> bool:
         return self.fired.is_set()
 
+    def synchronize(self) -> None:
+        self.fired.wait()
+
 
 class LateCopies(CpuBackend):
     """The CPU backend whose ``copied`` events fire when the test says so (a copy engine that
@@ -232,6 +235,8 @@ def test_calibration_measures_every_size_the_adaptive_batcher_needs_before_traff
         return (x.sum(dim=1),)
 
     worker = DeviceWorker(model, torch.device("cpu"), pool, 2, 1, lambda r, release: None, print)
+    worker.start()  # the timings run on the device thread, after its warm-up
+    seen.clear()
     batcher = Batcher(16, 1 << 30, 0.02, adaptive=True)
     lane = Lane("t", PartitionBuffers(64, 0.75, 0.25), batcher, OffsetTracker())
     assert batcher.unmeasured() == 1
@@ -244,6 +249,7 @@ def test_calibration_measures_every_size_the_adaptive_batcher_needs_before_traff
     assert measured and all(seen.count(s) >= 3 for s in measured)
     assert batcher.target in measured
     assert pool.in_use == 0  # the slab went back
+    worker.close()
     assert Batcher(16, 1 << 30, 0.02).unmeasured() is None  # fixed size: nothing to calibrate
 
 
@@ -328,6 +334,25 @@ def run_worker_keeping(  # type: ignore[no-untyped-def]
     done = [results.get(timeout=30) for _ in jobs]
     worker.close()
     return done, pool, worker
+
+
+def test_live_model_calls_run_in_inference_mode_and_keep_no_autograd_graph() -> None:
+    # Issue 29: warm-up ran under torch.inference_mode(), live batches did not: a model that
+    # does not say so itself built an autograd graph per batch (its weights require grad)
+    # and the outputs copied into the output buffers kept each batch's activations alive.
+    linear = torch.nn.Linear(2, 1)  # requires_grad weights, as a user's model has
+    seen: list[tuple[bool, bool]] = []
+
+    def model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = linear(x)[:, 0]
+        seen.append((torch.is_inference_mode_enabled(), out.requires_grad))
+        return (out,)
+
+    results, pool, worker = run_worker_keeping(model, [(1, 3), (2, 4)])
+    live = seen[-2:]  # warm-up's calls come first
+    assert live == [(True, False), (True, False)]
+    assert [r.outputs[0].shape for r in results] == [(3,), (4,)]
+    assert pool.in_use == 0 and worker.output_leak().missing == 0
 
 
 # -- the resequencer ------------------------------------------------------------------------------
