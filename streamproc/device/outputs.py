@@ -84,6 +84,13 @@ class OutputSets:
             self._arrays[index] = tuple(b.numpy() for b in bufs)
         return bufs
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every buffer allocated now (pinned on CUDA)."""
+        return sum(
+            b.numel() * b.element_size() for bufs in self._buffers if bufs is not None for b in bufs
+        )
+
     def prepare(self, outputs: tuple[torch.Tensor, ...]) -> None:
         """Allocate every set's buffers for model ``outputs`` (each ``(n, *shape)``) now, on
         the calling thread (the device thread, at warm-up), rather than at each set's first

@@ -240,7 +240,7 @@ class DeviceWorker:
         self._jobs.put(run)
         return future.result(timeout_s)
 
-    def time_batch(self, size: int) -> float:
+    def time_batch(self, size: int, timeout_s: float | None = None) -> float:
         """Device seconds of the model on one batch of ``size`` zero rows, run on the device
         thread through the live launch (copy in, model, copy out; its ``start`` to ``done``
         events, the scale of live device times); call after :meth:`start` (which warms the
@@ -255,11 +255,13 @@ class DeviceWorker:
             ValueError: ``size`` is not within 1..the staging slab's rows.
             ModelError: the model raised on zeros.
             RuntimeError: the worker is not started.
+            TimeoutError: no answer within ``timeout_s`` (None: no limit).
         """
         return self._on_device(
             lambda: warmup.time_batch(
                 self.model, self.backend, self._launcher, self.pool, self.outputs, size
-            )
+            ),
+            timeout_s,
         )
 
     def submit(self, job: DeviceJob) -> None:

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import pytest
 import structlog
 import torch
@@ -24,6 +28,7 @@ from benchmarks import (
     codecs,
     decode_workers,
     gpu_check,
+    gpu_perf,
     pipeline_ab,
     precision,
     priority_isolation,
@@ -80,15 +85,78 @@ def test_precision_runs_the_light_workloads(capsys: pytest.CaptureFixture[str]) 
     assert "r 1.000000" in out  # fp32 against itself
 
 
-# torchvision's decode_jpeg (one of the decoders gpu_check compares) warns of its deprecation
+# torchvision's decode_jpeg (one of the decoders gpu_perf compares) warns of its deprecation
 @pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-def test_gpu_check_runs_its_code_paths_on_two_logical_cpu_devices(
+def test_gpu_perf_runs_its_code_paths_on_two_logical_cpu_devices(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    gpu_check.main(["--device", "cpu", "--smoke"])
+    gpu_perf.main(["--device", "cpu", "--smoke"])
     out = capsys.readouterr().out
     assert "leaks: none" in out
     assert "fp32  1.000  1.000" in out  # the precision check's reference against itself
+
+
+def test_gpu_check_compares_every_output_and_fails_with_a_nonzero_exit(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 29: the whole check on two logical CPU devices (CUDA columns n/a), the pipeline
+    # row against a local broker; one planted fault must turn its row and the exit code
+    def planted(ctx: gpu_check.Context) -> gpu_check.Row:
+        raise gpu_check.Fault("planted: batch 1 output 0 differs")
+
+    monkeypatch.setattr(gpu_check, "check_close_in_flight", planted)
+    assert gpu_check.main(["--device", "cpu", "--smoke"]) == 1
+    table = capsys.readouterr().out.split("\n\n")[-1]
+    status = {line[:26].strip(): line[27:33].strip() for line in table.splitlines()[1:-1]}
+    assert status.pop("close in flight") == "FAULT"
+    assert "planted: batch 1 output 0 differs" in table
+    assert status.pop("decode processes") == "n/a"  # --smoke starts no decode process
+    assert set(status.values()) == {"ok"}, status
+    assert {"one device, 1 stream(s)", "all devices (2)", "pipeline (2 lanes)"} <= set(status)
+
+
+def test_gpu_check_comparison_and_overlap_arithmetic() -> None:
+    want = [(np.array([[0.5, 0.25]], np.float32), np.array([[3, 1]], np.int64))]
+    same = {1: (want[0][0].copy(), want[0][1].copy())}
+    assert gpu_check.compare("t", same, want) == 0.0
+    off = {1: (want[0][0] + np.float32(1e-3), want[0][1])}  # a stale slab or a raced copy
+    with pytest.raises(gpu_check.Fault, match=r"batch 1 output 0 differs .* by 0\.001"):
+        gpu_check.compare("t", off, want)
+    assert gpu_check.compare("t", off, want, tolerance=2e-3) == pytest.approx(1e-3, rel=1e-3)
+    ids = {1: (want[0][0], np.array([[3, 2]], np.int64))}
+    with pytest.raises(gpu_check.Fault, match=r"output 1 differs .* rows \[0\]"):
+        gpu_check.compare("t", ids, want, tolerance=1.0)
+    with pytest.raises(gpu_check.Fault, match="batch 1 has no result"):
+        gpu_check.compare("t", {}, want)
+    # batch 2 copies in from 1 to 3 s while batch 1 computes from 1 to 2 s: half of its copy
+    # is hidden; batch 1's own copy (0 -> 1 s) overlaps nothing: 1 s of 3 s copying
+    spans = [(0.0, 1.0, 2.0), (1.0, 3.0, 4.0)]
+    assert gpu_check.copy_overlap(spans) == pytest.approx(1.0 / 3.0)
+    assert gpu_check.copy_overlap([(0.0, 0.0, 1.0)]) is None
+
+
+def test_gpu_check_fails_a_dead_device_thread_instead_of_waiting_for_ever() -> None:
+    class Died(BaseException):
+        """Escapes the part runner: the device thread dies, as a driver fault would."""
+
+    armed = threading.Event()  # after warm-up and calibration
+
+    def model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if armed.is_set():
+            raise Died("device thread gone")
+        return (x.sum(dim=1),)
+
+    def fill(index: int, rows: np.ndarray, slab: Any) -> None:
+        armed.set()
+        slab.array[: len(rows)] = rows
+
+    batches = [np.full((3, 4), i, np.float32) for i in range(4)]
+    started = time.monotonic()
+    with pytest.raises(gpu_check.Fault, match="device thread gone"):
+        gpu_check.run_lane(
+            "t", [model], [("cpu:0", torch.device("cpu"))], batches, 1, 600.0, fill=fill
+        )
+    assert time.monotonic() - started < 60  # at once, not at the 600 s deadline
 
 
 def test_decode_workers_runs_the_decode_table(capsys: pytest.CaptureFixture[str]) -> None:
