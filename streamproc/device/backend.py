@@ -142,8 +142,8 @@ class DeviceBackend(Protocol):
     @property
     def synchronous(self) -> bool:
         """True when a launch returns with its work done (every event it recorded has
-        normally fired): the device thread completes each batch itself. False: a completion
-        thread polls the events."""
+        normally fired): the device thread completes each batch itself. False: the slab and
+        completion threads wait on the events (``synchronize()``, sleeping)."""
         ...
 
     def bind_thread(self) -> None:
