@@ -150,8 +150,9 @@ GPU_WHEELS = av pillow orjson scikit-video efficientnet-lite-pytorch \
 # GPU's utilisation with it (NVML).
 GPU_EXTRA_WHEELS = nvidia-ml-py==13.615.71
 
-# Every package the check imports besides torch, at the versions of requirements.lock.
-gpu-wheels: deps
+# Every package the check imports besides torch, at the versions of requirements.lock; and the
+# pipeline row's local broker: a cut-down Java runtime and the Kafka jars (gpu_broker.sh).
+gpu-wheels: deps kafka-jars
 	mkdir -p benchmarks/wheels
 	$(DEPS)/bin/python -c "import re,sys; want={n.lower().replace('_','-') for n in sys.argv[1:]}; \
 	  print(''.join(l for l in open('requirements.lock') \
@@ -161,6 +162,7 @@ gpu-wheels: deps
 	$(DEPS)/bin/python -m pip download --quiet --dest benchmarks/wheels --only-binary=:all: \
 	  --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
 	  --no-deps --requirement benchmarks/wheels/requirements.txt
+	STREAMPROC_CACHE_DIR=$(CACHE) bash benchmarks/gpu_broker.sh
 
 test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check (benchmarks/gpu_check.py; docs/operations.md "The GPU check") on a machine with
-# CUDA GPUs, Python and torch, but no network (and no Java: the pipeline row then says n/a unless
-# --bootstrap names a broker). Prepare the wheels here first (needs the registries): `make
-# gpu-wheels` fills benchmarks/wheels with what the check imports besides torch. Then, on the GPU
-# machine:
+# CUDA GPUs, Python and torch, but no network and no Java. Prepare the wheels here first (needs
+# the registries): `make gpu-wheels` fills benchmarks/wheels with what the check imports besides
+# torch, and with a Java runtime and the Kafka jars for the pipeline row's local broker
+# (gpu_broker.sh; without them that row says n/a unless --bootstrap names a broker). Then, on the
+# GPU machine:
 #   bash benchmarks/gpu_check.sh                      # every visible GPU; under 10 minutes
 #   bash benchmarks/gpu_check.sh --devices cuda:0     # one GPU
 # Exit 0: every row ok or n/a; 1: a fault (its row says which batch and output); 2: no CUDA GPU.
@@ -28,6 +29,10 @@ esac
 if ! ls benchmarks/wheels/*.whl >/dev/null 2>&1; then
   echo "gpu_check: benchmarks/wheels has no wheels; run 'make gpu-wheels' where the registries are reachable and copy the folder over" >&2
   exit 2
+fi
+if [[ -x benchmarks/wheels/jre/bin/java ]]; then # the pipeline row's broker (gpu_broker.sh)
+  PATH="$PWD/benchmarks/wheels/jre/bin:$PATH"
+  export STREAMPROC_CACHE_DIR="$PWD/benchmarks/wheels/cache"
 fi
 venv=$(mktemp -d)/venv
 "$PY" -m venv --system-site-packages "$venv" # torch comes from the machine

@@ -64,14 +64,20 @@ def test_every_shell_script_passes_shellcheck(tools: dict[str, str]) -> None:
 
 def test_the_one_shellcheck_list_covers_every_script() -> None:
     listed = set(listed_scripts())
-    deploy = [p for p in (ROOT / "deploy").rglob("*") if p.is_file()]
+    files = [
+        p
+        for folder in ("deploy", "benchmarks")
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file() and "wheels" not in p.relative_to(ROOT).parts
+    ]
     shebang = re.compile(r"#!(/usr/bin/env )?(/bin/|/usr/bin/)?(ba)?sh( |$)")
     expected = {
         str(p.relative_to(ROOT))
-        for p in deploy
+        for p in files
         if p.suffix == ".sh" or shebang.match(first_line(p))
     }
     assert listed == expected | {".ci/run"}
+    assert {"benchmarks/gpu_check.sh", "benchmarks/gpu_broker.sh"} <= listed
     assert {"deploy/lib.sh", "deploy/images/kafka/bin/kafka-docker-run"} <= listed
 
 
