@@ -72,9 +72,7 @@ def test_the_one_shellcheck_list_covers_every_script() -> None:
     ]
     shebang = re.compile(r"#!(/usr/bin/env )?(/bin/|/usr/bin/)?(ba)?sh( |$)")
     expected = {
-        str(p.relative_to(ROOT))
-        for p in files
-        if p.suffix == ".sh" or shebang.match(first_line(p))
+        str(p.relative_to(ROOT)) for p in files if p.suffix == ".sh" or shebang.match(first_line(p))
     }
     assert listed == expected | {".ci/run"}
     assert {"benchmarks/gpu_check.sh", "benchmarks/gpu_broker.sh"} <= listed
