@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.gpu_perf import cuda_present, device_list
 from streamproc.device import (
     DeviceJob,
     DeviceResult,
@@ -720,18 +721,6 @@ def check_pipeline(ctx: Context) -> Row:
 
 
 # -- the run -------------------------------------------------------------------------------------
-def device_list(spec: str, cpu: bool) -> list[tuple[str, torch.device]]:
-    """``--devices`` (``all`` or ``cuda:0,cuda:1,...``) as (label, device); with ``--device
-    cpu``, two logical CPU devices."""
-    if cpu:
-        return [("cpu:0", torch.device("cpu")), ("cpu:1", torch.device("cpu"))]
-    if spec == "all":
-        indices = list(range(torch.cuda.device_count()))
-    else:
-        indices = [int(item.strip().removeprefix("cuda:")) for item in spec.split(",")]
-    return [(f"cuda:{i}", torch.device("cuda", i)) for i in indices]
-
-
 def decoded_batches(
     workload: VideoWorkload, frames: list[Record], sizes: list[int]
 ) -> list[np.ndarray]:
@@ -797,13 +786,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.pipeline_frames, args.pipeline_idle_s = 4, 5.0
         torch.set_num_threads(1)
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(
-            f"gpu_check: torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no "
-            "CUDA GPU (driver missing, no device, or CUDA_VISIBLE_DEVICES empty): run it on a "
-            "GPU machine, or pass --device cpu",
-            file=sys.stderr,
-        )
+    if not cuda_present("gpu_check", device):
         return 2
     true_fp32()
     started = time.monotonic()
@@ -813,7 +796,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Record(TopicPartition("frames", 0), i, f.camera_id.encode(), f.jpeg, (), 0, 0.0)
         for i, f in enumerate(itertools.islice(itertools.cycle(iter_frames()), sum(sizes)))
     ]
-    devices = device_list(args.devices, device.type == "cpu")
+    devices = device_list(args.devices, 1, device.type == "cpu")
     ctx = Context(workload, frames, decoded_batches(workload, frames, sizes), devices, args)
     name = torch.cuda.get_device_name(devices[0][1]) if device.type == "cuda" else "cpu"
     print(

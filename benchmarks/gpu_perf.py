@@ -399,6 +399,20 @@ def run_devices(
     }
 
 
+def cuda_present(name: str, device: torch.device) -> bool:
+    """False, with one line on stderr saying why, when ``device`` is CUDA and torch sees no CUDA
+    GPU (the scripts then exit 2)."""
+    if device.type != "cuda" or torch.cuda.is_available():
+        return True
+    print(
+        f"{name}: torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no CUDA GPU "
+        "(driver missing, no device, or CUDA_VISIBLE_DEVICES empty): run it on a GPU machine, "
+        "or pass --device cpu",
+        file=sys.stderr,
+    )
+    return False
+
+
 def device_list(spec: str, instances: int, cpu: bool) -> list[tuple[str, torch.device]]:
     """``--devices`` (``all`` or ``cuda:0,cuda:1,...``) x ``--instances-per-gpu`` as (label,
     device); with ``--device cpu``, two logical CPU devices."""
@@ -533,13 +547,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.set_num_threads(1)
     ceiling_s = 0.1 if args.smoke else 5.0
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(
-            f"gpu_perf: torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no "
-            "CUDA GPU (driver missing, no device, or CUDA_VISIBLE_DEVICES empty): run it on a "
-            "GPU machine, or pass --device cpu for a smoke run of the code paths",
-            file=sys.stderr,
-        )
+    if not cuda_present("gpu_perf", device):
         sys.exit(2)
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     print(f"device: {name}, torch {torch.__version__}")
