@@ -11,18 +11,13 @@ Who waits for the events is the backend's one choice
 
 * synchronous (CPU: a launch returns with its work done and its events fired): the device
   thread completes each batch itself, right after its launch; there is no other thread;
-* asynchronous (CUDA): two threads wait on the events, each in launch order, sleeping (blocking
-  sync events, the GIL released; no polling): ``slabs-<label>`` on each batch's ``copied``,
-  giving its slab back (a batch's slab never waits for an earlier batch's compute), and
-  ``completion-<label>`` on each batch's ``done``, completing it. No thread synchronises a
-  stream, and event waits and slab release never wait on a slow encode or a full producer
-  queue: only the output buffer sets wait for the result thread. (Host-to-device copies run in
-  launch order on the copy engine, so waiting on the copies in that order costs nothing.)
+* asynchronous (CUDA): ``slabs-<label>`` and ``completion-<label>`` sleep on the ``copied`` and
+  ``done`` events in launch order (:mod:`~streamproc.device.completion`); no thread synchronises
+  a stream or polls, and neither waits on a slow encode or a full producer queue: only the
+  output buffer sets wait for the result thread.
 
-Start-up runs on the device thread too: :meth:`DeviceWorker.start` and
-:meth:`DeviceWorker.time_batch` queue their work (the warm-up on every stream, the output buffer
-sets' allocation, the calibration timings through the live launch; :mod:`~streamproc.device.warmup`)
-ahead of any batch and wait for it.
+Start-up runs on the device thread too: :meth:`DeviceWorker.start` (warm-up) and
+:meth:`DeviceWorker.time_batch` (calibration) queue their work ahead of any batch and wait.
 
 A batch's device time (``DeviceResult.inference_s``) is its service time,
 ``done_i - max(start_i, done_{i-1})`` (:func:`~streamproc.device.backend.service_s`): what the
@@ -49,7 +44,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
@@ -59,6 +53,7 @@ import torch
 from streamproc.device import warmup
 from streamproc.device.admission import AdmissionGate
 from streamproc.device.backend import DeviceBackend, Event, backend_for, service_s
+from streamproc.device.completion import EventWaiters
 from streamproc.device.jobs import DeviceJob, DeviceResult, Release
 from streamproc.device.launch import Launched, Launcher
 from streamproc.device.outputs import OutputSets
@@ -153,19 +148,20 @@ class DeviceWorker:
         # Unbounded and C-level (no Python condition per put/get): the caller bounds what is
         # queued (DeviceLoad counts a batch from placement to release, <= max_in_flight).
         self._jobs: queue.SimpleQueue[DeviceJob | Task | None] = queue.SimpleQueue()
-        self._inflight: deque[Launched] = deque()  # asynchronous backends (under _cond)
-        self._copying: deque[Launched] = deque()  # their slabs not yet back (under _cond)
         self._cond = threading.Condition()
         self._unfinished = 0  # batches submitted and not yet released (under _cond)
         self._stopping = False
         self._last_done: Event | None = None  # the thread completing batches owns it
         self._threads = [self._thread(self._launch_loop, "device")]
+        self._waiters: EventWaiters | None = None
         if self.backend.synchronous:
             self._hand_over = self._complete_now
         else:
-            self._hand_over = self._inflight_append
-            self._threads.append(self._thread(self._completion_loop, "completion"))
-            self._threads.append(self._thread(self._slab_loop, "slabs"))
+            self._waiters = EventWaiters(
+                pool, self._complete, self.backend.bind_thread, self._thread
+            )
+            self._hand_over = self._waiters.hand_over
+            self._threads.extend(self._waiters.threads)
 
     @property
     def output_allocations(self) -> int:
@@ -185,13 +181,11 @@ class DeviceWorker:
         return threading.Thread(target=run, name=f"{role}-{self.label}", daemon=True)
 
     def start(self, timeout_s: float | None = None) -> None:
-        """Start the device thread (and, on an asynchronous backend, the completion thread),
-        and warm the model up there before any batch: once per batch size the adaptive batcher
-        may try and per stream, on zeros (:func:`streamproc.device.warmup.warm_up`; first-call
-        allocations and kernel selection happen here, not on the first real batch), and
-        allocate the output buffer sets. Where a size runs out of device memory, the worker's
-        batch cap is set to the largest batch that fits (its ceiling for the process's life)
-        and ``on_cap`` tells the lane.
+        """Start the worker's threads and warm the model up on the device thread before any
+        batch (:func:`streamproc.device.warmup.warm_up`: every batch size the adaptive batcher
+        may try, on every stream, on zeros; the output buffer sets allocated). Where a size
+        runs out of device memory, the batch cap is set to the largest batch that fits (its
+        ceiling for the process's life) and ``on_cap`` tells the lane.
 
         Args:
             timeout_s: the most seconds to wait for the warm-up (None: no limit).
@@ -335,45 +329,6 @@ class DeviceWorker:
         item.done.synchronize()
         self._complete(item)
 
-    def _inflight_append(self, item: Launched) -> None:
-        """An asynchronous backend: the slab and completion threads take it from here."""
-        with self._cond:
-            self._inflight.append(item)
-            self._copying.append(item)
-            self._cond.notify_all()
-
-    # -- completion thread (asynchronous backends) -----------------------------------------
-    def _completion_loop(self) -> None:
-        """Per batch in launch order: wait (sleeping) on its ``done`` event, complete it."""
-        self.backend.bind_thread()
-        while (head := self._next(self._inflight)) is not None:
-            head.done.synchronize()
-            with self._cond:
-                self._inflight.popleft()
-            self._complete(head)
-
-    # -- slab thread (asynchronous backends) -----------------------------------------------
-    def _slab_loop(self) -> None:
-        """Per batch in launch order: wait (sleeping) on its ``copied`` event, give its staging
-        slab back."""
-        self.backend.bind_thread()
-        while (item := self._next(self._copying)) is not None:
-            item.copied.synchronize()
-            self.pool.release(item.job.slab)
-            with self._cond:
-                self._copying.popleft()
-                item.slab_released = True
-
-    def _next(self, items: deque[Launched]) -> Launched | None:
-        """The first of ``items`` once there is one (left in place); None once the worker
-        stops with none left."""
-        with self._cond:
-            while not items:
-                if self._stopping:
-                    return None
-                self._cond.wait()
-            return items[0]
-
     def _complete(self, item: Launched) -> None:
         """Hand a finished batch (events fired, slab back) to ``on_complete``: numpy views of
         its rows in its output buffer set."""
@@ -432,7 +387,8 @@ class DeviceWorker:
             self._threads[0].join(timeout_s)
         with self._cond:
             self._stopping = True
-            self._cond.notify_all()
+        if self._waiters is not None:
+            self._waiters.stop()
         for thread in self._threads[1:]:
             if thread.ident is not None:
                 thread.join(max(0.0, deadline_s - time.monotonic()))
