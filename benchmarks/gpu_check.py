@@ -7,9 +7,11 @@ batch** with a synchronous reference: the same model function on the same batch,
 thread and the default stream, synchronised, copied back. The worker's streams, events, pinned
 buffers and slab reuse must not change one bit:
 
-* fp32: bit for bit. TF32 is off for the whole check (``torch.backends.cuda.matmul.allow_tf32``
-  and ``torch.backends.cudnn.allow_tf32`` False; cuDNN deterministic, no autotuning), so the
-  reference and the workers run the same kernels in true fp32;
+* fp32: bit for bit (``--exact-tolerance`` 0). TF32 is off for the whole check
+  (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` False;
+  cuDNN deterministic, no autotuning; ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, without which cuBLAS
+  may reduce differently on another stream), so the reference and the workers run the same
+  kernels in true fp32;
 * bf16: bit for bit against the bf16 reference (same autocast function, same kernels);
 * the model-error and out-of-memory checks re-run rows in smaller batches (the part runner),
   where other kernels may be chosen: within ``--tolerance`` (absolute, on the probabilities;
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import os
 import shutil
 import sys
 import tempfile
@@ -107,7 +110,8 @@ class Row:
 # -- determinism and the reference ---------------------------------------------------------------
 def true_fp32() -> None:
     """No TF32 and no autotuning for the whole check: reference and workers run the same
-    kernels in true fp32."""
+    kernels in true fp32 (cuBLAS's workspace fixed: call before CUDA starts)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
@@ -449,6 +453,11 @@ class Context:
     def device(self) -> torch.device:
         return self.devices[0][1]
 
+    @property
+    def exact(self) -> float:
+        """The allowed difference where reference and worker run the same batches."""
+        return float(self.args.exact_tolerance)
+
     def model(self, label: str, device: torch.device) -> ModelFn:
         """The fp32 model of a device (one per device label)."""
         if label not in self.fp32:
@@ -477,7 +486,7 @@ def check_one_device(ctx: Context) -> list[Row]:
     rows = []
     for streams in sorted({1, ctx.args.streams}):
         run = run_lane("frames", [model], ctx.devices[:1], ctx.batches, streams, ctx.args.wait_s)
-        diff = compare(f"one device, {streams} stream(s)", run.outputs, want)
+        diff = compare(f"one device, {streams} stream(s)", run.outputs, want, ctx.exact)
         rows.append(row_of(f"one device, {streams} stream(s)", run, diff, device.type == "cuda"))
     return rows
 
@@ -489,7 +498,7 @@ def check_all_devices(ctx: Context, one: Row | None) -> Row:
     row = row_of(
         f"all devices ({len(ctx.devices)})",
         run,
-        compare("all devices", run.outputs, want),
+        compare("all devices", run.outputs, want, ctx.exact),
         ctx.device.type == "cuda",
     )
     if one is not None and one.frames_per_s and row.frames_per_s:
@@ -515,7 +524,7 @@ def check_lanes(ctx: Context) -> Row:
             for i in range(2)
         ]
         runs = [f.result(timeout=ctx.args.wait_s * 4) for f in futures]
-    diff = max(compare(f"lane {i}", r.outputs, want) for i, r in enumerate(runs))
+    diff = max(compare(f"lane {i}", r.outputs, want, ctx.exact) for i, r in enumerate(runs))
     row = row_of("two lanes on one device", runs[0], diff, device.type == "cuda")
     row.frames_per_s = sum(r.frames for r in runs) / max(r.elapsed_s for r in runs)
     row.busy = sum(r.busy for r in runs)
@@ -532,7 +541,7 @@ def check_bf16(ctx: Context) -> Row:
     batches = ctx.batches[: ctx.args.bf16_batches]
     want = reference(model, batches, device)
     run = run_lane("frames", [model], ctx.devices[:1], batches, ctx.args.streams, ctx.args.wait_s)
-    return row_of("bf16", run, compare("bf16", run.outputs, want), device.type == "cuda")
+    return row_of("bf16", run, compare("bf16", run.outputs, want, ctx.exact), device.type == "cuda")
 
 
 def check_decode_processes(ctx: Context) -> Row:
@@ -570,7 +579,7 @@ def check_decode_processes(ctx: Context) -> Row:
         processes.close()
     pinned = "shared slabs page-locked in place" if device.type == "cuda" else "shared slabs"
     return row_of(
-        "decode processes", run, compare("decode processes", run.outputs, want),
+        "decode processes", run, compare("decode processes", run.outputs, want, ctx.exact),
         device.type == "cuda", pinned,
     )  # fmt: skip
 
@@ -656,7 +665,7 @@ def check_close_in_flight(ctx: Context) -> Row:
         "frames", [model], ctx.devices[:1], ctx.batches, ctx.args.streams, ctx.args.wait_s,
         close_early=True,
     )  # fmt: skip
-    diff = compare("close in flight", run.outputs, want)
+    diff = compare("close in flight", run.outputs, want, ctx.exact)
     return row_of(
         "close in flight", run, diff, device.type == "cuda",
         f"closed with batches queued; whole run {time.monotonic() - started:.1f} s",
@@ -775,6 +784,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=8, help="the sizes this many times")
     parser.add_argument("--bf16-batches", type=int, default=16)
     parser.add_argument("--tolerance", type=float, default=1e-5, help="split-batch checks")
+    parser.add_argument(
+        "--exact-tolerance", type=float, default=0.0, help="every other check (0: bit for bit)"
+    )
     parser.add_argument("--wait-s", type=float, default=120.0, help="deadline of every wait")
     parser.add_argument("--bootstrap", help="the pipeline check's broker (default: a local one)")
     parser.add_argument("--pipeline-frames", type=int, default=400)
@@ -802,7 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"gpu check on {name} ({len(devices)} device(s): {', '.join(d for d, _ in devices)}), "
         f"torch {torch.__version__}; {len(sizes)} batches, {sum(sizes)} real frames; fp32 "
-        f"without TF32 (bit for bit), split batches within {args.tolerance:g}"
+        f"without TF32 within {args.exact_tolerance:g} (0: bit for bit), split batches within "
+        f"{args.tolerance:g}"
     )
     print(table([]))
     rows: list[Row] = []
