@@ -677,7 +677,7 @@ def check_pipeline(ctx: Context) -> Row:
     from streamproc.config import load_config
     from streamproc.kafka.admin import ensure_topics
     from streamproc.pipeline import Pipeline
-    from streamproc.tools.kafka_local import broker_unless_given
+    from streamproc.tools.kafka_local import broker_unless_given, free_port
     from streamproc.tools.replay import produce
     from streamproc.tools.verify import verify
 
@@ -698,6 +698,7 @@ def check_pipeline(ctx: Context) -> Row:
             overrides={
                 "kafka": {"bootstrap_servers": bootstrap, "group_id": f"gpucheck-{suffix}"},
                 "worker": {"device": str(device)},
+                "metrics": {"port": free_port()},  # never a port another process holds
                 "pipelines": [
                     {"name": w, "input_topic": t, "output_topic": f"{t}.out",
                      "dlq_topic": f"{t}.dlq", "workload": w}

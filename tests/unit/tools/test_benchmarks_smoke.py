@@ -111,7 +111,7 @@ def test_gpu_check_compares_every_output_and_fails_with_a_nonzero_exit(
     assert status.pop("close in flight") == "FAULT"
     assert "planted: batch 1 output 0 differs" in table
     assert status.pop("decode processes") == "n/a"  # --smoke starts no decode process
-    assert set(status.values()) == {"ok"}, status
+    assert set(status.values()) == {"ok"}, table
     assert {"one device, 1 stream(s)", "all devices (2)", "pipeline (2 lanes)"} <= set(status)
 
 
