@@ -175,8 +175,9 @@ class DeviceBackend(Protocol):
         """Wait until every stream of the device is idle (warm-up and start-up timings only)."""
 
     def release_memory(self) -> None:
-        """Give the device's cached, unused memory back (before a re-run after an
-        out-of-memory error)."""
+        """Give cached, unused device memory back (before a re-run after an out-of-memory
+        error). CUDA: ``torch.cuda.empty_cache()`` releases every GPU's and every stream's
+        unused blocks (torch has no per-device release)."""
 
     def set_yielding(self, yielding: bool) -> None:
         """Run the calling thread's next model calls yielding compute to more urgent lanes

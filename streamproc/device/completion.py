@@ -4,8 +4,9 @@
 its staging slab back; ``completion-<label>`` waits on each batch's ``done`` event, in launch
 order, and completes it (the worker's ``complete``: outputs to ``on_complete``). Both sleep in
 the wait (blocking sync events, the GIL released): no thread polls. A batch's slab never waits
-for an earlier batch's compute; host-to-device copies run in launch order on the copy engine,
-so waiting on the copies in that order costs nothing.
+for an earlier batch's compute. The copies are waited on in launch order: a copy that finishes
+before an earlier batch's (its stream was free sooner) gives its slab back only after that one;
+the pool then has one slab fewer for a moment, never a slab back too early.
 
 Ownership: the two deques (batches not yet done, batches whose slab is not yet back) belong to
 :class:`EventWaiters` (its condition); the device thread appends (:meth:`EventWaiters.hand_over`),

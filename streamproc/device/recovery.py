@@ -30,9 +30,8 @@ either succeeds the model is no longer judged broken and the batch is bisected a
 ``stop`` the verdict raises :class:`BrokenModelError`: the pipeline stops with a non-zero exit
 and the batch is neither produced nor dead-lettered (its offsets stay uncommitted).
 
-Thread ownership: a :class:`PartRunner` and its :class:`BatchCap` belong to one device worker.
-Warm-up and the start-up timings use them on the starting thread before the device thread
-starts; from then on only the device thread does.
+Thread ownership: a :class:`PartRunner` and its :class:`BatchCap` belong to one device worker
+and are used on its device thread only (warm-up and the start-up timings run there too).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each buffer ("slab") holds one batch: ``(max_batch_size, *item_shape)`` of ``item_dtype``.
 With ``shared=True`` the slabs live in POSIX shared memory (``multiprocessing.shared_memory``),
-so decode processes can write into them (``worker.decode_mode: process``); with CUDA they are
-and private slabs alike are page-locked in place at their exact size
+so decode processes can write into them (``worker.decode_mode: process``). With CUDA, shared and
+private slabs alike are page-locked in place at their exact size
 (:func:`~streamproc.device.backend.register_host`, portable to every device) rather than
 allocated with ``pin_memory=True`` (which rounds each up to a power of two).
 
@@ -13,8 +13,8 @@ pool ever allocated, so a test or metric can prove nothing is allocated after wa
 Ownership: a slab leased by the dispatcher belongs to it while decode writes into it, then to the
 device worker, which returns it (:meth:`StagingPool.release`) only after the event recorded
 after the slab's host-to-device copy has completed. One lane's pool serves all of the lane's
-devices (pinned memory is page-locked for every CUDA device of the process: with unified
-addressing, ``cudaHostAlloc`` memory is portable).
+devices (registered with ``cudaHostRegisterPortable``: page-locked for every CUDA device of
+the process).
 
 Leak check: every lease records the batch that holds the slab; :meth:`StagingPool.leak` says, at
 close, how many slabs are still out and which batches hold them (:class:`PoolLeak`, also used for

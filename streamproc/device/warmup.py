@@ -41,15 +41,14 @@ def warm_up(
 ) -> int | None:
     """Run ``model`` once per batch size the adaptive batcher may try (powers of two up to the
     slab's rows, and the rows) and per stream of ``backend``, on zeros: the first call of a
-    new shape pays one-off costs (oneDNN primitives, cuDNN autotuning, the stream's first
+    new shape pays one-off costs (oneDNN primitives, cuDNN algorithm selection, the stream's first
     allocations) that would otherwise skew the batcher's first measurements and the first
     batches' latency. ``prepare`` gets the outputs of the largest batch that ran (the output
     buffer sets are allocated from them).
 
-    The device's cached memory is released first: what start-up left cached on the default
-    stream (model loading) is given back, and what the warm-up caches on the worker's streams
-    stays (releasing it afterwards would undo the warm-up: the cache is not released per
-    stream).
+    The cache is not released around the warm-up: ``torch.cuda.empty_cache()`` frees every
+    stream's and every GPU's unused blocks, so it would undo the warm-up of the workers started
+    before (what model loading left on the default stream stays cached).
 
     A size that runs out of device memory ends the warm-up there: the largest batch that fits
     is found by bisection between the last size that ran and that one, and one warning says so.
@@ -66,7 +65,6 @@ def warm_up(
     assert slab is not None
     rows = pool.rows
     sizes = sorted({*(2**i for i in range(rows.bit_length()) if 2**i <= rows), rows})
-    backend.release_memory()
     try:
         slab.array[...] = 0
         with torch.inference_mode():
@@ -171,5 +169,6 @@ def time_batch(
             raise ModelError(f"model failed on zeros: {failure}")
         return backend.elapsed_s(ran.start, ran.done)
     finally:
+        backend.synchronize()  # a failed timing may leave copies of the slab queued
         outputs.give_back(slot)
         pool.release(slab)

@@ -41,6 +41,7 @@ names the batches still holding one (the leak check at close).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -60,8 +61,10 @@ from streamproc.device.outputs import OutputSets
 from streamproc.device.recovery import BatchCap, OnModelFailure, Outcome, PartRunner
 from streamproc.device.staging import PoolLeak, StagingPool
 from streamproc.errors import FatalPipelineError
+from streamproc.logs import get_logger
 from streamproc.workloads.base import ModelFn
 
+log = get_logger(__name__)
 T = TypeVar("T")
 Task = Callable[[], None]
 """Start-up work queued for the device thread (:meth:`DeviceWorker._on_device`)."""
@@ -218,10 +221,12 @@ class DeviceWorker:
         it returned (or raise what it raised).
 
         Raises:
-            RuntimeError: the worker is not started, or is closed.
+            RuntimeError: the worker is not started, is closed, or its device thread died
+                (``on_fatal`` has its error) before answering.
             TimeoutError: no answer within ``timeout_s``.
         """
-        if self._threads[0].ident is None or self._stopping:
+        device_thread = self._threads[0]
+        if device_thread.ident is None or self._stopping:
             raise RuntimeError(f"device worker {self.label} is not running (start() it first)")
         future: Future[T] = Future()
 
@@ -232,7 +237,18 @@ class DeviceWorker:
                 future.set_exception(exc)
 
         self._jobs.put(run)
-        return future.result(timeout_s)
+        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:  # a device thread that died (or a close) never answers: look every second
+            left_s = 1.0 if deadline_s is None else min(1.0, deadline_s - time.monotonic())
+            try:
+                return future.result(max(0.0, left_s))
+            except TimeoutError:
+                if not device_thread.is_alive():
+                    raise RuntimeError(
+                        f"device worker {self.label}: the device thread ended before answering"
+                    ) from None
+                if deadline_s is not None and time.monotonic() >= deadline_s:
+                    raise
 
     def time_batch(self, size: int, timeout_s: float | None = None) -> float:
         """Device seconds of the model on one batch of ``size`` zero rows, run on the device
@@ -287,7 +303,9 @@ class DeviceWorker:
             except FatalPipelineError as exc:
                 # the pipeline stops (a model judged broken under ``stop``, or not one row
                 # fits): the batch is neither produced nor dead-lettered (its offsets stay
-                # uncommitted) and its buffers go back
+                # uncommitted) and its buffers go back once no copy of it can be in flight
+                with contextlib.suppress(Exception):  # a broken device: give them back anyway
+                    self.backend.synchronize()
                 self.pool.release(job.slab)
                 self._releaser(slot)()
                 stopped = True
@@ -396,4 +414,7 @@ class DeviceWorker:
             # a batch may still be in flight: its pinned buffers stay registered (freed with
             # the process), never unregistered under a copy
             return
-        self.backend.close()
+        try:
+            self.backend.close()
+        except Exception as exc:  # a sticky device error: the rest of the close goes on
+            log.warning("device backend close failed", device=self.label, error=repr(exc))

@@ -355,6 +355,25 @@ def test_live_model_calls_run_in_inference_mode_and_keep_no_autograd_graph() -> 
     assert pool.in_use == 0 and worker.output_leak().missing == 0
 
 
+def test_start_fails_at_once_when_the_device_thread_dies_before_answering() -> None:
+    # Issue 29 review: start-up work waits on the device thread's answer; a device thread that
+    # died first (here: binding the device raised) left start() waiting for ever
+    class Unbindable(CpuBackend):
+        def bind_thread(self) -> None:
+            raise RuntimeError("no such device")
+
+    fatal: list[BaseException] = []
+    pool = StagingPool(2, rows=2, item_shape=(2,), dtype=np.dtype(np.float32), pin=False)
+    worker = DeviceWorker(
+        lambda x: (x * 2,), torch.device("cpu"), pool, 1, 1, lambda r, release: release(),
+        fatal.append, backend=Unbindable(),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="device thread ended before answering"):
+        worker.start()  # no timeout: the liveness check ends the wait
+    assert [str(e) for e in fatal] == ["no such device"]
+    assert pool.in_use == 0
+
+
 # -- the resequencer ------------------------------------------------------------------------------
 
 

@@ -133,6 +133,16 @@ def test_gpu_check_comparison_and_overlap_arithmetic() -> None:
     spans = [(0.0, 1.0, 2.0), (1.0, 3.0, 4.0)]
     assert gpu_check.copy_overlap(spans) == pytest.approx(1.0 / 3.0)
     assert gpu_check.copy_overlap([(0.0, 0.0, 1.0)]) is None
+    # a slab given back is poisoned: one given back before its copy finished feeds the model
+    # poison, and the comparison fails
+    from streamproc.device import StagingPool
+
+    pool = gpu_check.poisoning(StagingPool(1, 2, (3,), np.dtype(np.float32), pin=False))
+    slab = pool.lease()
+    assert slab is not None
+    slab.array[...] = 1.0
+    pool.release(slab)
+    assert set(slab.array.view(np.uint8).ravel().tolist()) == {gpu_check.POISON}
 
 
 def test_gpu_check_fails_a_dead_device_thread_instead_of_waiting_for_ever() -> None:
