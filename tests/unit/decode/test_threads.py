@@ -132,6 +132,10 @@ def test_decode_threads_are_joined_at_shutdown() -> None:
     # A daemon decode thread still running when the interpreter finalises is ended with
     # pthread_exit, which aborted the process after a SIGTERM drain (exit -6); shutdown(wait)
     # must leave none alive.
+    # only this pool's threads: an earlier pool's, shut down without waiting, may still be
+    # ending on a loaded machine (same names; it failed once in the 4 whole runs of
+    # 2026-12-02, session 6)
+    earlier = set(threading.enumerate())
     threads = DecodeThreads(3)
     started = threading.Event()
     release = threading.Event()
@@ -146,4 +150,5 @@ def test_decode_threads_are_joined_at_shutdown() -> None:
     release.set()
     threads.shutdown(wait=True, cancel_futures=True)
     assert future.result(0) == 1
-    assert not [t for t in threading.enumerate() if t.name.startswith("decode_")]
+    ours = [t for t in threading.enumerate() if t not in earlier and t.name.startswith("decode_")]
+    assert not ours
