@@ -244,6 +244,13 @@ class WorkerConfig(_Section):
     always uses the decode threads; ``always`` always decodes inline. Decode processes are never
     bypassed.
 
+    ``fused_lane``: where a pipeline runs on one CPU device, ``auto`` lets it run each batch
+    on one thread (cut, decode, model, encode, produce: no hand-off between threads) or staged
+    over its dispatcher, device and results threads, whichever measures cheaper per record
+    (``streamproc/device/fusion.py``; fused at start); ``never`` always stages; ``always``
+    always fuses and fails at start-up where a pipeline runs on a GPU or on several devices.
+    A GPU lane is always staged (the device works while Python prepares the next batch).
+
     ``priority_admission`` (pipelines of different priorities in one process): a lane's launch
     on a device waits while a more urgent lane's batch is pending there, at most
     ``priority_max_defer_ms``, and on a CPU a less urgent call runs with half its intra-op
@@ -271,6 +278,7 @@ class WorkerConfig(_Section):
     decode_workers_max: int | None = Field(default=None, ge=1, le=64)
     decode_mode: Literal["thread", "process"] = "thread"
     decode_inline: Literal["auto", "never", "always"] = "auto"
+    fused_lane: Literal["auto", "never", "always"] = "auto"
     cuda_streams: int = Field(default=2, ge=1, le=16)
     torch_threads: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)

@@ -284,6 +284,13 @@ class Metrics:
             _TOPIC,
             registry=reg,
         )
+        self.lane_fused = Gauge(
+            "streamproc_lane_fused",
+            "1 while the topic runs fused (cut, decode, model, encode and produce on one "
+            "thread), 0 while staged over its dispatcher, device and results threads",
+            _TOPIC,
+            registry=reg,
+        )
         self.decode_inline = Gauge(
             "streamproc_decode_inline",
             "1 while the topic decodes on its dispatcher thread, 0 while on the decode workers",

@@ -1,10 +1,12 @@
 """The stages of one pipeline (one ``pipelines[]`` entry, keyed by its input topic), one builder
 per stage: staging pool, decoder, lane, placement state, result handler with resequencer, one
-device worker (own model instance) per device, and the dispatcher that feeds them."""
+device worker (own model instance) per device, the fused route where the lane may run fused
+(one CPU device), and the dispatcher that feeds them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,11 +23,13 @@ from streamproc.device import (
     StagingPool,
 )
 from streamproc.device.dispatch import Dispatcher
+from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy
 from streamproc.device.placement import DeviceLoad
 from streamproc.device.precision import build_model
 from streamproc.device.recovery import Outcome
 from streamproc.device.selection import DeviceSpec
 from streamproc.device.staging import report_leaks
+from streamproc.errors import ConfigError
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import FlowControl, PartitionBuffers
@@ -50,6 +54,8 @@ class TopicStages:
     workers: tuple[DeviceWorker, ...]
     load: DeviceLoad
     resequencer: Resequencer
+    fused: FusedRun | None = None
+    """The lane's fused route (one CPU device and ``worker.fused_lane`` not ``never``)."""
 
     @property
     def topic(self) -> str:
@@ -103,7 +109,33 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
         build_device_worker(spec, workload, device, lane, staging, completed, shared)
         for device in shared.devices
     )
-    return TopicStages(lane, decoder, staging, workers, load, resequencer)
+    fused = None
+    if fusable(shared.devices, shared.config.worker.fused_lane):
+        fused = FusedRun(
+            workers[0],
+            resequencer,
+            load,
+            functools.partial(handler.handle, observe=False),
+            lane.observe,
+        )
+    return TopicStages(lane, decoder, staging, workers, load, resequencer, fused)
+
+
+def fusable(devices: Sequence[DeviceSpec], fused_lane: str) -> bool:
+    """Whether a lane on ``devices`` may run fused under ``worker.fused_lane``: one CPU
+    device, and not ``never``.
+
+    Raises:
+        ConfigError: ``always`` where the lane runs on a GPU or on several devices.
+    """
+    one_cpu = len(devices) == 1 and devices[0].device.type == "cpu"
+    if fused_lane == "always" and not one_cpu:
+        raise ConfigError(
+            f"worker.fused_lane: always needs every pipeline on one CPU device, not on "
+            f"{[device.label for device in devices]}; allowed: auto, never, always "
+            f"(always only with worker.device: cpu and one device)"
+        )
+    return one_cpu and fused_lane != "never"
 
 
 def build_staging_pool(workload: Workload, shared: Shared) -> StagingPool:
@@ -229,6 +261,11 @@ def build_dispatcher(
 ) -> Dispatcher:
     """The pipeline's ``dispatch-<topic>`` thread; ``apply_flow`` takes its resume decisions
     (the source's :meth:`~streamproc.intake.source.Source.apply`)."""
+    gauge = shared.metrics.lane_fused.labels(stages.topic)
+    fused_lane = shared.config.worker.fused_lane
+    route: LaneRoute | LaneRoutePolicy = "staged"
+    if stages.fused is not None:
+        route = LaneRoutePolicy() if fused_lane == "auto" else "fused"
     return Dispatcher(
         stages.lane,
         stages.decoder,
@@ -238,4 +275,7 @@ def build_dispatcher(
         apply_flow,
         shared.metrics,
         shared.on_fatal,
+        fused=stages.fused,
+        route=route,
+        on_route=lambda now: gauge.set(now == "fused"),
     )

@@ -213,7 +213,7 @@ class CpuBackend:
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device or torch.device("cpu")
-        self._intra_op = IntraOpThreads()
+        self._threads = threading.local()  # each launching thread's IntraOpThreads
 
     def bind_thread(self) -> None:
         """Nothing to bind: CPU work runs on the calling thread."""
@@ -239,8 +239,12 @@ class CpuBackend:
         """Nothing cached to give back."""
 
     def set_yielding(self, yielding: bool) -> None:
-        """Half this thread's intra-op threads (at least one) while ``yielding``, else all."""
-        self._intra_op.use(yielding)
+        """Half the calling thread's intra-op threads (at least one) while ``yielding``, else
+        all (the device thread's, or a fused lane's: each thread keeps its own count)."""
+        intra_op = getattr(self._threads, "intra_op", None)
+        if intra_op is None:
+            intra_op = self._threads.intra_op = IntraOpThreads()
+        intra_op.use(yielding)
 
     def close(self) -> None:
         """Nothing held: pageable buffers are freed with their tensors."""

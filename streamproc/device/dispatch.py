@@ -9,6 +9,11 @@ One dispatcher thread per lane (input topic)::
          processes, straight into the slab)
       -> DeviceLoad.place (expected finish first; see device.placement) -> DeviceWorker.submit
 
+On a lane that runs fused (one CPU device; :mod:`streamproc.device.fusion`), the dispatcher
+also runs each batch's model and hands its result over itself, after the decode: no device or
+results thread takes part. ``worker.fused_lane`` fixes the route, or a
+:class:`~streamproc.device.fusion.LaneRoutePolicy` picks it by measured cost, batch by batch.
+
 Batch ids count 1, 2, 3, ... per lane without gaps: the lane's resequencer hands results over in
 that order. A device's in-flight slot is freed once the batch's results were handed to the sink
 (:meth:`~streamproc.device.placement.DeviceLoad.released`), so at most
@@ -25,11 +30,15 @@ from collections.abc import Callable, Sequence
 
 from streamproc.decode import Decoder
 from streamproc.device import DeviceJob, DeviceWorker, StagingPool
+from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy, threads_cpu_s
 from streamproc.device.placement import DeviceLoad
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import FlowControl
+from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.records import Batch
+
+log = get_logger(__name__)
 
 STALL_CHECK_PERIOD_S = 0.5
 """The dispatcher checks for stalled devices at most this often, in seconds (the lag thread
@@ -48,9 +57,14 @@ class Dispatcher:
         apply_flow: hands resume decisions to the source thread.
         metrics: process metrics.
         on_fatal: called with an exception that stops the dispatcher.
+        fused: the lane's fused route (None: staged only).
+        route: ``"staged"``, ``"fused"`` (needs ``fused``), or a :class:`LaneRoutePolicy`
+            that picks one per batch (needs ``fused``).
+        on_route: called with the route the lane runs, at start and after each change.
 
     Raises:
-        ValueError: ``workers`` and ``load`` disagree on the number of devices.
+        ValueError: ``workers`` and ``load`` disagree on the number of devices, or a fused
+            route without ``fused``.
     """
 
     def __init__(
@@ -63,9 +77,19 @@ class Dispatcher:
         apply_flow: Callable[[FlowControl], None],
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
+        fused: FusedRun | None = None,
+        route: LaneRoute | LaneRoutePolicy = "staged",
+        on_route: Callable[[LaneRoute], None] | None = None,
     ) -> None:
         if len(workers) != len(load.labels):
             raise ValueError(f"{len(workers)} workers for devices {load.labels}")
+        if fused is None and route != "staged":
+            raise ValueError("a fused route needs the lane's FusedRun")
+        self._fused = fused
+        self._policy = route if isinstance(route, LaneRoutePolicy) else None
+        self._route: LaneRoute = route if isinstance(route, str) else route.settled
+        self._on_route = on_route or (lambda route: None)
+        self._on_route(self._route)
         topic = self.topic = lane.topic
         self._lane = lane
         self._decoder = decoder
@@ -94,21 +118,65 @@ class Dispatcher:
         self._load.wake()  # a dispatcher waiting for a device with room
         self._thread.join(timeout_s)
 
+    @property
+    def route(self) -> LaneRoute:
+        """The route the lane runs outside probes (``fused`` or ``staged``)."""
+        return self._route if self._policy is None else self._policy.settled
+
     def _run(self) -> None:
+        policy = self._policy
+        lane_threads: tuple[int | None, ...] = ()
+        if policy is not None:
+            assert self._fused is not None
+            lane_threads = self._fused.thread_idents()
+        cycle_s, cpu_mark_s = time.monotonic(), 0.0
         try:
             while self._load.wait_capacity(self._stop):
+                route = self._route if policy is None else policy.route()
+                if route == "fused" and not self._catch_up():
+                    return
                 batch = self._next_batch()
                 if batch is None:
                     return
-                job = self._decode(batch)
-                device = self._load.place(batch.batch_id, len(batch))
-                self._workers[device].submit(job)
+                if route == "fused":
+                    assert self._fused is not None
+                    self._fused.run(self._decode(batch), batch.cut_at_s)
+                else:
+                    job = self._decode(batch)
+                    device = self._load.place(batch.batch_id, len(batch))
+                    self._workers[device].submit(job)
                 now_s = time.monotonic()
+                if policy is not None:  # the lane's cycle and its threads' CPU since the last
+                    cpu_s = time.thread_time() + threads_cpu_s(lane_threads)
+                    if cpu_mark_s:
+                        wall_s = now_s - cycle_s
+                        self._observe(policy, route, len(batch), wall_s, cpu_s - cpu_mark_s)
+                    cpu_mark_s = cpu_s
+                cycle_s = now_s
                 if now_s >= self._next_stall_check_s:  # the lag thread checks every tick too
                     self._next_stall_check_s = now_s + STALL_CHECK_PERIOD_S
                     self._load.check_stalls()
         except BaseException as exc:
             self._on_fatal(exc)
+
+    def _catch_up(self) -> bool:
+        """Before a fused batch: every batch cut before it handed over (a switch from the
+        staged route waits for the batches in flight); False once stopped."""
+        assert self._fused is not None
+        return self._fused.caught_up(self._next_batch_id + 1, self._stop)
+
+    def _observe(
+        self, policy: LaneRoutePolicy, route: LaneRoute, items: int, wall_s: float, cpu_s: float
+    ) -> None:
+        """Tell the route policy what a batch cost; log a kept or changed route."""
+        was_probing = policy.probing
+        change = policy.observe(route, items, wall_s, cpu_s)
+        if change is None:
+            if was_probing and not policy.probing:
+                log.debug("lane route kept", topic=self.topic, reason=policy.last_probe)
+            return
+        log.info("lane route changed", topic=self.topic, to=change.route, reason=change.reason)
+        self._on_route(change.route)
 
     def _next_batch(self) -> Batch | None:
         cut = self._lane.next_cut(self._stop)

@@ -63,6 +63,7 @@ class Resequencer:
         self._cond = threading.Condition()
         self._held: dict[int, tuple[DeviceResult, Release]] = {}
         self._next = first_batch_id
+        self._handed = first_batch_id - 1  # the last batch whose hand-over returned
         self._closing = False
         self._closed = False
         self.max_waiting = 0  # most results ever waiting for an earlier batch (tests, benches)
@@ -70,6 +71,11 @@ class Resequencer:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def thread_ident(self) -> int | None:
+        """The ``results-<topic>`` thread (``threading.get_ident``; None before :meth:`start`)."""
+        return self._thread.ident
 
     @property
     def held(self) -> int:
@@ -110,6 +116,51 @@ class Resequencer:
         release()
         self._on_released(batch_id)
 
+    def caught_up(self, batch_id: int, stop: threading.Event, timeout_s: float = 0.5) -> bool:
+        """Wait until every batch before ``batch_id`` was handed over, its ``on_result``
+        returned (a fused lane's switch from its staged route: the results in flight are
+        produced first, so a partition's results stay in offset order); False once ``stop`` is
+        set first. Wakes every ``timeout_s`` to look at ``stop``."""
+        with self._cond:
+            while self._handed < batch_id - 1:
+                if stop.is_set():
+                    return False
+                self._cond.wait(timeout_s)
+            if self._next != batch_id or self._handed != batch_id - 1:
+                raise ValueError(f"batch {batch_id} already handed over (next is {self._next})")
+            return True
+
+    def hand_over_here(
+        self,
+        result: DeviceResult,
+        release: Release,
+        on_result: Callable[[DeviceResult], None] | None = None,
+    ) -> None:
+        """Hand ``result`` over on the calling thread (a fused lane: the batch was cut,
+        decoded and run on this thread): ``on_result`` (default: the resequencer's), then
+        ``release`` and ``on_released``, as the results thread would. The batch must be the
+        next one, with nothing held (:meth:`caught_up` returned True for it).
+
+        Raises:
+            ValueError: the batch is not the next one, or results are held.
+            Exception: what ``on_result`` raised (after ``release`` and ``on_released``).
+        """
+        batch_id = result.batch.batch_id
+        with self._cond:
+            if batch_id != self._next or self._held:
+                raise ValueError(
+                    f"batch {batch_id} handed over here while {self._next} is next and "
+                    f"{sorted(self._held)} are held"
+                )
+        try:
+            (on_result or self._on_result)(result)
+        finally:
+            release()
+            self._on_released(batch_id)
+            with self._cond:
+                self._next += 1
+                self._handed = batch_id
+
     def _waiting_now(self) -> int:
         """Held results behind the first batch id not completed yet (under the condition);
         results merely queued for the results thread do not count."""
@@ -133,6 +184,9 @@ class Resequencer:
                 finally:
                     release()
                     self._on_released(result.batch.batch_id)
+                    with self._cond:
+                        self._handed = result.batch.batch_id
+                        self._cond.notify_all()  # a fused lane waiting to catch up
         except BaseException as exc:
             self._on_fatal(exc)
 

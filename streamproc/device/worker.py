@@ -167,6 +167,11 @@ class DeviceWorker:
             self._threads.extend(self._waiters.threads)
 
     @property
+    def thread_idents(self) -> tuple[int | None, ...]:
+        """The worker's threads (``threading.get_ident`` values; None before :meth:`start`)."""
+        return tuple(thread.ident for thread in self._threads)
+
+    @property
     def output_allocations(self) -> int:
         """Output buffers allocated so far (flat after warm-up)."""
         return self.outputs.allocations
@@ -337,21 +342,58 @@ class DeviceWorker:
     def _launch(self, job: DeviceJob, slot: int) -> Launched:
         return self._launcher.launch(self.model, job, slot)
 
+    def run_here(self, job: DeviceJob) -> tuple[DeviceResult, Release]:
+        """Run one decoded batch on the calling thread, for a fused lane (a synchronous
+        backend: the CPU): launch it as the device thread would (admission, part runner,
+        output buffer set), give its slab back and return its result with the ``release``
+        that gives the output buffer set back; ``on_complete`` is not called. The caller
+        keeps the batches in order: none of the lane's batches is queued on the device thread
+        meanwhile.
+
+        Raises:
+            RuntimeError: the backend is not synchronous (CUDA keeps its device thread).
+            FatalPipelineError: the pipeline must stop (see :class:`PartRunner`); the batch's
+                slab and output buffer set are back.
+        """
+        if not self.backend.synchronous:
+            raise RuntimeError(f"device worker {self.label}: run_here needs a synchronous backend")
+        with self._cond:
+            self._unfinished += 1
+        if self._gate is not None:
+            self._gate.announce(job.batch.priority)
+        slot = self.outputs.take(job.batch.batch_id)  # free: nothing else is in flight
+        launch = self._launch if self._gate is None else self._admitted_launch
+        try:
+            item = launch(job, slot)
+        except FatalPipelineError:
+            self.pool.release(job.slab)
+            self._releaser(slot)()
+            raise
+        return self._finish_here(item), self._releaser(item.out_slot)
+
     def _complete_now(self, item: Launched) -> None:
+        """A synchronous backend: the device thread completes each batch itself, right after
+        its launch (:meth:`_finish_here`)."""
+        self.on_complete(self._finish_here(item), self._releaser(item.out_slot))
+
+    def _finish_here(self, item: Launched) -> DeviceResult:
         """A synchronous backend: the batch's events have fired when its launch returned (a
-        test's backend may fire them later: wait for them here), so the device thread gives
-        the slab back and completes the batch itself."""
+        test's backend may fire them later: wait for them here); the slab goes back and the
+        batch's result is made on the calling thread."""
         item.copied.synchronize()
         self.pool.release(item.job.slab)
         item.slab_released = True
         item.done.synchronize()
-        self._complete(item)
+        return self._result(item)
 
     def _complete(self, item: Launched) -> None:
-        """Hand a finished batch (events fired, slab back) to ``on_complete``: numpy views of
-        its rows in its output buffer set."""
+        """Hand a finished batch (events fired, slab back) to ``on_complete``."""
+        self.on_complete(self._result(item), self._releaser(item.out_slot))
+
+    def _result(self, item: Launched) -> DeviceResult:
+        """A finished batch's result: numpy views of its rows in its output buffer set."""
         n = len(item.job.batch)
-        result = DeviceResult(
+        return DeviceResult(
             batch=item.job.batch,
             outputs=self.outputs.views(item.out_slot, n) if item.has_outputs else (),
             failed=item.failed,
@@ -359,7 +401,6 @@ class DeviceWorker:
             inference_s=self._service_s(item),
             model_calls=item.model_calls,
         )
-        self.on_complete(result, self._releaser(item.out_slot))
 
     def _service_s(self, item: Launched) -> float:
         """The batch's device service time (:func:`service_s`; batches complete in launch

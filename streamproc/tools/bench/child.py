@@ -59,6 +59,8 @@ class Job:
         decode_mode: streamproc's ``worker.decode_mode``; ``process`` also counts the decode
             processes' CPU.
         fixed_batch_size: streamproc with the adaptive batch size off, at this size.
+        fused_lane: streamproc's ``worker.fused_lane`` (``auto``, ``never``: staged,
+            ``always``: fused).
         linger_ms: the results producer's ``linger.ms`` (None: streamproc's default).
         idle_s: streamproc stops after this many seconds without input (a fallback: it stops
             once ``messages`` results are acknowledged).
@@ -76,6 +78,7 @@ class Job:
     batch_size: int = 256
     decode_mode: str = "thread"
     fixed_batch_size: int | None = None
+    fused_lane: str = "auto"
     linger_ms: float | None = None
     idle_s: float = 10.0
     records: tuple[Record, ...] = ()
@@ -124,6 +127,7 @@ def _run(job: Job, meter: CpuMeter, ready: Callable[[], None]) -> dict[str, Any]
         job.decode_mode,
         job.fixed_batch_size,
         job.linger_ms,
+        job.fused_lane,
     )
     if job.contender in ("floor", "floor+work"):
         work = floor.Work(job.workload, job.batch_size) if job.contender == "floor+work" else None

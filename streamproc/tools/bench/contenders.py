@@ -55,10 +55,12 @@ def pipeline_config(
     decode_mode: str = "thread",
     fixed_batch_size: int | None = None,
     linger_ms: float | None = None,
+    fused_lane: str = "auto",
 ) -> Config:
     """The bench's streamproc config (also the floor's: its consumer and producer settings and
     commit interval). ``fixed_batch_size`` turns the adaptive batch size off and cuts batches of
-    that size. ``linger_ms`` overrides the results producer's ``linger.ms``."""
+    that size. ``linger_ms`` overrides the results producer's ``linger.ms``; ``fused_lane`` is
+    ``worker.fused_lane``."""
     batching: dict[str, Any] = {
         # the adaptive batch size measures and picks the best size up to this cap
         "max_batch_size": 16 if workload == "video" else 256
@@ -89,7 +91,11 @@ def pipeline_config(
             # region for a core the broker, decode or Python holds (measured: a 256-row trades
             # batch took 5-30 ms instead of 0.6 ms, and video used 25-35 CPU-s per 370 frames
             # instead of 17-21 at equal or better throughput; docs/benchmarks.md).
-            "worker": {"decode_mode": decode_mode, "torch_threads": 1},
+            "worker": {
+                "decode_mode": decode_mode,
+                "torch_threads": 1,
+                "fused_lane": fused_lane,
+            },
         }
     )
 

@@ -124,7 +124,10 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-PROFILED = (FLOOR, FLOOR_WORK, STREAMPROC)
+FUSED, STAGED = "streamproc fused", "streamproc staged"
+"""The rows with ``worker.fused_lane`` fixed to ``always`` and ``never``."""
+
+PROFILED = (FLOOR, FLOOR_WORK, STREAMPROC, FUSED, STAGED)
 """Rows whose per-thread CPU the table prints."""
 
 
@@ -168,6 +171,17 @@ def _summary(rows: list[Row]) -> list[str]:
         rate = Spread.of(paired_ratios(sp.rates, other.rates))
         lines.append(
             f"  streamproc / {name:<13} CPU-µs/msg {cpu.format() if cpu else '-':<18} "
+            f"msg/s {rate.format() if rate else '-'}   (per repetition, median [min-max])"
+        )
+    work = _find(rows, FLOOR_WORK)
+    for name in (FUSED, STAGED):
+        row = _find(rows, name)
+        if row is None or work is None:
+            continue
+        cpu = Spread.of(paired_ratios(row.cpus, work.cpus))
+        rate = Spread.of(paired_ratios(row.rates, work.rates))
+        lines.append(
+            f"  {name[11:]:<10} / {FLOOR_WORK:<13} CPU-µs/msg {cpu.format() if cpu else '-':<18} "
             f"msg/s {rate.format() if rate else '-'}   (per repetition, median [min-max])"
         )
     sp50, floor50 = _find(rows, f"{STREAMPROC} @ 50%"), _find(rows, f"{FLOOR} @ 50%")

@@ -203,6 +203,16 @@ def _contenders(ctx: _Context) -> list[tuple[str, str, Callable[[int], Run]]]:
     rows += [
         (STREAMPROC, "adaptive batch size", lambda i: _kafka_run(ctx, base, f"sp-{i}", n)),
         (
+            "streamproc fused",
+            "worker.fused_lane: always (one thread per lane)",
+            lambda i: _kafka_run(ctx, replace(base, fused_lane="always"), f"fused-{i}", n),
+        ),
+        (
+            "streamproc staged",
+            "worker.fused_lane: never (dispatch, device, results threads)",
+            lambda i: _kafka_run(ctx, replace(base, fused_lane="never"), f"staged-{i}", n),
+        ),
+        (
             f"streamproc fixed {size}",
             "adaptive batch size off",
             lambda i: _kafka_run(ctx, replace(base, fixed_batch_size=size), f"fixed-{i}", n),

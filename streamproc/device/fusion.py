@@ -1,0 +1,159 @@
+"""The fused route of a lane on a CPU device: one thread cuts, decodes, runs the model, encodes
+and produces, with no hand-off between threads.
+
+Pipelining a lane over threads (dispatcher -> device -> results) pays on a GPU, where the device
+works while Python prepares the next batch. Where the device is the CPU the threads only compete
+for the same cores and the GIL, and every batch pays the hand-offs (a queue, a condition and a
+wake-up per stage) and the queueing between them. A fused lane does the same work on its
+dispatcher thread, with the same rings, batcher, priorities, flow control, offset ledger,
+part runner, result handler and guarantees::
+
+    dispatch-<topic>: Lane.next_cut -> lease slab -> Decoder (inline, or its decode threads)
+        -> DeviceWorker.run_here (admission, model, part runner; the slab back)
+        -> Resequencer.hand_over_here -> ResultHandler (encode, Sink.send_results)
+        -> output buffers back, DeviceLoad.released
+
+Which route a lane takes (``worker.fused_lane``): ``never`` (staged), ``always`` (fused; a lane
+on one CPU device only, else a start-up error), or ``auto``: where the lane runs on one CPU
+device, :class:`LaneRoutePolicy` measures both routes on live batches and keeps the cheaper
+(a :class:`~streamproc.routes.RoutePolicy`: staged where its overlap makes the lane faster per
+record by a margin, else fused where it costs less CPU per record, else as it is); fused at
+start. A lane on a GPU, or on several devices, is always staged.
+
+A switch happens at a batch boundary. From staged to fused the dispatcher waits until every
+batch already cut was handed over (:meth:`Resequencer.caught_up`), so each partition's results
+stay in offset order; from fused to staged nothing is in flight. The adaptive batch size learns
+a fused batch's whole time on the lane's thread (decode, model, encode, produce), the cost a
+batch size amortises there, instead of the model's time alone.
+
+Ownership: while a lane runs fused its dispatcher thread owns what the device thread owns on the
+staged route (the worker's part runner, batch cap and output set choice); the hand-over between
+the two is ordered by the resequencer's condition (every staged batch handed over first).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+from streamproc.device.jobs import DeviceJob, DeviceResult
+from streamproc.device.placement import DeviceLoad
+from streamproc.device.resequencer import Resequencer
+from streamproc.device.worker import DeviceWorker
+from streamproc.routes import RoutePolicy
+
+LaneRoute = Literal["fused", "staged"]
+"""How a lane runs its batches: on its dispatcher thread (``fused``) or over the dispatcher,
+device and results threads (``staged``)."""
+
+PROBE_BATCHES = 16
+"""Batches each route runs in a probe, in one stint each (a switch to fused waits for the
+staged batches in flight: alternating batch by batch would drain the lane every batch)."""
+
+
+class LaneRoutePolicy(RoutePolicy[LaneRoute]):
+    """Whether a lane on one CPU device runs fused or staged, by the measured wall and CPU
+    seconds per record of each route (:class:`~streamproc.routes.RoutePolicy`: simple way
+    ``fused``, parallel way ``staged``, probes in stints of :data:`PROBE_BATCHES`).
+
+    Its one owner is the lane's dispatcher thread: :meth:`route` before each batch,
+    :meth:`observe` after it with the batch's records, the wall seconds since the previous
+    batch (the lane's cycle: its throughput under a backlog) and the CPU seconds of the lane's
+    threads over that time (dispatcher, device, results; the decode threads' CPU is the same
+    either way and is left out).
+
+    Args:
+        clock: monotonic seconds (injected for tests).
+        start: the route at start (``fused``).
+        recheck_s: seconds before the first re-probe (doubling while the route holds).
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        start: LaneRoute = "fused",
+        recheck_s: float = 30.0,
+    ) -> None:
+        super().__init__(
+            "fused",
+            "staged",
+            "lane",
+            clock,
+            start=start,
+            probe_batches=PROBE_BATCHES,
+            stint=PROBE_BATCHES,
+            recheck_s=recheck_s,
+        )
+
+
+def threads_cpu_s(idents: Iterable[int | None]) -> float:
+    """CPU seconds so far of the threads ``idents`` (``threading.get_ident`` values; None and
+    threads that ended count 0): per-thread clocks, as ``/proc/<pid>/task/<tid>/stat`` has
+    them."""
+    total = 0.0
+    for ident in idents:
+        if ident is None:
+            continue
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (OSError, ProcessLookupError):
+            continue  # ended
+    return total
+
+
+class FusedRun:
+    """Runs a lane's batch on the calling thread (the lane's dispatcher) through its one CPU
+    device worker, and hands the result over there.
+
+    Args:
+        worker: the lane's device worker (a synchronous backend).
+        resequencer: the lane's resequencer (batch-id order across routes).
+        load: the lane's placement state (busy gauge, in-flight accounting, as on the staged
+            route).
+        handle: the result handler without its batch-size observation (encode, produce).
+        observe: the lane's adaptive batch size, given (rows, seconds) of each batch whose
+            model ran in one call: the batch's whole time on this thread.
+    """
+
+    def __init__(
+        self,
+        worker: DeviceWorker,
+        resequencer: Resequencer,
+        load: DeviceLoad,
+        handle: Callable[[DeviceResult], None],
+        observe: Callable[[int, float], None],
+    ) -> None:
+        self._worker = worker
+        self._resequencer = resequencer
+        self._load = load
+        self._handle = handle
+        self._observe = observe
+
+    def thread_idents(self) -> tuple[int | None, ...]:
+        """The staged route's other threads (device, results): their CPU counts for the lane."""
+        return (*self._worker.thread_idents, self._resequencer.thread_ident)
+
+    def caught_up(self, batch_id: int, stop: threading.Event) -> bool:
+        """Wait until every batch before ``batch_id`` was handed over (see
+        :meth:`Resequencer.caught_up`); False once ``stop`` is set."""
+        return self._resequencer.caught_up(batch_id, stop)
+
+    def run(self, job: DeviceJob, started_s: float) -> None:
+        """Run ``job`` (cut and decoded on this thread since ``started_s``, monotonic
+        seconds) through the model and hand its result over.
+
+        Raises:
+            FatalPipelineError: the pipeline must stop (the batch is neither produced nor
+                dead-lettered; its buffers are back).
+            Exception: what the result handler raised.
+        """
+        batch = job.batch
+        self._load.place(batch.batch_id, len(batch))
+        result, release = self._worker.run_here(job)
+        self._load.completed(batch.batch_id, result.inference_s)
+        self._resequencer.hand_over_here(result, release, self._handle)
+        if result.error is None and result.model_calls == 1:
+            self._observe(len(batch), time.monotonic() - started_s)

@@ -1,0 +1,234 @@
+"""Choosing between two ways of doing the same work by their measured cost: a pure policy.
+
+Two places in the core have a *simple* way (the work stays on the calling thread) and a
+*parallel* way (the work is handed to other threads, which costs hand-offs but can overlap):
+
+* a lane's decode: inline on its dispatcher thread, or on the decode threads
+  (:class:`~streamproc.decode.route.DecodeRoutePolicy`);
+* a lane on a CPU device: fused (one thread cuts, decodes, runs the model, encodes and
+  produces) or staged (dispatcher, device and results threads;
+  :class:`~streamproc.device.fusion.LaneRoutePolicy`).
+
+Which wins depends on the workload, the batch size and the free cores, so :class:`RoutePolicy`
+measures both, per batch: the wall seconds per record (the caller's wait for the work, or the
+lane's cycle) and the CPU seconds per record of every thread that worked on it::
+
+    probe (both ways, until each has           per record, the median batch's wall and CPU of
+      probe_batches (8) batches; in runs of     each way: the parallel way if its wall is
+      ``stint`` batches each way)               shorter by margin (10 %: the overlap pays);
+                                                else the simple way if its CPU is lower by the
+                                                margin (the parallel way only adds hand-offs);
+                                                else the current way
+    settled (the chosen way only)              probe again after recheck_s (30 s, doubling after
+                                               each probe that kept the way, at most 600 s;
+                                               back to 30 s after a switch), or at once when
+                                               the way's CPU per record reaches drift (2x)
+                                               what it was when chosen (median of
+                                               drift_batches, 64)
+
+Why it does not flap: a switch needs the other way better by the margin over a whole probe,
+and a tie keeps the current way; a way that keeps winning is probed ever less often (one probe
+costs at most ``probe_batches`` batches the other way). ``stint`` is for ways whose switch has
+a cost of its own (a staged lane drains before it runs fused): a probe then alternates in runs
+of ``stint`` batches instead of batch by batch.
+
+Measurements behind the decode defaults: ``docs/benchmarks-history.md``; behind the lane's:
+``docs/benchmarks.md`` (issue 28).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+W = TypeVar("W", bound=str)
+"""The ways' names (a ``Literal`` of two strings)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteChange(Generic[W]):
+    """A decision: the work goes ``route`` from now on; ``reason`` says why (logged)."""
+
+    route: W
+    reason: str
+
+
+@dataclass(slots=True)
+class _Cost:
+    """Per-record seconds of the batches done one way (one value per batch): wall and CPU."""
+
+    wall_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+
+    def add(self, items: int, wall_s: float, cpu_s: float) -> None:
+        self.wall_s.append(max(0.0, wall_s) / items)
+        self.cpu_s.append(max(0.0, cpu_s) / items)
+
+    @property
+    def batches(self) -> int:
+        return len(self.cpu_s)
+
+    @property
+    def wall_median_s(self) -> float:
+        """The median batch's wall seconds per record: a batch the OS preempted (several ms on
+        a busy host) moves it far less than it moves a mean."""
+        return statistics.median(self.wall_s) if self.wall_s else math.inf
+
+    @property
+    def cpu_median_s(self) -> float:
+        """The median batch's CPU seconds per record."""
+        return statistics.median(self.cpu_s) if self.cpu_s else math.inf
+
+
+class RoutePolicy(Generic[W]):
+    """Which of two ways a lane's work goes, by the measured wall and CPU seconds per record of
+    each (see the module docstring).
+
+    Not thread-safe: its one owner calls :meth:`route` before each batch and :meth:`observe`
+    after it, on one thread.
+
+    Args:
+        simple: the way that keeps the work on the calling thread.
+        parallel: the way that hands it to other threads.
+        subject: what is routed, the first word of :attr:`last_probe` (``decode``, ``lane``).
+        clock: monotonic seconds (injected; tests pass a
+            :class:`~streamproc.testing.FakeClock`).
+        start: the way at start, kept until a probe shows the other better.
+        probe_batches: batches each way per probe (>= 1).
+        stint: batches in a row one way during a probe (1: alternate batch by batch).
+        margin: how much cheaper (CPU) or faster (wall) per record, 0..1, a way must be to win.
+        recheck_s, max_recheck_s: seconds between probes (doubling while the way holds).
+        drift: probe at once when the settled way's CPU per record reaches this multiple
+            (> 1) of what it was when chosen.
+        drift_batches: batches over which that cost is measured (>= 1).
+
+    Raises:
+        ValueError: a non-positive count or period, a margin outside [0, 1), a drift <= 1, or
+            ``start`` that is neither way.
+    """
+
+    def __init__(
+        self,
+        simple: W,
+        parallel: W,
+        subject: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        start: W,
+        probe_batches: int = 8,
+        stint: int = 1,
+        margin: float = 0.1,
+        recheck_s: float = 30.0,
+        max_recheck_s: float = 600.0,
+        drift: float = 2.0,
+        drift_batches: int = 64,
+    ) -> None:
+        if probe_batches < 1 or drift_batches < 1 or stint < 1:
+            raise ValueError("need probe_batches, drift_batches, stint >= 1")
+        if not 0 < recheck_s <= max_recheck_s:
+            raise ValueError("need 0 < recheck_s <= max_recheck_s")
+        if not 0.0 <= margin < 1.0 or drift <= 1.0:
+            raise ValueError("need 0 <= margin < 1 and drift > 1")
+        if start not in (simple, parallel):
+            raise ValueError(f"start {start!r} is neither {simple!r} nor {parallel!r}")
+        self.simple, self.parallel, self.subject = simple, parallel, subject
+        self._clock = clock
+        self.probe_batches = probe_batches
+        self.stint = stint
+        self.margin = margin
+        self.base_recheck_s = recheck_s
+        self.max_recheck_s = max_recheck_s
+        self.drift = drift
+        self.drift_batches = drift_batches
+        self._settled: W = start
+        self._probe: dict[W, _Cost] | None = self._fresh_probe()
+        self._last: W = start  # the way of the latest batch routed
+        self._recheck_s = recheck_s
+        self._next_probe_s = math.inf
+        self._chosen_at_s = math.inf  # the settled way's CPU per record at the last probe
+        self._recent = _Cost()  # the settled way since the last drift check
+        self.last_probe = ""  # the verdict of the latest probe, with both ways' costs
+
+    def _fresh_probe(self) -> dict[W, _Cost]:
+        return {self.simple: _Cost(), self.parallel: _Cost()}
+
+    @property
+    def settled(self) -> W:
+        """The way the work goes outside probes."""
+        return self._settled
+
+    @property
+    def probing(self) -> bool:
+        return self._probe is not None
+
+    def route(self) -> W:
+        """The way of the next batch: the settled one, or during a probe the way with fewer
+        batches so far (the settled one on a tie), so both see the same load; with a
+        ``stint``, the way of the latest batch until it has a multiple of ``stint``."""
+        if self._probe is None:
+            if self._clock() < self._next_probe_s:
+                self._last = self._settled
+                return self._settled
+            self._probe = self._fresh_probe()
+        probe, last = self._probe, self._last
+        if probe[last].batches % self.stint and probe[last].batches < self.probe_batches:
+            return last
+        other = self._other(self._settled)
+        way = other if probe[other].batches < probe[self._settled].batches else self._settled
+        self._last = way
+        return way
+
+    def _other(self, way: W) -> W:
+        return self.parallel if way == self.simple else self.simple
+
+    def observe(self, route: W, items: int, wall_s: float, cpu_s: float) -> RouteChange[W] | None:
+        """Count one batch of ``items`` records done ``route``: ``wall_s`` its wall seconds,
+        ``cpu_s`` the CPU seconds of every thread that worked on it. Returns a change of the
+        settled way, or None."""
+        if items < 1:
+            return None
+        if self._probe is None:
+            if route == self._settled:
+                self._recent.add(items, wall_s, cpu_s)
+                if self._recent.batches >= self.drift_batches:
+                    if self._recent.cpu_median_s >= self.drift * self._chosen_at_s:
+                        self._next_probe_s = -math.inf  # probe from the next batch
+                    self._recent = _Cost()
+            return None
+        self._probe[route].add(items, wall_s, cpu_s)
+        if min(cost.batches for cost in self._probe.values()) < self.probe_batches:
+            return None
+        return self._end_probe(self._probe)
+
+    def _end_probe(self, probe: dict[W, _Cost]) -> RouteChange[W] | None:
+        self._probe = None
+        self._recent = _Cost()
+        simple, parallel = probe[self.simple], probe[self.parallel]
+        keep = 1.0 - self.margin
+        if parallel.wall_median_s <= simple.wall_median_s * keep:
+            best = self.parallel  # the overlap shortens the wait: worth its CPU
+        elif simple.cpu_median_s <= parallel.cpu_median_s * keep:
+            best = self.simple  # the hand-offs cost CPU and are not faster
+        else:
+            best = self._settled  # within the margin both ways: keep
+        switch = best != self._settled
+        if switch:
+            self._settled = best
+            self._recheck_s = self.base_recheck_s
+        self._chosen_at_s = probe[best].cpu_median_s
+        self._next_probe_s = self._clock() + self._recheck_s
+        self.last_probe = (
+            f"{self.subject} {best}: per record {self.simple} "
+            f"{simple.cpu_median_s * 1e6:.2f} us CPU, {simple.wall_median_s * 1e6:.2f} us wall; "
+            f"{self.parallel} {parallel.cpu_median_s * 1e6:.2f} us CPU, "
+            f"{parallel.wall_median_s * 1e6:.2f} us wall (medians of {simple.batches} + "
+            f"{parallel.batches} batches; a way wins by {self.margin:.0%})"
+        )
+        if not switch:
+            self._recheck_s = min(2.0 * self._recheck_s, self.max_recheck_s)
+            return None
+        return RouteChange(best, self.last_probe)
