@@ -167,6 +167,18 @@ gpu-wheels: deps kafka-jars
 test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
+# The guarantee tests on the real broker (tests/integration, every test but the several-device
+# ones, which cannot fuse) twice: every lane fused (worker.fused_lane: always), then every lane
+# staged (never); the environment variable overrides each test's own config, its subprocesses'
+# too. `make test` runs them once, with the default (auto: fused on a CPU).
+.PHONY: test-lanes
+LANES_TESTS ?= tests/integration --ignore=tests/integration/test_devices.py
+test-lanes: venv kafka-jars
+	STREAMPROC_WORKER__FUSED_LANE=always $(PY) -m pytest -m "not slow and not faults" \
+	  $(LANES_TESTS) -p no:cacheprovider $(PYTEST_ARGS)
+	STREAMPROC_WORKER__FUSED_LANE=never $(PY) -m pytest -m "not slow and not faults" \
+	  $(LANES_TESTS) -p no:cacheprovider $(PYTEST_ARGS)
+
 # The gpu tier (tests/gpu, marker gpu): the CUDA backend for real (a model through the device
 # worker on cuda:0 against the CPU, pinned buffers). Collected only where torch sees a CUDA
 # device (there `make test` runs it too); elsewhere nothing runs and this target fails

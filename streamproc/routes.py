@@ -105,6 +105,9 @@ class RoutePolicy(Generic[W]):
         drift: probe at once when the settled way's CPU per record reaches this multiple
             (> 1) of what it was when chosen.
         drift_batches: batches over which that cost is measured (>= 1).
+        probe_at_start: probe from the first batch (else the first probe comes after
+            ``recheck_s``: a way that is right almost everywhere spares the start-up its
+            probe).
 
     Raises:
         ValueError: a non-positive count or period, a margin outside [0, 1), a drift <= 1, or
@@ -126,6 +129,7 @@ class RoutePolicy(Generic[W]):
         max_recheck_s: float = 600.0,
         drift: float = 2.0,
         drift_batches: int = 64,
+        probe_at_start: bool = True,
     ) -> None:
         if probe_batches < 1 or drift_batches < 1 or stint < 1:
             raise ValueError("need probe_batches, drift_batches, stint >= 1")
@@ -145,10 +149,10 @@ class RoutePolicy(Generic[W]):
         self.drift = drift
         self.drift_batches = drift_batches
         self._settled: W = start
-        self._probe: dict[W, _Cost] | None = self._fresh_probe()
+        self._probe: dict[W, _Cost] | None = self._fresh_probe() if probe_at_start else None
         self._last: W = start  # the way of the latest batch routed
         self._recheck_s = recheck_s
-        self._next_probe_s = math.inf
+        self._next_probe_s = math.inf if probe_at_start else clock() + recheck_s
         self._chosen_at_s = math.inf  # the settled way's CPU per record at the last probe
         self._recent = _Cost()  # the settled way since the last drift check
         self.last_probe = ""  # the verdict of the latest probe, with both ways' costs

@@ -18,7 +18,7 @@ on one CPU device only, else a start-up error), or ``auto``: where the lane runs
 device, :class:`LaneRoutePolicy` measures both routes on live batches and keeps the cheaper
 (a :class:`~streamproc.routes.RoutePolicy`: staged where its overlap makes the lane faster per
 record by a margin, else fused where it costs less CPU per record, else as it is); fused at
-start. A lane on a GPU, or on several devices, is always staged.
+start, first probed after 30 s. A lane on a GPU, or on several devices, is always staged.
 
 A switch happens at a batch boundary. From staged to fused the dispatcher waits until every
 batch already cut was handed over (:meth:`Resequencer.caught_up`), so each partition's results
@@ -64,10 +64,14 @@ class LaneRoutePolicy(RoutePolicy[LaneRoute]):
     threads over that time (dispatcher, device, results; the decode threads' CPU is the same
     either way and is left out).
 
+    Starts settled on ``start`` and probes first after ``recheck_s`` (a probe at start-up
+    would put its stint of staged batches, and the drain back, on the first messages' latency;
+    fused wins almost everywhere on a CPU: docs/benchmarks.md).
+
     Args:
         clock: monotonic seconds (injected for tests).
         start: the route at start (``fused``).
-        recheck_s: seconds before the first re-probe (doubling while the route holds).
+        recheck_s: seconds before the first probe (then doubling while the route holds).
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class LaneRoutePolicy(RoutePolicy[LaneRoute]):
             probe_batches=PROBE_BATCHES,
             stint=PROBE_BATCHES,
             recheck_s=recheck_s,
+            probe_at_start=False,
         )
 
 

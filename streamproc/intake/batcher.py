@@ -40,6 +40,10 @@ import numpy as np
 from streamproc.intake.rings import RingView
 from streamproc.records import Priority
 
+NEAR_BEST = 0.95
+"""The adaptive batch size's default latency tie-break: the smallest size within 5 % of the best
+throughput (a fused lane aims for the best itself: :meth:`AdaptiveBatchSize.set_near_best`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Cut:
@@ -105,7 +109,7 @@ class AdaptiveBatchSize:
     window: int = 8
     min_observations: int = 3
     give_up_below: float = 0.8
-    near_best: float = 0.95
+    near_best: float = NEAR_BEST
     explore_every: int = 50
     fresh_for: int = 16
     # per size: (observation number, seconds) of its last ``window`` batches
@@ -131,6 +135,15 @@ class AdaptiveBatchSize:
     def set_cap(self, cap: int) -> None:
         """The devices can run at most ``cap`` rows now (clamped to 1..``max_batch_size``)."""
         self.cap = max(1, min(cap, self.max_batch_size))
+        self._target = None
+
+    def set_near_best(self, near_best: float) -> None:
+        """Aim for the smallest size within ``near_best`` (0 < x <= 1) of the best throughput
+        from now on: 1.0 is the throughput-optimal size itself (a fused lane, where a batch's
+        fixed costs are the lane thread's own, not hidden behind the device)."""
+        if not 0.0 < near_best <= 1.0:
+            raise ValueError(f"near_best must be in (0, 1], got {near_best}")
+        self.near_best = near_best
         self._target = None
 
     def observe(self, size: int, service_s: float) -> None:

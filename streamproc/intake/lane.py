@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamproc.intake.batcher import Batcher, Cut
+from streamproc.intake.batcher import NEAR_BEST, Batcher, Cut
 from streamproc.intake.rings import FlowControl, PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Priority, Record, TopicPartition
@@ -196,6 +196,15 @@ class Lane:
             self._caps[device] = cap
             self._batcher.set_cap(min(self._caps.values()))
             self._cond.notify_all()
+
+    def aim_for_throughput(self, throughput: bool) -> None:
+        """With the adaptive batch size: aim for the throughput-optimal size (a fused lane:
+        each batch's time is the lane thread's whole work on it), or, False, the smallest size
+        within 5 % of it (a staged lane: lower latency for the same device throughput)."""
+        with self._cond:
+            sizer = self._batcher.sizer
+            if sizer is not None:
+                sizer.set_near_best(1.0 if throughput else NEAR_BEST)
 
     @property
     def cap(self) -> int:

@@ -30,8 +30,9 @@ from tests.integration.conftest import (
 )
 
 
+@pytest.mark.parametrize("lane", ["always", "never"])  # worker.fused_lane: fused, staged
 def test_sigterm_with_batches_in_flight_drains_and_restart_has_no_duplicates(
-    bootstrap_servers: str, topics: Topics, tmp_path: Path
+    bootstrap_servers: str, topics: Topics, tmp_path: Path, lane: str
 ) -> None:
     total = 300
     produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
@@ -49,6 +50,7 @@ def test_sigterm_with_batches_in_flight_drains_and_restart_has_no_duplicates(
             }
         ],
         shutdown_timeout_s=20,
+        worker={"fused_lane": lane},
     )
     log = tmp_path / "consumer.log"
     consumer = start_consumer(config, log, idle_s=None)
@@ -70,7 +72,7 @@ def test_sigterm_with_batches_in_flight_drains_and_restart_has_no_duplicates(
     restart = start_consumer(config, log)
     assert restart.wait(120) == 0, log.read_text()[-2000:]
     verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
-    report(f"sigterm after {written} results, drained in {drain_s:.1f} s", verdict)
+    report(f"sigterm after {written} results, drained in {drain_s:.1f} s ({lane})", verdict)
     assert verdict.missing == [] and verdict.duplicates == 0
     assert verdict.committed_equals_end
 
@@ -192,9 +194,11 @@ def test_batch_slower_than_max_poll_interval_keeps_group_membership(
     assert verdict.missing == [] and verdict.duplicates == 0 and verdict.committed_equals_end
 
 
-@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+@pytest.mark.parametrize(  # worker.fused_lane: always = fused, never = staged
+    ("protocol", "lane"), [("classic", "always"), ("classic", "never"), ("consumer", "auto")]
+)
 def test_exactly_once_with_kill_9_has_no_missing_and_no_duplicates(
-    bootstrap_servers: str, topics: Topics, tmp_path: Path, protocol: str
+    bootstrap_servers: str, topics: Topics, tmp_path: Path, protocol: str, lane: str
 ) -> None:
     total, kills = 600, 2
     produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
@@ -205,6 +209,7 @@ def test_exactly_once_with_kill_9_has_no_missing_and_no_duplicates(
         topics,
         processing_guarantee="exactly_once",
         kafka=kafka,
+        worker={"fused_lane": lane},
     )
     env = {"STREAMPROC_INSTANCE_ID": "eos-0"}  # the restart fences the killed instance
     log = tmp_path / "consumer.log"
@@ -225,7 +230,7 @@ def test_exactly_once_with_kill_9_has_no_missing_and_no_duplicates(
     final = start_consumer(config, log, env=env)
     assert final.wait(180) == 0, log.read_text()[-3000:]
     verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
-    report(f"exactly-once, {kills} kill -9 ({protocol} protocol)", verdict)
+    report(f"exactly-once, {kills} kill -9 ({protocol} protocol, fused_lane {lane})", verdict)
     assert verdict.inputs == total
     assert verdict.missing == [] and verdict.duplicates == 0
     assert verdict.output_stable  # no transaction left open

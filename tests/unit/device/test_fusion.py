@@ -14,7 +14,7 @@ import torch
 from streamproc.assembly.topic import fusable
 from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
 from streamproc.device.dispatch import Dispatcher
-from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy
+from streamproc.device.fusion import PROBE_BATCHES, FusedRun, LaneRoute, LaneRoutePolicy
 from streamproc.device.placement import DeviceLoad
 from streamproc.device.recovery import BrokenModelError
 from streamproc.device.selection import DeviceSpec
@@ -242,3 +242,31 @@ def test_always_needs_one_cpu_device_and_says_so_naming_the_key() -> None:
     assert not fusable([gpu], "auto")
     with pytest.raises(ConfigError, match=r"worker\.fused_lane"):
         fusable([gpu], "always")
+
+
+def test_the_lane_policy_starts_fused_and_probes_staged_only_later() -> None:
+    clock = FakeClock()
+    policy = LaneRoutePolicy(clock, recheck_s=30.0)
+
+    def run(batches: int, cost: dict[LaneRoute, tuple[float, float]]) -> list[LaneRoute]:
+        ways = []
+        for _ in range(batches):
+            way = policy.route()
+            ways.append(way)
+            policy.observe(way, 100, *cost[way])
+            clock.advance(0.01)
+        return ways
+
+    light: dict[LaneRoute, tuple[float, float]] = {"fused": (1.0, 1.0), "staged": (1.0, 1.6)}
+    assert run(200, light) == ["fused"] * 200  # no probe at start-up
+    clock.advance(30.0)
+    ways = run(2 * PROBE_BATCHES, light)  # one stint each, fused (settled) first
+    assert ways == ["fused"] * PROBE_BATCHES + ["staged"] * PROBE_BATCHES
+    assert policy.settled == "fused"  # staged cost more CPU for the same cycle
+    clock.advance(60.0)  # the next probe: staged's overlap now shortens the cycle by 30 %
+    overlapping: dict[LaneRoute, tuple[float, float]] = {
+        "fused": (1.0, 1.0),
+        "staged": (0.7, 1.3),
+    }
+    run(2 * PROBE_BATCHES, overlapping)
+    assert policy.settled == "staged" and policy.route() == "staged"

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from streamproc.intake.batcher import AdaptiveBatchSize, Batcher, Cut, Wait
+from streamproc.intake.lane import Lane
 from streamproc.intake.rings import PartitionBuffers
+from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Priority, Record, TopicPartition
 
 A = TopicPartition("t", 0)
@@ -181,6 +183,24 @@ def test_adaptive_size_prefers_the_smaller_of_near_equal_sizes() -> None:
         size = sizer.target()
         sizer.observe(size, slower[size])
     assert sizer.target() == 8
+
+
+def test_a_fused_lane_aims_for_the_throughput_optimal_size_itself() -> None:
+    batcher = Batcher(16, 1 << 30, 0.020, adaptive=True)
+    lane = Lane("in", PartitionBuffers(64, 0.75, 0.25), batcher, OffsetTracker())
+    sizer = batcher.sizer
+    assert sizer is not None
+    profile = {1: 1 / 30, 2: 2 / 45, 4: 4 / 60, 8: 8 / 62, 16: 16 / 40}  # 4 within 5 % of 8
+    for _ in range(30):
+        size = sizer.target()
+        sizer.observe(size, profile[size])
+    assert lane.target == 4  # staged: the latency tie-break
+    lane.aim_for_throughput(True)
+    assert lane.target == 8  # fused: the fastest size
+    lane.aim_for_throughput(False)
+    assert lane.target == 4
+    with pytest.raises(ValueError, match="near_best"):
+        sizer.set_near_best(0.0)
 
 
 def test_adaptive_size_ignores_one_interfered_batch_but_follows_a_lasting_slowdown() -> None:
