@@ -1,6 +1,6 @@
-"""The device stage: device selection and placement, the dispatcher, admission across lanes,
-staging buffers (pinned when CUDA is present), device backends (CPU; CUDA streams and events),
-device workers, and the resequencer."""
+"""The device stage: device selection and placement, the dispatcher (and a lane's fused route on
+one CPU device), admission across lanes, staging buffers (pinned when CUDA is present), device
+backends (CPU; CUDA streams and events), device workers, and the resequencer."""
 
 from streamproc.device.backend import CpuBackend, CudaBackend, DeviceBackend
 from streamproc.device.jobs import DeviceJob, DeviceResult, Release
