@@ -286,8 +286,9 @@ class Metrics:
         )
         self.lane_fused = Gauge(
             "streamproc_lane_fused",
-            "1 while the topic runs fused (cut, decode, model, encode and produce on one "
-            "thread), 0 while staged over its dispatcher, device and results threads",
+            "1 while the topic's settled route is fused (cut, decode, model, encode and "
+            "produce on one thread), 0 while staged over its dispatcher, device and results "
+            "threads (a probe runs 16 batches the other way without changing it)",
             _TOPIC,
             registry=reg,
         )

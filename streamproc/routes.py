@@ -11,7 +11,9 @@ Two places in the core have a *simple* way (the work stays on the calling thread
 
 Which wins depends on the workload, the batch size and the free cores, so :class:`RoutePolicy`
 measures both, per batch: the wall seconds per record (the caller's wait for the work, or the
-lane's cycle) and the CPU seconds per record of every thread that worked on it::
+lane's cycle) and the CPU seconds per record of the threads its owner counts (the decode:
+every thread that decoded the batch; the lane: its own dispatcher, device and results
+threads)::
 
     probe (both ways, until each has           per record, the median batch's wall and CPU of
       probe_batches (8) batches; in runs of     each way: the parallel way if its wall is
@@ -169,12 +171,14 @@ class RoutePolicy(Generic[W]):
     def probing(self) -> bool:
         return self._probe is not None
 
-    def route(self) -> W:
+    def route(self, hold: bool = False) -> W:
         """The way of the next batch: the settled one, or during a probe the way with fewer
         batches so far (the settled one on a tie), so both see the same load; with a
-        ``stint``, the way of the latest batch until it has a multiple of ``stint``."""
+        ``stint``, the way of the latest batch until it has a multiple of ``stint``.
+        ``hold``: start no probe now, even if one is due (another policy of the same lane is
+        probing, and the two would measure each other's mix)."""
         if self._probe is None:
-            if self._clock() < self._next_probe_s:
+            if hold or self._clock() < self._next_probe_s:
                 self._last = self._settled
                 return self._settled
             self._probe = self._fresh_probe()
@@ -191,8 +195,8 @@ class RoutePolicy(Generic[W]):
 
     def observe(self, route: W, items: int, wall_s: float, cpu_s: float) -> RouteChange[W] | None:
         """Count one batch of ``items`` records done ``route``: ``wall_s`` its wall seconds,
-        ``cpu_s`` the CPU seconds of every thread that worked on it. Returns a change of the
-        settled way, or None."""
+        ``cpu_s`` the CPU seconds the owner counts for it (the same threads either way: see
+        each owner). Returns a change of the settled way, or None."""
         if items < 1:
             return None
         if self._probe is None:

@@ -117,7 +117,7 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
             resequencer,
             load,
             functools.partial(handler.handle, observe=False),
-            lane.observe,
+            functools.partial(lane.observe, whole=True),
         )
     return TopicStages(lane, decoder, staging, workers, load, resequencer, fused)
 

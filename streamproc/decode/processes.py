@@ -243,8 +243,14 @@ class ProcessDecoder:
     ) -> None:
         self._processes = processes
         self._lane = lane
+        self.hold_probes = False  # no route to probe: decode processes are never bypassed
         self._max_message_bytes = max_message_bytes
         self._on_sample = on_sample
+
+    @property
+    def probing(self) -> bool:
+        """Never: decode processes have one route."""
+        return False
 
     def decode(self, records: Sequence[Record], slab: DecodeSlab) -> Failures:
         """:meth:`Decoder.decode <streamproc.decode.protocol.Decoder.decode>` in the decode

@@ -40,7 +40,19 @@ class DecodeSlab(Protocol):
 
 
 class Decoder(Protocol):
-    """Fills a leased slab from a batch's records."""
+    """Fills a leased slab from a batch's records.
+
+    Attributes:
+        hold_probes: set by the lane's dispatcher (its one caller) while the lane measures its
+            own route: the decoder starts no probe of its decode route meanwhile.
+    """
+
+    hold_probes: bool
+
+    @property
+    def probing(self) -> bool:
+        """The decoder is measuring its decode route now (its batches alternate ways)."""
+        ...
 
     def decode(self, records: Sequence[Record], slab: DecodeSlab) -> Failures:
         """Decode ``records[i]`` into ``slab.array[i]``; return the rows that failed.

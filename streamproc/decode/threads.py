@@ -190,10 +190,16 @@ class ThreadDecoder:
         self._policy = route if isinstance(route, DecodeRoutePolicy) else None
         self._fixed: Route = route if isinstance(route, str) else route.settled
         self._on_route = on_route
+        self.hold_probes = False  # the lane's dispatcher holds the route's probes (Decoder)
         if on_route is not None:
             on_route(self._fixed)
 
     @property
+    @property
+    def probing(self) -> bool:
+        """The decode route is being measured now (batches alternate inline and pool)."""
+        return self._policy is not None and self._policy.probing
+
     def route(self) -> Route:
         """The way this lane decodes outside probes."""
         return self._fixed if self._policy is None else self._policy.settled
@@ -203,7 +209,7 @@ class ThreadDecoder:
         the decode threads as the route says."""
         started_s = time.perf_counter()
         cpu_start_s = time.thread_time()
-        route = self._fixed if self._policy is None else self._policy.route()
+        route = self._fixed if self._policy is None else self._policy.route(self.hold_probes)
         failed = oversized(records, self._max_message_bytes)
         workers = 0  # inline: no decode thread
         threads_cpu_s = 0.0  # CPU of the decode threads on this batch

@@ -142,9 +142,12 @@ class DeviceAdmission:
     method (on the gate)        called by              does
     ==========================  =====================  ========================================
     :meth:`AdmissionGate.announce`  dispatcher thread   a batch waits for the device (submit)
-    :meth:`AdmissionGate.admit`     device thread       wait out more urgent batches (bounded)
-    :meth:`AdmissionGate.finish`    device thread       the batch's model call returned
+    :meth:`AdmissionGate.admit`     device thread*      wait out more urgent batches (bounded)
+    :meth:`AdmissionGate.finish`    device thread*      the batch's model call returned
     ==========================  =====================  ========================================
+
+    * or, on a fused lane (:mod:`streamproc.device.fusion`), the lane's dispatcher thread,
+      which launches there itself
 
     Args:
         max_defer_s: the longest a launch waits for more urgent batches (>= 0).

@@ -130,9 +130,17 @@ class Dispatcher:
             assert self._fused is not None
             lane_threads = self._fused.thread_idents()
         cycle_s, cpu_mark_s = time.monotonic(), 0.0
+        previous: LaneRoute = self._route
+        settling = 0  # cycles after a switch left unmeasured (the drain, or the refill)
         try:
             while self._load.wait_capacity(self._stop):
-                route = self._route if policy is None else policy.route()
+                route = self._route
+                if policy is not None:  # one probe at a time per lane: decode route or lane
+                    route = policy.route(hold=self._decoder.probing)
+                    self._decoder.hold_probes = policy.probing
+                    if route != previous:
+                        settling = self._workers[0].max_in_flight + 1
+                    previous = route
                 if route == "fused" and not self._catch_up():
                     return
                 batch = self._next_batch()
@@ -148,9 +156,10 @@ class Dispatcher:
                 now_s = time.monotonic()
                 if policy is not None:  # the lane's cycle and its threads' CPU since the last
                     cpu_s = time.thread_time() + threads_cpu_s(lane_threads)
-                    if cpu_mark_s:
+                    if cpu_mark_s and not settling:
                         wall_s = now_s - cycle_s
                         self._observe(policy, route, len(batch), wall_s, cpu_s - cpu_mark_s)
+                    settling = max(0, settling - 1)
                     cpu_mark_s = cpu_s
                 cycle_s = now_s
                 if now_s >= self._next_stall_check_s:  # the lag thread checks every tick too

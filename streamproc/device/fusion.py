@@ -61,8 +61,12 @@ class LaneRoutePolicy(RoutePolicy[LaneRoute]):
     Its one owner is the lane's dispatcher thread: :meth:`route` before each batch,
     :meth:`observe` after it with the batch's records, the wall seconds since the previous
     batch (the lane's cycle: its throughput under a backlog) and the CPU seconds of the lane's
-    threads over that time (dispatcher, device, results; the decode threads' CPU is the same
-    either way and is left out).
+    own threads over that time (dispatcher, device, results; not the decode threads, shared
+    by the lanes, nor torch's intra-op threads: the model's work is the same either way). The
+    CPU is counted per cycle, not per batch: on the staged route a batch's device and results
+    work lands in later cycles, so the cycles right after a switch (the drain, the refill) are
+    left out, and neither route's probe starts while the lane's decode route is probing (nor
+    the other way round: each would measure the other's mix).
 
     Starts settled on ``start`` and probes first after ``recheck_s`` (a probe at start-up
     would put its stint of staged batches, and the drain back, on the first messages' latency;
@@ -159,6 +163,6 @@ class FusedRun:
         self._load.place(batch.batch_id, len(batch))
         result, release = self._worker.run_here(job)
         self._load.completed(batch.batch_id, result.inference_s)
-        self._resequencer.hand_over_here(result, release, self._handle)
-        if result.error is None and result.model_calls == 1:
+        handed = self._resequencer.hand_over_here(result, release, self._handle)
+        if handed and result.error is None and result.model_calls == 1:
             self._observe(len(batch), time.monotonic() - started_s)

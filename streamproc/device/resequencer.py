@@ -135,11 +135,13 @@ class Resequencer:
         result: DeviceResult,
         release: Release,
         on_result: Callable[[DeviceResult], None] | None = None,
-    ) -> None:
+    ) -> bool:
         """Hand ``result`` over on the calling thread (a fused lane: the batch was cut,
         decoded and run on this thread): ``on_result`` (default: the resequencer's), then
         ``release`` and ``on_released``, as the results thread would. The batch must be the
-        next one, with nothing held (:meth:`caught_up` returned True for it).
+        next one, with nothing held (:meth:`caught_up` returned True for it). Returns False
+        (nothing produced; ``release`` and ``on_released`` called, a warning logged) once the
+        resequencer is closed: the drain gave up on the batch, its inputs stay uncommitted.
 
         Raises:
             ValueError: the batch is not the next one, or results are held.
@@ -147,11 +149,17 @@ class Resequencer:
         """
         batch_id = result.batch.batch_id
         with self._cond:
-            if batch_id != self._next or self._held:
+            closed = self._closed
+            if not closed and (batch_id != self._next or self._held):
                 raise ValueError(
                     f"batch {batch_id} handed over here while {self._next} is next and "
                     f"{sorted(self._held)} are held"
                 )
+        if closed:  # the drain gave up on this batch: as put() does, it is not produced
+            log.warning("result after close dropped", topic=self.topic, batch_id=batch_id)
+            release()
+            self._on_released(batch_id)
+            return False
         try:
             (on_result or self._on_result)(result)
         finally:
@@ -160,6 +168,7 @@ class Resequencer:
             with self._cond:
                 self._next += 1
                 self._handed = batch_id
+        return True
 
     def _waiting_now(self) -> int:
         """Held results behind the first batch id not completed yet (under the condition);

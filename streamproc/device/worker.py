@@ -27,7 +27,12 @@ device worked.
 A lane's :class:`~streamproc.device.resequencer.Resequencer` takes the results of every device of
 the lane and calls the result handler in cut order on its own thread, then ``release``.
 
-A model call that raises is handled at launch, on the device thread, by the worker's
+A fused lane (:mod:`streamproc.device.fusion`; a synchronous backend) launches on its dispatcher
+thread instead (:meth:`DeviceWorker.run_here`): admission, part runner, output set and the
+previous ``done`` are then that thread's, handed over at a batch boundary with nothing in
+flight; ``on_complete`` is not called.
+
+A model call that raises is handled at launch, on the launching thread, by the worker's
 :class:`~streamproc.device.recovery.PartRunner` (one code path on every backend): out-of-memory
 errors re-run the batch in smaller parts and lower the worker's
 :class:`~streamproc.device.recovery.BatchCap` (the lane cuts no larger batches until it rises

@@ -107,6 +107,7 @@ class Lane:
         self._clock = clock
         self._cond = threading.Condition()
         self._caps: dict[str, int] = {}  # device label -> its batch cap (under _cond)
+        self._whole = False  # the adaptive batch size learns whole batch times (fused)
 
     # -- source thread ---------------------------------------------------------------------
     def offer(self, records: Sequence[Record]) -> Offered:
@@ -184,10 +185,14 @@ class Lane:
             self._cond.notify_all()
 
     # -- result thread / start-up ------------------------------------------------------------
-    def observe(self, size: int, service_s: float) -> None:
-        """One batch of ``size`` messages took ``service_s`` device seconds."""
+    def observe(self, size: int, service_s: float, whole: bool = False) -> None:
+        """One batch of ``size`` messages took ``service_s`` seconds: on the device, or
+        ``whole``, its whole time on a fused lane's thread. The adaptive batch size learns only
+        the kind its lane runs now (:meth:`aim_for_throughput`); a probe's batches of the other
+        route are left out (their seconds are on another scale)."""
         with self._cond:
-            self._batcher.observe(size, service_s)
+            if whole == self._whole:
+                self._batcher.observe(size, service_s)
 
     def cap_batch(self, device: str, cap: int) -> None:
         """``device`` can run at most ``cap`` rows per batch now; batches are cut no larger
@@ -198,10 +203,12 @@ class Lane:
             self._cond.notify_all()
 
     def aim_for_throughput(self, throughput: bool) -> None:
-        """With the adaptive batch size: aim for the throughput-optimal size (a fused lane:
-        each batch's time is the lane thread's whole work on it), or, False, the smallest size
-        within 5 % of it (a staged lane: lower latency for the same device throughput)."""
+        """With the adaptive batch size: aim for the throughput-optimal size and learn whole
+        batch times (a fused lane: each batch's time is the lane thread's whole work on it), or,
+        False, the smallest size within 5 % of the best and learn device times (a staged lane:
+        lower latency for the same device throughput)."""
         with self._cond:
+            self._whole = throughput
             sizer = self._batcher.sizer
             if sizer is not None:
                 sizer.set_near_best(1.0 if throughput else NEAR_BEST)
@@ -223,7 +230,9 @@ class Lane:
                 size = self._batcher.unmeasured()
             if size is None:
                 break
-            self.observe(size, time_batch(size))  # timed outside the lock
+            seconds = time_batch(size)  # timed outside the lock
+            with self._cond:  # device seconds, whatever the route: stale after a few batches
+                self._batcher.observe(size, seconds)
             runs += 1
         return runs
 

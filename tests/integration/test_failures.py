@@ -29,11 +29,19 @@ from tests.integration.conftest import (
     write_config,
 )
 
+LANE_ENV = "STREAMPROC_WORKER__FUSED_LANE"
+"""Set by `make test-lanes` for every test; the tests that choose their route drop it."""
+
 
 @pytest.mark.parametrize("lane", ["always", "never"])  # worker.fused_lane: fused, staged
 def test_sigterm_with_batches_in_flight_drains_and_restart_has_no_duplicates(
-    bootstrap_servers: str, topics: Topics, tmp_path: Path, lane: str
+    bootstrap_servers: str,
+    topics: Topics,
+    tmp_path: Path,
+    lane: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv(LANE_ENV, raising=False)  # `make test-lanes` sets it: this test's wins
     total = 300
     produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
     config = write_config(
@@ -198,8 +206,14 @@ def test_batch_slower_than_max_poll_interval_keeps_group_membership(
     ("protocol", "lane"), [("classic", "always"), ("classic", "never"), ("consumer", "auto")]
 )
 def test_exactly_once_with_kill_9_has_no_missing_and_no_duplicates(
-    bootstrap_servers: str, topics: Topics, tmp_path: Path, protocol: str, lane: str
+    bootstrap_servers: str,
+    topics: Topics,
+    tmp_path: Path,
+    protocol: str,
+    lane: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv(LANE_ENV, raising=False)  # `make test-lanes` sets it: this test's wins
     total, kills = 600, 2
     produce("trades", topics.input, bootstrap_servers, 3, limit=total, progress=False)
     kafka: dict[str, object] = {"group_protocol": protocol}

@@ -30,6 +30,9 @@ LIMIT = 2  # in-flight batches per device
 class OffsetDecoder:
     """Writes each record's offset into its slab row (so outputs can be matched to inputs)."""
 
+    probing = False
+    hold_probes = False
+
     def decode(self, records: Sequence[Record], slab: Slab) -> dict[int, RecordError]:
         for row, record in enumerate(records):
             slab.array[row] = record.offset

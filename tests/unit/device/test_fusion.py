@@ -24,7 +24,7 @@ from streamproc.intake.lane import Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
 from streamproc.offsets.tracker import OffsetTracker
-from streamproc.records import Record, TopicPartition
+from streamproc.records import Batch, Record, TopicPartition
 from streamproc.routes import RoutePolicy
 from streamproc.testing import FakeClock
 from tests.support.waiting import wait_until
@@ -53,7 +53,7 @@ class ScriptedRoutes(LaneRoutePolicy):
         self.script = list(script)
         self.seen: list[tuple[LaneRoute, int]] = []
 
-    def route(self) -> LaneRoute:
+    def route(self, hold: bool = False) -> LaneRoute:
         return self.script.pop(0) if self.script else "fused"
 
     def observe(self, route: LaneRoute, items: int, wall_s: float, cpu_s: float) -> None:
@@ -164,19 +164,21 @@ def test_a_switch_to_fused_waits_for_the_staged_batches_in_flight_and_keeps_cut_
     lane.model.gate.set()
     lane.offer(per_partition=4, first=4)  # 5 fused, 6 and 7 staged, 8 fused
     wait_until(lambda: len(lane.handled) == 8, "8 batches handled")
+    assert routes.seen == []  # each batch came within max_in_flight + 1 cycles of a switch
+    lane.offer(per_partition=5, first=8)  # 9-13 fused: the cycles after 10 are measured
+    wait_until(lambda: len(lane.handled) == 13, "13 batches handled")
     lane.close()
     assert not lane.fatal
-    assert [batch_id for batch_id, _, _ in lane.handled] == list(range(1, 9))
+    assert [batch_id for batch_id, _, _ in lane.handled] == list(range(1, 14))
     threads = [thread for _, thread, _ in lane.handled]
-    assert routes_taken(threads) == script
+    assert routes_taken(threads) == [*script, *["fused"] * 5]
     per_partition: dict[TopicPartition, list[int]] = {tp: [] for tp in TPS}
     for _, _, rows in lane.handled:
         for tp, offset, output in rows:
             assert output == offset  # each row's output is its own record's
             per_partition[tp].append(offset)
-    assert per_partition == {tp: list(range(8)) for tp in TPS}  # offset order, no gaps
-    # the first batch only sets the CPU mark; every later one is observed with its route
-    assert [route for route, _ in routes.seen] == script[1:]
+    assert per_partition == {tp: list(range(13)) for tp in TPS}  # offset order, no gaps
+    assert routes.seen == [("fused", 2)] * 3
 
 
 def routes_taken(threads: list[str]) -> list[LaneRoute]:
@@ -270,3 +272,26 @@ def test_the_lane_policy_starts_fused_and_probes_staged_only_later() -> None:
     }
     run(2 * PROBE_BATCHES, overlapping)
     assert policy.settled == "staged" and policy.route() == "staged"
+
+
+def test_a_fused_batch_that_outlives_the_drain_is_dropped_not_produced() -> None:
+    handled: list[int] = []
+    released: list[int] = []
+    resequencer = Resequencer("in", lambda r: handled.append(r.batch.batch_id), released.append,
+                              lambda exc: None)  # fmt: skip
+    resequencer.close(1.0)  # the drain gave up on the batch still running on the dispatcher
+    record = Record(TPS[0], 0, None, b"v", (), 0, 0.0, 1)
+    batch = Batch(1, (record,), 0.0, "size")
+    result = DeviceResult(batch=batch, outputs=(), failed={}, error=None, inference_s=0.0,
+                          model_calls=1)  # fmt: skip
+    gave_back: list[bool] = []
+    assert resequencer.hand_over_here(result, lambda: gave_back.append(True)) is False
+    assert handled == [] and gave_back == [True] and released == [1]
+
+
+def test_a_lane_probe_waits_while_the_decode_route_probes() -> None:
+    clock = FakeClock()
+    policy = LaneRoutePolicy(clock, recheck_s=30.0)
+    clock.advance(30.0)  # a probe is due
+    assert policy.route(hold=True) == "fused" and not policy.probing
+    assert policy.route() == "fused" and policy.probing  # the probe starts once not held

@@ -195,8 +195,12 @@ def test_a_fused_lane_aims_for_the_throughput_optimal_size_itself() -> None:
         size = sizer.target()
         sizer.observe(size, profile[size])
     assert lane.target == 4  # staged: the latency tie-break
+    lane.observe(16, 16 / 1000, whole=True)  # a fused batch's whole time: not learnt staged
+    assert sizer.throughput(16) == 40
     lane.aim_for_throughput(True)
     assert lane.target == 8  # fused: the fastest size
+    lane.observe(4, 4 / 1000)  # a staged probe's device time: not learnt fused
+    assert sizer.throughput(4) == 60
     lane.aim_for_throughput(False)
     assert lane.target == 4
     with pytest.raises(ValueError, match="near_best"):
