@@ -160,28 +160,23 @@ def thread_profile(row: Row) -> dict[str, float]:
 
 def _summary(rows: list[Row]) -> list[str]:
     """Per-repetition ratios against the floors and the P99 comparison at 50 % load."""
-    sp, lines = _find(rows, STREAMPROC), list[str]()
-    if sp is None:
+    lines: list[str] = []
+    if _find(rows, STREAMPROC) is None:
         return lines
-    for name in (FLOOR, FLOOR_WORK):
-        other = _find(rows, name)
-        if other is None:
+    pairs = [
+        (STREAMPROC, FLOOR),
+        (STREAMPROC, FLOOR_WORK),
+        (FUSED, FLOOR_WORK),
+        (STAGED, FLOOR_WORK),
+    ]
+    for name, against in pairs:
+        mine, other = _find(rows, name), _find(rows, against)
+        if mine is None or other is None:
             continue
-        cpu = Spread.of(paired_ratios(sp.cpus, other.cpus))
-        rate = Spread.of(paired_ratios(sp.rates, other.rates))
+        cpu = Spread.of(paired_ratios(mine.cpus, other.cpus))
+        rate = Spread.of(paired_ratios(mine.rates, other.rates))
         lines.append(
-            f"  streamproc / {name:<13} CPU-µs/msg {cpu.format() if cpu else '-':<18} "
-            f"msg/s {rate.format() if rate else '-'}   (per repetition, median [min-max])"
-        )
-    work = _find(rows, FLOOR_WORK)
-    for name in (FUSED, STAGED):
-        row = _find(rows, name)
-        if row is None or work is None:
-            continue
-        cpu = Spread.of(paired_ratios(row.cpus, work.cpus))
-        rate = Spread.of(paired_ratios(row.rates, work.rates))
-        lines.append(
-            f"  {name[11:]:<10} / {FLOOR_WORK:<13} CPU-µs/msg {cpu.format() if cpu else '-':<18} "
+            f"  {name:<17} / {against:<12} CPU-µs/msg {cpu.format() if cpu else '-':<18} "
             f"msg/s {rate.format() if rate else '-'}   (per repetition, median [min-max])"
         )
     sp50, floor50 = _find(rows, f"{STREAMPROC} @ 50%"), _find(rows, f"{FLOOR} @ 50%")

@@ -214,7 +214,7 @@ def test_table_prints_ratios_against_streamproc_and_the_floors() -> None:
     assert "81,000 [80,000-82,000]" in floor_line
     assert "0.30" in floor_line  # msg/s: 24,500 / 81,000
     assert "4.33" in floor_line  # CPU: 30.75 / 7.1
-    assert "streamproc / floor + work  CPU-µs/msg 1.5 [1.5-1.5]" in table
+    assert "streamproc        / floor + work CPU-µs/msg 1.5 [1.5-1.5]" in table
     assert "P99 at 50 % load: streamproc 400 ms, floor 20 ms" in table
     assert "= 24.0 ms" in table
     paced = next(line for line in table.splitlines() if line.startswith("  floor @ 50%"))
