@@ -195,11 +195,11 @@ class ThreadDecoder:
             on_route(self._fixed)
 
     @property
-    @property
     def probing(self) -> bool:
         """The decode route is being measured now (batches alternate inline and pool)."""
         return self._policy is not None and self._policy.probing
 
+    @property
     def route(self) -> Route:
         """The way this lane decodes outside probes."""
         return self._fixed if self._policy is None else self._policy.settled

@@ -51,6 +51,7 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_batch_size_cap", "gauge"),
     ("streamproc_decode_workers", "gauge"),
     ("streamproc_decode_wait_ratio", "gauge"),
+    ("streamproc_lane_fused", "gauge"),
     ("streamproc_decode_inline", "gauge"),
     ("streamproc_consumer_lag_messages", "gauge"),
     ("streamproc_consumer_lag_seconds", "gauge"),

@@ -63,7 +63,8 @@ def test_a_route_policy_sends_probe_batches_both_ways_and_settles_where_cheaper(
     workload = load_workload("trades")
     pool = StagingPool(1, ROWS, workload.item_shape, workload.item_dtype, pin=False)
     threads = DecodeThreads(1)
-    policy = DecodeRoutePolicy(FakeClock(), probe_batches=2, margin=0.0)
+    clock = FakeClock()
+    policy = DecodeRoutePolicy(clock, probe_batches=2, margin=0.0)
     samples: list[DecodeSample] = []
     routes: list[str] = []
     decoder = ThreadDecoder(
@@ -71,12 +72,20 @@ def test_a_route_policy_sends_probe_batches_both_ways_and_settles_where_cheaper(
     )
     slab = pool.lease()
     assert slab is not None
+    assert decoder.probing  # the policy probes from the first batch
     try:
         results = [decoder.decode(records, slab) for _ in range(4)]
+        assert not decoder.probing
+        clock.advance(policy.base_recheck_s)  # the next probe is due
+        decoder.hold_probes = True  # the lane measures its own route: no probe starts
+        results.append(decoder.decode(records, slab))
+        assert not decoder.probing
+        decoder.hold_probes = False
+        results.append(decoder.decode(records, slab))
+        assert decoder.probing
     finally:
         threads.shutdown(wait=True)
-    assert not policy.probing
-    assert len(samples) == 2  # the two pool batches of the probe
+    assert len(samples) >= 2  # the two pool batches of the first probe (and later ones)
     assert routes[0] == "pool" and routes[-1] == decoder.route == policy.settled
     assert all(sorted(failed) == [3, 7, 9] for failed in results)
 
