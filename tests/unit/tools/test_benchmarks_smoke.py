@@ -2,7 +2,8 @@
 
 Each script runs in-process on a tiny input (its ``--smoke`` option or a few messages), so an
 API change in streamproc fails here, not in the next measurement. Scripts that need a broker
-(pipeline_ab, priority_isolation, results_path, soak, quix_app) run only their pure parts: the
+(lane_routes, pipeline_ab, priority_isolation, results_path, soak, quix_app) run only their pure
+parts: the
 config a run builds, the latency bookkeeping and summary, the results handed to the sink, the
 RSS summary, Quix's per-message step. The archived one-off studies (benchmarks/archive/) are
 type-checked only. The scripts change process-wide state (torch's thread count, structlog's
@@ -29,6 +30,7 @@ from benchmarks import (
     decode_workers,
     gpu_check,
     gpu_perf,
+    lane_routes,
     pipeline_ab,
     precision,
     priority_isolation,
@@ -40,6 +42,7 @@ from benchmarks import (
 from streamproc.config import load_config
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import TopicPartition
+from streamproc.tools.bench import runner
 from streamproc.tools.bench.cpu import CpuMeter
 from streamproc.tools.replay import messages
 from streamproc.tools.verify import TopicDump
@@ -282,3 +285,16 @@ def test_rebalance_gaps_measures_stretches_without_results_per_partition() -> No
     ]
     text = rebalance_gaps.summary(rows)
     assert "consumer static" in text and "41" in text and "42" in text
+
+
+def test_lane_routes_builds_the_bench_context_it_runs_in() -> None:
+    """The paced run it calls is the bench's private one: its context still takes these."""
+    ctx = runner_context()
+    assert ctx.plan is runner.PLANS["trades"] and ctx.workload == "trades"
+    assert lane_routes._spread([3.0, 1.0, 2.0]) == "2.0 [1.0-3.0]"
+    assert lane_routes.ROUTES == ("always", "never")
+    assert callable(runner._paced_run)
+
+
+def runner_context() -> runner._Context:
+    return runner._Context("127.0.0.1:1", "trades", runner.PLANS["trades"], "", "", ())
