@@ -310,6 +310,17 @@ class WorkerConfig(_Section):
         return tuple(names)
 
     @model_validator(mode="after")
+    def _fusable(self) -> WorkerConfig:
+        devices = self.devices if isinstance(self.devices, tuple) else None
+        named = devices or (None if self.device == "auto" else (self.device,))
+        if self.fused_lane == "always" and named is not None and named != ("cpu",):
+            raise ValueError(
+                f"worker.fused_lane: always needs one CPU device (worker.device: cpu, or "
+                f"worker.devices: [cpu]), not {list(named)}; allowed: auto, never, always"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _enough_staging(self) -> WorkerConfig:
         if self.staging_buffers < self.max_in_flight_batches + 1:
             raise ValueError(

@@ -61,14 +61,42 @@ class RouteChange(Generic[W]):
 
 @dataclass(slots=True)
 class _Cost:
-    """Per-record seconds of the batches done one way (one value per batch): wall and CPU."""
+    """Per-record seconds of the batches done one way (one value per batch): wall and CPU;
+    and the totals (seconds, records), and how many batches found a backlog."""
 
     wall_s: list[float] = field(default_factory=list)
     cpu_s: list[float] = field(default_factory=list)
+    wall_total_s: float = 0.0
+    cpu_total_s: float = 0.0
+    items: int = 0
+    saturated: int = 0
 
-    def add(self, items: int, wall_s: float, cpu_s: float) -> None:
+    def add(self, items: int, wall_s: float, cpu_s: float, saturated: bool = True) -> None:
         self.wall_s.append(max(0.0, wall_s) / items)
         self.cpu_s.append(max(0.0, cpu_s) / items)
+        self.wall_total_s += max(0.0, wall_s)
+        self.cpu_total_s += max(0.0, cpu_s)
+        self.items += items
+        self.saturated += saturated
+
+    def wall_per_item_s(self, pooled: bool) -> float:
+        """Wall seconds per record: the median batch's, or (``pooled``) all seconds over all
+        records (a lane's throughput: a median of per-batch ratios favours small batches)."""
+        if pooled:
+            return self.wall_total_s / self.items if self.items else math.inf
+        return self.wall_median_s
+
+    def cpu_per_item_s(self, pooled: bool) -> float:
+        """CPU seconds per record, as :meth:`wall_per_item_s`."""
+        if pooled:
+            return self.cpu_total_s / self.items if self.items else math.inf
+        return self.cpu_median_s
+
+    @property
+    def backlogged(self) -> bool:
+        """At least half the batches found a backlog (cut full): the wall measures the work,
+        not the arrival rate."""
+        return 2 * self.saturated >= self.batches
 
     @property
     def batches(self) -> int:
@@ -110,6 +138,10 @@ class RoutePolicy(Generic[W]):
         probe_at_start: probe from the first batch (else the first probe comes after
             ``recheck_s``: a way that is right almost everywhere spares the start-up its
             probe).
+        pooled: compare all seconds over all records of each way instead of the median
+            batch's per-record seconds, and the walls only where both ways found a backlog in
+            at least half their batches (``observe``'s ``saturated``): otherwise the arrival
+            rate sets the wall, and only the CPU decides.
 
     Raises:
         ValueError: a non-positive count or period, a margin outside [0, 1), a drift <= 1, or
@@ -132,6 +164,7 @@ class RoutePolicy(Generic[W]):
         drift: float = 2.0,
         drift_batches: int = 64,
         probe_at_start: bool = True,
+        pooled: bool = False,
     ) -> None:
         if probe_batches < 1 or drift_batches < 1 or stint < 1:
             raise ValueError("need probe_batches, drift_batches, stint >= 1")
@@ -150,6 +183,7 @@ class RoutePolicy(Generic[W]):
         self.max_recheck_s = max_recheck_s
         self.drift = drift
         self.drift_batches = drift_batches
+        self.pooled = pooled
         self._settled: W = start
         self._probe: dict[W, _Cost] | None = self._fresh_probe() if probe_at_start else None
         self._last: W = start  # the way of the latest batch routed
@@ -193,7 +227,9 @@ class RoutePolicy(Generic[W]):
     def _other(self, way: W) -> W:
         return self.parallel if way == self.simple else self.simple
 
-    def observe(self, route: W, items: int, wall_s: float, cpu_s: float) -> RouteChange[W] | None:
+    def observe(
+        self, route: W, items: int, wall_s: float, cpu_s: float, saturated: bool = True
+    ) -> RouteChange[W] | None:
         """Count one batch of ``items`` records done ``route``: ``wall_s`` its wall seconds,
         ``cpu_s`` the CPU seconds the owner counts for it (the same threads either way: see
         each owner). Returns a change of the settled way, or None."""
@@ -207,7 +243,7 @@ class RoutePolicy(Generic[W]):
                         self._next_probe_s = -math.inf  # probe from the next batch
                     self._recent = _Cost()
             return None
-        self._probe[route].add(items, wall_s, cpu_s)
+        self._probe[route].add(items, wall_s, cpu_s, saturated)
         if min(cost.batches for cost in self._probe.values()) < self.probe_batches:
             return None
         return self._end_probe(self._probe)
@@ -216,10 +252,17 @@ class RoutePolicy(Generic[W]):
         self._probe = None
         self._recent = _Cost()
         simple, parallel = probe[self.simple], probe[self.parallel]
+        pooled = self.pooled
         keep = 1.0 - self.margin
-        if parallel.wall_median_s <= simple.wall_median_s * keep:
+        walls = not pooled or (simple.backlogged and parallel.backlogged)
+        simple_wall, parallel_wall = (
+            simple.wall_per_item_s(pooled),
+            parallel.wall_per_item_s(pooled),
+        )
+        simple_cpu, parallel_cpu = simple.cpu_per_item_s(pooled), parallel.cpu_per_item_s(pooled)
+        if walls and parallel_wall <= simple_wall * keep:
             best = self.parallel  # the overlap shortens the wait: worth its CPU
-        elif simple.cpu_median_s <= parallel.cpu_median_s * keep:
+        elif simple_cpu <= parallel_cpu * keep:
             best = self.simple  # the hand-offs cost CPU and are not faster
         else:
             best = self._settled  # within the margin both ways: keep
@@ -229,12 +272,13 @@ class RoutePolicy(Generic[W]):
             self._recheck_s = self.base_recheck_s
         self._chosen_at_s = probe[best].cpu_median_s
         self._next_probe_s = self._clock() + self._recheck_s
+        measure = "all records" if pooled else "medians"
+        unsaturated = "" if walls else "; walls set by the arrivals, not compared"
         self.last_probe = (
-            f"{self.subject} {best}: per record {self.simple} "
-            f"{simple.cpu_median_s * 1e6:.2f} us CPU, {simple.wall_median_s * 1e6:.2f} us wall; "
-            f"{self.parallel} {parallel.cpu_median_s * 1e6:.2f} us CPU, "
-            f"{parallel.wall_median_s * 1e6:.2f} us wall (medians of {simple.batches} + "
-            f"{parallel.batches} batches; a way wins by {self.margin:.0%})"
+            f"{self.subject} {best}: per record {self.simple} {simple_cpu * 1e6:.2f} us CPU, "
+            f"{simple_wall * 1e6:.2f} us wall; {self.parallel} {parallel_cpu * 1e6:.2f} us CPU, "
+            f"{parallel_wall * 1e6:.2f} us wall ({measure} of {simple.batches} + "
+            f"{parallel.batches} batches{unsaturated}; a way wins by {self.margin:.0%})"
         )
         if not switch:
             self._recheck_s = min(2.0 * self._recheck_s, self.max_recheck_s)

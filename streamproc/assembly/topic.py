@@ -132,9 +132,9 @@ def fusable(devices: Sequence[DeviceSpec], fused_lane: str) -> bool:
     one_cpu = len(devices) == 1 and devices[0].device.type == "cpu"
     if fused_lane == "always" and not one_cpu:
         raise ConfigError(
-            f"worker.fused_lane: always needs every pipeline on one CPU device, not on "
-            f"{[device.label for device in devices]}; allowed: auto, never, always "
-            f"(always only with worker.device: cpu and one device)"
+            f"worker.fused_lane: always needs one CPU device (worker.device: cpu, or "
+            f"worker.devices: [cpu]), not {[device.label for device in devices]}; allowed: "
+            f"auto, never, always"
         )
     return one_cpu and fused_lane != "never"
 

@@ -40,6 +40,10 @@ from streamproc.records import Batch
 
 log = get_logger(__name__)
 
+FULL_CUTS = frozenset({"size", "bytes"})
+"""Cut reasons of a batch that found a backlog (its target or byte limit reached), as opposed
+to a deadline or a sparse stream (:class:`~streamproc.intake.batcher.Cut`)."""
+
 STALL_CHECK_PERIOD_S = 0.5
 """The dispatcher checks for stalled devices at most this often, in seconds (the lag thread
 checks on every tick too)."""
@@ -109,6 +113,12 @@ class Dispatcher:
         self._thread = threading.Thread(target=self._run, name=f"dispatch-{topic}", daemon=True)
 
     def start(self) -> None:
+        log.info(
+            "lane route",
+            topic=self.topic,
+            route=self.route,
+            chosen="by measuring both (worker.fused_lane: auto)" if self._policy else "fixed",
+        )
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:
@@ -158,7 +168,8 @@ class Dispatcher:
                     cpu_s = time.thread_time() + threads_cpu_s(lane_threads)
                     if cpu_mark_s and not settling:
                         wall_s = now_s - cycle_s
-                        self._observe(policy, route, len(batch), wall_s, cpu_s - cpu_mark_s)
+                        full = batch.reason in FULL_CUTS  # a backlog: the cycle is the work's
+                        self._observe(policy, route, len(batch), wall_s, cpu_s - cpu_mark_s, full)
                     settling = max(0, settling - 1)
                     cpu_mark_s = cpu_s
                 cycle_s = now_s
@@ -175,11 +186,17 @@ class Dispatcher:
         return self._fused.caught_up(self._next_batch_id + 1, self._stop)
 
     def _observe(
-        self, policy: LaneRoutePolicy, route: LaneRoute, items: int, wall_s: float, cpu_s: float
+        self,
+        policy: LaneRoutePolicy,
+        route: LaneRoute,
+        items: int,
+        wall_s: float,
+        cpu_s: float,
+        full: bool,
     ) -> None:
         """Tell the route policy what a batch cost; log a kept or changed route."""
         was_probing = policy.probing
-        change = policy.observe(route, items, wall_s, cpu_s)
+        change = policy.observe(route, items, wall_s, cpu_s, full)
         if change is None:
             if was_probing and not policy.probing:
                 log.debug("lane route kept", topic=self.topic, reason=policy.last_probe)

@@ -68,6 +68,11 @@ class LaneRoutePolicy(RoutePolicy[LaneRoute]):
     left out, and neither route's probe starts while the lane's decode route is probing (nor
     the other way round: each would measure the other's mix).
 
+    Each route's cost is all its seconds over all its records (a median of per-batch ratios
+    favours the route that cuts smaller batches), and the cycles are compared only where both
+    routes found a backlog (batches cut full): at partial load the arrival rate sets the cycle
+    and only the CPU decides.
+
     Starts settled on ``start`` and probes first after ``recheck_s`` (a probe at start-up
     would put its stint of staged batches, and the drain back, on the first messages' latency;
     fused wins almost everywhere on a CPU: docs/benchmarks.md).
@@ -95,6 +100,7 @@ class LaneRoutePolicy(RoutePolicy[LaneRoute]):
             stint=PROBE_BATCHES,
             recheck_s=recheck_s,
             probe_at_start=False,
+            pooled=True,
         )
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from streamproc.assembly.topic import fusable
+from streamproc.config_sections import WorkerConfig
 from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
 from streamproc.device.dispatch import Dispatcher
 from streamproc.device.fusion import PROBE_BATCHES, FusedRun, LaneRoute, LaneRoutePolicy
@@ -56,7 +57,9 @@ class ScriptedRoutes(LaneRoutePolicy):
     def route(self, hold: bool = False) -> LaneRoute:
         return self.script.pop(0) if self.script else "fused"
 
-    def observe(self, route: LaneRoute, items: int, wall_s: float, cpu_s: float) -> None:
+    def observe(
+        self, route: LaneRoute, items: int, wall_s: float, cpu_s: float, saturated: bool = True
+    ) -> None:
         self.seen.append((route, items))
 
 
@@ -295,3 +298,37 @@ def test_a_lane_probe_waits_while_the_decode_route_probes() -> None:
     clock.advance(30.0)  # a probe is due
     assert policy.route(hold=True) == "fused" and not policy.probing
     assert policy.route() == "fused" and policy.probing  # the probe starts once not held
+
+
+def test_at_partial_load_the_arrivals_set_the_cycle_and_only_the_cpu_decides() -> None:
+    clock = FakeClock()
+    policy = LaneRoutePolicy(clock, recheck_s=30.0)
+    clock.advance(30.0)
+    # staged cuts smaller batches at a deadline: its median per-record cycle looks shorter,
+    # but over all records both take the arrival rate (1 ms a record); fused costs less CPU
+    for _ in range(PROBE_BATCHES):
+        route = policy.route()
+        assert route == "fused"
+        policy.observe(route, 20, 0.020, 0.0010, saturated=False)
+    for index in range(PROBE_BATCHES):
+        route = policy.route()
+        assert route == "staged"
+        items = 2 if index % 2 else 38  # same 20 a batch on average, same 1 ms a record
+        policy.observe(route, items, items * 0.001, items * 0.00007, saturated=False)
+    assert policy.settled == "fused"
+    assert "walls set by the arrivals, not compared" in policy.last_probe
+    clock.advance(60.0)  # a backlog now: staged's overlap shortens the cycle by 20 %
+    for _ in range(PROBE_BATCHES):
+        policy.observe(policy.route(), 256, 0.0025, 0.0024, saturated=True)
+    for _ in range(PROBE_BATCHES):
+        policy.observe(policy.route(), 256, 0.0020, 0.0026, saturated=True)
+    assert policy.settled == "staged"
+
+
+def test_always_with_several_devices_fails_when_the_config_loads() -> None:
+    with pytest.raises(ValueError, match=r"worker\.fused_lane: always needs one CPU device"):
+        WorkerConfig(fused_lane="always", devices=("cpu", "cpu"))
+    with pytest.raises(ValueError, match=r"worker\.fused_lane"):
+        WorkerConfig(fused_lane="always", device="cuda")
+    assert WorkerConfig(fused_lane="always", device="cpu").fused_lane == "always"
+    assert WorkerConfig(fused_lane="always").device == "auto"  # decided at start-up (fusable)
