@@ -208,6 +208,15 @@ _DEVICES_ALLOWED = (
 )
 
 
+def fused_lane_refusal(devices: list[str]) -> str:
+    """The error of ``worker.fused_lane: always`` on ``devices`` (not one CPU device): at config
+    load for named devices, at start-up for ``auto`` ones."""
+    return (
+        f"worker.fused_lane: always needs one CPU device (worker.device: cpu, or "
+        f"worker.devices: [cpu]), not {devices}; allowed: auto, never, always"
+    )
+
+
 class WorkerConfig(_Section):
     """The device workers and their host-side pools.
 
@@ -314,10 +323,7 @@ class WorkerConfig(_Section):
         devices = self.devices if isinstance(self.devices, tuple) else None
         named = devices or (None if self.device == "auto" else (self.device,))
         if self.fused_lane == "always" and named is not None and named != ("cpu",):
-            raise ValueError(
-                f"worker.fused_lane: always needs one CPU device (worker.device: cpu, or "
-                f"worker.devices: [cpu]), not {list(named)}; allowed: auto, never, always"
-            )
+            raise ValueError(fused_lane_refusal(list(named)))
         return self
 
     @model_validator(mode="after")

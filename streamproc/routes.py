@@ -47,6 +47,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from streamproc.logs import get_logger
+
+log = get_logger(__name__)
+
 W = TypeVar("W", bound=str)
 """The ways' names (a ``Literal`` of two strings)."""
 
@@ -284,3 +288,28 @@ class RoutePolicy(Generic[W]):
             self._recheck_s = min(2.0 * self._recheck_s, self.max_recheck_s)
             return None
         return RouteChange(best, self.last_probe)
+
+
+def observe_logged(
+    policy: RoutePolicy[W],
+    route: W,
+    items: int,
+    wall_s: float,
+    cpu_s: float,
+    *,
+    topic: str,
+    on_change: Callable[[W], None] | None = None,
+    saturated: bool = True,
+) -> None:
+    """:meth:`RoutePolicy.observe`, then the owner's log lines (the policy itself does no I/O):
+    ``<subject> route kept`` (debug) when a probe kept the way, ``<subject> route changed``
+    (info, with both ways' costs) and ``on_change`` when it changed."""
+    was_probing = policy.probing
+    change = policy.observe(route, items, wall_s, cpu_s, saturated)
+    if change is None:
+        if was_probing and not policy.probing:
+            log.debug(f"{policy.subject} route kept", topic=topic, reason=policy.last_probe)
+        return
+    log.info(f"{policy.subject} route changed", topic=topic, to=change.route, reason=change.reason)
+    if on_change is not None:
+        on_change(change.route)

@@ -14,6 +14,7 @@ from prometheus_client import Gauge
 
 from streamproc.assembly.shared import Shared
 from streamproc.config import Config, PipelineConfig
+from streamproc.config_sections import fused_lane_refusal
 from streamproc.decode import Decoder
 from streamproc.device import (
     DeviceResult,
@@ -112,13 +113,7 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
     )
     fused = None
     if fusable(shared.devices, shared.config.worker.fused_lane):
-        fused = FusedRun(
-            workers[0],
-            resequencer,
-            load,
-            functools.partial(handler.handle, observe=False),
-            functools.partial(lane.observe, whole=True),
-        )
+        fused = FusedRun(workers[0], resequencer, load, functools.partial(lane.observe, whole=True))
     return TopicStages(lane, decoder, staging, workers, load, resequencer, fused)
 
 
@@ -131,11 +126,7 @@ def fusable(devices: Sequence[DeviceSpec], fused_lane: str) -> bool:
     """
     one_cpu = len(devices) == 1 and devices[0].device.type == "cpu"
     if fused_lane == "always" and not one_cpu:
-        raise ConfigError(
-            f"worker.fused_lane: always needs one CPU device (worker.device: cpu, or "
-            f"worker.devices: [cpu]), not {[device.label for device in devices]}; allowed: "
-            f"auto, never, always"
-        )
+        raise ConfigError(fused_lane_refusal([device.label for device in devices]))
     return one_cpu and fused_lane != "never"
 
 

@@ -25,6 +25,7 @@ from streamproc.decode.route import DecodeRoutePolicy, Route
 from streamproc.decode.rows import decode_rows, oversized, row_slices
 from streamproc.logs import get_logger
 from streamproc.records import Record
+from streamproc.routes import observe_logged
 from streamproc.workloads import Workload
 
 log = get_logger(__name__)
@@ -247,18 +248,10 @@ class ThreadDecoder:
     def _observe(
         self, policy: DecodeRoutePolicy, route: Route, items: int, decode_s: float, cpu_s: float
     ) -> None:
-        """Tell the route policy what a batch cost; log a kept or changed way (and report a
-        change to ``on_route``)."""
-        probing = policy.probing
-        change = policy.observe(route, items, decode_s, cpu_s)
-        if change is None and probing and not policy.probing:
-            log.debug("decode route kept", topic=self._lane, reason=policy.last_probe)
-        if change is not None:
-            log.info(
-                "decode route changed", topic=self._lane, to=change.route, reason=change.reason
-            )
-            if self._on_route is not None:
-                self._on_route(change.route)
+        """Tell the route policy what a batch cost (logged; a change goes to ``on_route``)."""
+        observe_logged(
+            policy, route, items, decode_s, cpu_s, topic=self._lane, on_change=self._on_route
+        )
 
 
 def _timed_decode_rows(

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from streamproc.decode import Decoder
 from streamproc.device import DeviceJob, DeviceWorker, StagingPool
-from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy, threads_cpu_s
+from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy, LaneRouter
 from streamproc.device.placement import DeviceLoad
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import FlowControl
@@ -90,10 +90,14 @@ class Dispatcher:
         if fused is None and route != "staged":
             raise ValueError("a fused route needs the lane's FusedRun")
         self._fused = fused
-        self._policy = route if isinstance(route, LaneRoutePolicy) else None
-        self._route: LaneRoute = route if isinstance(route, str) else route.settled
-        self._on_route = on_route or (lambda route: None)
-        self._on_route(self._route)
+        self._router = LaneRouter(
+            lane.topic,
+            route,
+            decoder,
+            fused.thread_idents if fused is not None else tuple,
+            workers[0].max_in_flight,
+            on_route or (lambda route: None),
+        )
         topic = self.topic = lane.topic
         self._lane = lane
         self._decoder = decoder
@@ -117,7 +121,9 @@ class Dispatcher:
             "lane route",
             topic=self.topic,
             route=self.route,
-            chosen="by measuring both (worker.fused_lane: auto)" if self._policy else "fixed",
+            chosen="by measuring both (worker.fused_lane: auto)"
+            if self._router.measuring
+            else "fixed",
         )
         self._thread.start()
 
@@ -131,27 +137,14 @@ class Dispatcher:
     @property
     def route(self) -> LaneRoute:
         """The route the lane runs outside probes (``fused`` or ``staged``)."""
-        return self._route if self._policy is None else self._policy.settled
+        return self._router.settled
 
     def _run(self) -> None:
-        policy = self._policy
-        lane_threads: tuple[int | None, ...] = ()
-        if policy is not None:
-            assert self._fused is not None
-            lane_threads = self._fused.thread_idents()
-        cycle_s, cpu_mark_s = time.monotonic(), 0.0
-        previous: LaneRoute = self._route
-        settling = 0  # cycles after a switch left unmeasured (the drain, or the refill)
+        router = self._router
         try:
             while self._load.wait_capacity(self._stop):
-                route = self._route
-                if policy is not None:  # one probe at a time per lane: decode route or lane
-                    route = policy.route(hold=self._decoder.probing)
-                    self._decoder.hold_probes = policy.probing
-                    if route != previous:
-                        settling = self._workers[0].max_in_flight + 1
-                    previous = route
-                if route == "fused" and not self._catch_up():
+                route = router.next_route()
+                if route == "fused" and router.previous == "staged" and not self._catch_up():
                     return
                 batch = self._next_batch()
                 if batch is None:
@@ -164,15 +157,7 @@ class Dispatcher:
                     device = self._load.place(batch.batch_id, len(batch))
                     self._workers[device].submit(job)
                 now_s = time.monotonic()
-                if policy is not None:  # the lane's cycle and its threads' CPU since the last
-                    cpu_s = time.thread_time() + threads_cpu_s(lane_threads)
-                    if cpu_mark_s and not settling:
-                        wall_s = now_s - cycle_s
-                        full = batch.reason in FULL_CUTS  # a backlog: the cycle is the work's
-                        self._observe(policy, route, len(batch), wall_s, cpu_s - cpu_mark_s, full)
-                    settling = max(0, settling - 1)
-                    cpu_mark_s = cpu_s
-                cycle_s = now_s
+                router.done(route, len(batch), batch.reason in FULL_CUTS, now_s)
                 if now_s >= self._next_stall_check_s:  # the lag thread checks every tick too
                     self._next_stall_check_s = now_s + STALL_CHECK_PERIOD_S
                     self._load.check_stalls()
@@ -180,29 +165,10 @@ class Dispatcher:
             self._on_fatal(exc)
 
     def _catch_up(self) -> bool:
-        """Before a fused batch: every batch cut before it handed over (a switch from the
-        staged route waits for the batches in flight); False once stopped."""
+        """Before the first fused batch after staged ones: every batch cut before it handed
+        over (the staged batches in flight go out first); False once stopped."""
         assert self._fused is not None
         return self._fused.caught_up(self._next_batch_id + 1, self._stop)
-
-    def _observe(
-        self,
-        policy: LaneRoutePolicy,
-        route: LaneRoute,
-        items: int,
-        wall_s: float,
-        cpu_s: float,
-        full: bool,
-    ) -> None:
-        """Tell the route policy what a batch cost; log a kept or changed route."""
-        was_probing = policy.probing
-        change = policy.observe(route, items, wall_s, cpu_s, full)
-        if change is None:
-            if was_probing and not policy.probing:
-                log.debug("lane route kept", topic=self.topic, reason=policy.last_probe)
-            return
-        log.info("lane route changed", topic=self.topic, to=change.route, reason=change.reason)
-        self._on_route(change.route)
 
     def _next_batch(self) -> Batch | None:
         cut = self._lane.next_cut(self._stop)

@@ -38,11 +38,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Literal
 
-from streamproc.device.jobs import DeviceJob, DeviceResult
+from streamproc.decode import Decoder
+from streamproc.device.jobs import DeviceJob
 from streamproc.device.placement import DeviceLoad
 from streamproc.device.resequencer import Resequencer
 from streamproc.device.worker import DeviceWorker
-from streamproc.routes import RoutePolicy
+from streamproc.routes import RoutePolicy, observe_logged
 
 LaneRoute = Literal["fused", "staged"]
 """How a lane runs its batches: on its dispatcher thread (``fused``) or over the dispatcher,
@@ -75,7 +76,7 @@ class LaneRoutePolicy(RoutePolicy[LaneRoute]):
 
     Starts settled on ``start`` and probes first after ``recheck_s`` (a probe at start-up
     would put its stint of staged batches, and the drain back, on the first messages' latency;
-    fused wins almost everywhere on a CPU: docs/benchmarks.md).
+    the start route is the simpler one, not a measured winner: docs/benchmarks.md).
 
     Args:
         clock: monotonic seconds (injected for tests).
@@ -121,16 +122,17 @@ def threads_cpu_s(idents: Iterable[int | None]) -> float:
 
 class FusedRun:
     """Runs a lane's batch on the calling thread (the lane's dispatcher) through its one CPU
-    device worker, and hands the result over there.
+    device worker, and hands the result over there (the resequencer's own result handler).
 
     Args:
         worker: the lane's device worker (a synchronous backend).
         resequencer: the lane's resequencer (batch-id order across routes).
         load: the lane's placement state (busy gauge, in-flight accounting, as on the staged
             route).
-        handle: the result handler without its batch-size observation (encode, produce).
-        observe: the lane's adaptive batch size, given (rows, seconds) of each batch whose
-            model ran in one call: the batch's whole time on this thread.
+        observe: the lane's adaptive batch size (``Lane.observe(rows, seconds, whole=True)``),
+            given each batch whose model ran in one call with its whole time on this thread
+            (the result handler reports the device time too; the lane keeps the kind its
+            settled route learns).
     """
 
     def __init__(
@@ -138,13 +140,11 @@ class FusedRun:
         worker: DeviceWorker,
         resequencer: Resequencer,
         load: DeviceLoad,
-        handle: Callable[[DeviceResult], None],
         observe: Callable[[int, float], None],
     ) -> None:
         self._worker = worker
         self._resequencer = resequencer
         self._load = load
-        self._handle = handle
         self._observe = observe
 
     def thread_idents(self) -> tuple[int | None, ...]:
@@ -169,6 +169,84 @@ class FusedRun:
         self._load.place(batch.batch_id, len(batch))
         result, release = self._worker.run_here(job)
         self._load.completed(batch.batch_id, result.inference_s)
-        handed = self._resequencer.hand_over_here(result, release, self._handle)
+        handed = self._resequencer.hand_over_here(result, release)
         if handed and result.error is None and result.model_calls == 1:
             self._observe(len(batch), time.monotonic() - started_s)
+
+
+class LaneRouter:
+    """Which route each of a lane's batches takes, and what it cost (the lane's dispatcher
+    thread only): a fixed route, or a :class:`LaneRoutePolicy` fed with each cycle's wall and
+    the lane's own threads' CPU.
+
+    Args:
+        topic: the lane's input topic (logs).
+        route: ``"staged"``, ``"fused"``, or a policy.
+        decoder: the lane's decoder: one probe at a time per lane (the decode route's or this).
+        lane_threads: the staged route's other threads (:meth:`FusedRun.thread_idents`).
+        max_in_flight: staged batches in flight per device: the cycles after a switch that
+            are left unmeasured (the drain, or the refill), plus one.
+        on_route: called with the settled route, at start and after each change.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        route: LaneRoute | LaneRoutePolicy,
+        decoder: Decoder,
+        lane_threads: Callable[[], tuple[int | None, ...]],
+        max_in_flight: int,
+        on_route: Callable[[LaneRoute], None],
+    ) -> None:
+        self._topic = topic
+        self._policy = route if isinstance(route, LaneRoutePolicy) else None
+        self._fixed: LaneRoute = route if isinstance(route, str) else route.settled
+        self._decoder = decoder
+        self._lane_threads = lane_threads
+        self._threads: tuple[int | None, ...] = ()
+        self._settle = max_in_flight + 1
+        self._on_route = on_route
+        self.previous: LaneRoute = self._fixed  # the route of the latest batch
+        self._settling = 0
+        self._cycle_s = time.monotonic()
+        self._cpu_mark_s = 0.0
+        on_route(self._fixed)
+
+    @property
+    def settled(self) -> LaneRoute:
+        """The route the lane runs outside probes."""
+        return self._fixed if self._policy is None else self._policy.settled
+
+    @property
+    def measuring(self) -> bool:
+        return self._policy is not None
+
+    def next_route(self) -> LaneRoute:
+        """The next batch's route (a probe of the lane starts only while the decode route does
+        not probe, and holds the decode route's probes while it runs)."""
+        policy = self._policy
+        if policy is None:
+            return self._fixed
+        route = policy.route(hold=self._decoder.probing)
+        self._decoder.hold_probes = policy.probing
+        if route != self.previous:
+            self._settling = self._settle
+        return route
+
+    def done(self, route: LaneRoute, items: int, full: bool, now_s: float) -> None:
+        """The batch of ``items`` records went ``route`` (cut full when ``full``) and was
+        handed over (fused) or submitted (staged) at ``now_s``."""
+        self.previous = route
+        policy = self._policy
+        if policy is not None:  # the lane's cycle and its threads' CPU since the last batch
+            if not self._threads:
+                self._threads = self._lane_threads()
+            cpu_s = time.thread_time() + threads_cpu_s(self._threads)
+            if self._cpu_mark_s and not self._settling:
+                observe_logged(
+                    policy, route, items, now_s - self._cycle_s, cpu_s - self._cpu_mark_s,
+                    topic=self._topic, on_change=self._on_route, saturated=full,
+                )  # fmt: skip
+            self._settling = max(0, self._settling - 1)
+            self._cpu_mark_s = cpu_s
+        self._cycle_s = now_s

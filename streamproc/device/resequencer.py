@@ -130,15 +130,10 @@ class Resequencer:
                 raise ValueError(f"batch {batch_id} already handed over (next is {self._next})")
             return True
 
-    def hand_over_here(
-        self,
-        result: DeviceResult,
-        release: Release,
-        on_result: Callable[[DeviceResult], None] | None = None,
-    ) -> bool:
+    def hand_over_here(self, result: DeviceResult, release: Release) -> bool:
         """Hand ``result`` over on the calling thread (a fused lane: the batch was cut,
-        decoded and run on this thread): ``on_result`` (default: the resequencer's), then
-        ``release`` and ``on_released``, as the results thread would. The batch must be the
+        decoded and run on this thread): ``on_result``, then ``release`` and
+        ``on_released``, as the results thread would. The batch must be the
         next one, with nothing held (:meth:`caught_up` returned True for it). Returns False
         (nothing produced; ``release`` and ``on_released`` called, a warning logged) once the
         resequencer is closed: the drain gave up on the batch, its inputs stay uncommitted.
@@ -161,7 +156,7 @@ class Resequencer:
             self._on_released(batch_id)
             return False
         try:
-            (on_result or self._on_result)(result)
+            self._on_result(result)
         finally:
             release()
             self._on_released(batch_id)

@@ -306,22 +306,34 @@ class DeviceWorker:
             if stopped:  # after a fatal error: later batches are dropped, buffers given back
                 self._drop(job)
                 continue
-            slot = self.outputs.take(job.batch.batch_id)  # bounded: waits for a free set
-            launch = self._launch if self._gate is None else self._admitted_launch
             try:
-                item = launch(job, slot)
+                item = self._launch_one(job)
             except FatalPipelineError as exc:
-                # the pipeline stops (a model judged broken under ``stop``, or not one row
-                # fits): the batch is neither produced nor dead-lettered (its offsets stay
-                # uncommitted) and its buffers go back once no copy of it can be in flight
-                with contextlib.suppress(Exception):  # a broken device: give them back anyway
-                    self.backend.synchronize()
-                self.pool.release(job.slab)
-                self._releaser(slot)()
                 stopped = True
                 self.on_fatal(exc)
                 continue
             self._hand_over(item)
+
+    def _launch_one(self, job: DeviceJob) -> Launched:
+        """Take an output buffer set (waits for a free one) and launch ``job`` into it,
+        through the admission where there is one.
+
+        Raises:
+            FatalPipelineError: the pipeline stops (a model judged broken under ``stop``, or
+                not one row fits): the batch is neither produced nor dead-lettered (its offsets
+                stay uncommitted) and its buffers are back, given once no copy of it can be in
+                flight.
+        """
+        slot = self.outputs.take(job.batch.batch_id)
+        launch = self._launch if self._gate is None else self._admitted_launch
+        try:
+            return launch(job, slot)
+        except FatalPipelineError:
+            with contextlib.suppress(Exception):  # a broken device: give them back anyway
+                self.backend.synchronize()
+            self.pool.release(job.slab)
+            self._releaser(slot)()
+            raise
 
     def _drop(self, job: DeviceJob) -> None:
         """A batch queued after a fatal error: never launched, its slab given back."""
@@ -366,14 +378,7 @@ class DeviceWorker:
             self._unfinished += 1
         if self._gate is not None:
             self._gate.announce(job.batch.priority)
-        slot = self.outputs.take(job.batch.batch_id)  # free: nothing else is in flight
-        launch = self._launch if self._gate is None else self._admitted_launch
-        try:
-            item = launch(job, slot)
-        except FatalPipelineError:
-            self.pool.release(job.slab)
-            self._releaser(slot)()
-            raise
+        item = self._launch_one(job)  # a free output set: nothing else is in flight
         return self._finish_here(item), self._releaser(item.out_slot)
 
     def _complete_now(self, item: Launched) -> None:

@@ -57,23 +57,12 @@ class ResultHandler:
         self._headers = ResultHeaders(pipeline.input_topic)
 
     def __call__(self, result: DeviceResult) -> None:
-        """Encode and produce one batch's results (dead-letter what failed); its device time
-        goes to ``observe``."""
-        self.handle(result, observe=True)
-
-    def handle(self, result: DeviceResult, observe: bool) -> None:
-        """Encode and produce one batch's results (dead-letter what failed); ``observe``: tell
-        ``observe`` the batch's device time (a fused lane tells its whole time itself)."""
+        """Encode and produce one batch's results (dead-letter what failed)."""
         topic = self._pipeline.input_topic
         dlq = self._pipeline.dead_letter_topic
         self._metrics.inference.labels(topic).observe(result.inference_s)
         # a batch re-run in parts (its model call raised) measures the re-runs, not its size
-        if (
-            observe
-            and self._observe is not None
-            and result.error is None
-            and result.model_calls == 1
-        ):
+        if self._observe is not None and result.error is None and result.model_calls == 1:
             self._observe(len(result.batch), result.inference_s)
         inference_ms = result.inference_s * 1000
         cut_at_s = result.batch.cut_at_s

@@ -96,7 +96,6 @@ class OneCpuLane:
             self.worker,
             self.resequencer,
             self.load,
-            self._handle,
             lambda rows, seconds: self.observed.append((rows, seconds)),
         )
         self.routes: list[LaneRoute] = []
