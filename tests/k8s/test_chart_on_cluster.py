@@ -134,6 +134,7 @@ def topics() -> None:
     ensure_topics(BOOTSTRAP, dict.fromkeys(names, PARTITIONS))
 
 
+@pytest.mark.k8s_ci
 def test_install_and_replay_the_three_workloads() -> None:
     install(RELEASE, "at-least-once.yaml")
     running = wait_for("one Ready pod", lambda: all_ready(NS, SELECTOR, 1), START_S, diagnose=NS)
@@ -161,6 +162,7 @@ def test_install_and_replay_the_three_workloads() -> None:
                 assert isinstance(result["score"], float) and isinstance(result["anomaly"], bool)
 
 
+@pytest.mark.k8s_ci
 def test_security_context_holds_inside_the_pod() -> None:
     pod = pods(NS, SELECTOR)[0]["metadata"]["name"]
     probe = r"""
@@ -190,6 +192,7 @@ print(json.dumps({
     assert seen["root_write"] == "EROFS"  # readOnlyRootFilesystem, /tmp writable
 
 
+@pytest.mark.k8s_ci
 def test_force_deleted_pod_mid_stream_loses_nothing() -> None:
     before = pods(NS, SELECTOR)
     victim = before[0]["metadata"]["name"]
@@ -277,6 +280,7 @@ def test_scale_back_down_to_one_owner() -> None:
     report("scale 1", wait_for("every result", lambda: complete(PIPELINES, GROUP), 600, 5))
 
 
+@pytest.mark.k8s_ci
 def test_liveness_restarts_a_wedged_process() -> None:
     pod = pods(NS, SELECTOR)[0]
     name, before = pod["metadata"]["name"], restarts(pod)
@@ -300,6 +304,7 @@ def test_liveness_restarts_a_wedged_process() -> None:
     report("liveness", wait_for("every result", lambda: complete(PIPELINES, GROUP), 600, 5))
 
 
+@pytest.mark.k8s_ci
 def test_helm_test_passes() -> None:
     # (no --logs: the hook pod is deleted once it succeeds; a failed one stays for its logs)
     out = helm("test", RELEASE, "--namespace", NS, "--timeout", "180s")
@@ -307,6 +312,7 @@ def test_helm_test_passes() -> None:
     assert " ".join(out.split()).count("Phase: Succeeded") == 1, out
 
 
+@pytest.mark.k8s_ci
 def test_exactly_once_statefulset_killed_mid_stream_no_duplicates() -> None:
     install(EOS_RELEASE, "exactly-once.yaml")
     running = wait_for("2 Ready pods", lambda: all_ready(NS, EOS_SELECTOR, 2), START_S, diagnose=NS)
@@ -346,6 +352,7 @@ def test_exactly_once_statefulset_killed_mid_stream_no_duplicates() -> None:
     assert ids == {f"{EOS_GROUP}-eos-streamproc-0", f"{EOS_GROUP}-eos-streamproc-1"}, ids
 
 
+@pytest.mark.keda
 def test_keda_scales_on_lag_and_back() -> None:
     keda_config = os.environ.get("KEDA_CONFIG", "")
     if not keda_config:
@@ -398,6 +405,7 @@ def replicas(kind: str, name: str) -> int:
     return int(kubectl_json("get", kind, "-n", NS, name)["spec"]["replicas"])
 
 
+@pytest.mark.keda
 def test_a_stuck_partition_does_not_scale_to_the_maximum() -> None:
     # One trades partition is held by a member that never moves (StuckMember) and gets a
     # backlog of 3,000: with the chart's KEDA defaults (limitToPartitionsWithLag) the
@@ -459,6 +467,7 @@ def test_a_stuck_partition_does_not_scale_to_the_maximum() -> None:
     report("stuck partition released", found)
 
 
+@pytest.mark.keda
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_keda_scales_a_transactional_group_to_zero_and_back(guarantee: str) -> None:
     # Issue 27: a transactional producer leaves a commit marker after its records; the commit
@@ -702,6 +711,7 @@ def gaps_variant(protocol: str, static: bool, tmp: Path) -> list[rebalance_gaps.
     return rows
 
 
+@pytest.mark.k8s_gaps
 def test_rebalance_gaps_by_group_protocol_and_static_membership(tmp_path: Path) -> None:
     # Issue 27: the time partitions go without results while the group changes, per group
     # protocol and with and without static membership, on the cluster (the local-broker
@@ -715,6 +725,8 @@ def test_rebalance_gaps_by_group_protocol_and_static_membership(tmp_path: Path) 
     assert len(rows) == 3 * len(rebalance_gaps.VARIANTS)
 
 
+@pytest.mark.k8s_ci
+@pytest.mark.k8s_gaps
 def test_uninstall_leaves_nothing() -> None:
     # both releases when every check ran; a subset (K8S_CHECKS=ci, or PYTEST_ARGS=-k ...) may
     # have installed only one
