@@ -22,8 +22,13 @@ app = typer.Typer(
 )
 kafka_app = typer.Typer(no_args_is_help=True, help="A local Apache Kafka broker (KRaft).")
 app.add_typer(kafka_app, name="kafka")
+registry_app = typer.Typer(
+    no_args_is_help=True, help="A local Schema Registry (Apicurio, Confluent-compatible API)."
+)
+app.add_typer(registry_app, name="registry")
 
 DEFAULT_BROKER_DIR = Path(".streamproc/kafka")
+DEFAULT_REGISTRY_DIR = Path(".streamproc/registry")
 Bootstrap = Annotated[
     str | None,
     typer.Option(
@@ -123,6 +128,57 @@ def kafka_stop(
     typer.echo(f"stopped broker pid {', '.join(map(str, pids))}")
 
 
+@registry_app.command("start")
+def registry_start(
+    directory: Annotated[Path, typer.Option("--dir", help="Registry state folder.")] = (
+        DEFAULT_REGISTRY_DIR
+    ),
+) -> None:
+    """Start a local Schema Registry in the background (loopback, in-memory, BACKWARD
+    compatibility); the last line is SCHEMA_REGISTRY_URL=..."""
+    from streamproc.tools.kafka_local import alive, read_pid, terminate_pid
+    from streamproc.tools.registry_local import LocalRegistry, ensure_registry_app
+
+    directory = directory.resolve()
+    pid = read_pid(directory / "registry.pid")
+    url_file = directory / "url"
+    if pid is not None and alive(pid) and url_file.exists():
+        typer.echo(
+            f"registry already running (pid {pid}); stop it with "
+            f"`streamproc registry stop --dir {directory}`"
+        )
+        typer.echo(f"SCHEMA_REGISTRY_URL={url_file.read_text().strip()}")
+        return
+    if pid is not None:
+        terminate_pid(pid, 20.0)
+    try:
+        registry = LocalRegistry(directory, ensure_registry_app(), own_lifetime=False)
+        url = registry.start()
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
+    url_file.write_text(url)
+    typer.echo(f"registry log: {registry.log_path}")
+    typer.echo(f"SCHEMA_REGISTRY_URL={url}")
+
+
+@registry_app.command("stop")
+def registry_stop(
+    directory: Annotated[Path, typer.Option("--dir", help="Registry state folder.")] = (
+        DEFAULT_REGISTRY_DIR
+    ),
+) -> None:
+    """Stop the registry started with `registry start --dir DIR`; no process is left behind."""
+    from streamproc.tools.kafka_local import read_pid, terminate_pid
+
+    pid = read_pid(directory / "registry.pid")
+    if pid is None:
+        typer.echo(f"no registry recorded in {directory}")
+        return
+    terminate_pid(pid, 20.0)
+    (directory / "registry.pid").unlink(missing_ok=True)
+    typer.echo(f"stopped registry pid {pid}")
+
+
 @app.command("produce")
 def produce_cmd(
     workload: Annotated[
@@ -139,6 +195,22 @@ def produce_cmd(
             min=1, help="Write in transactions of this many messages (as an exactly-once stage)."
         ),
     ] = None,
+    value_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="Value format: json (the recording as is) or avro (the workload's Avro schema, "
+            "registered in the Schema Registry under <topic>-value).",
+        ),
+    ] = "json",
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            "--registry",
+            envvar="SCHEMA_REGISTRY_URL",
+            help="Schema Registry URL for --format avro (else $SCHEMA_REGISTRY_URL).",
+        ),
+    ] = None,
 ) -> None:
     """Replay real data of a built-in workload into a topic."""
     from streamproc.tools.replay import produce
@@ -151,9 +223,17 @@ def produce_cmd(
         raise _fail(ValueError("no broker: pass --bootstrap or set KAFKA_BOOTSTRAP_SERVERS"))
     try:
         count = produce(
-            workload, topic, bootstrap, partitions, limit, rate, transaction_size=transaction_size
+            workload,
+            topic,
+            bootstrap,
+            partitions,
+            limit,
+            rate,
+            transaction_size=transaction_size,
+            value_format=value_format,
+            registry_url=registry,
         )
-    except (StreamprocError, RuntimeError) as exc:
+    except (StreamprocError, RuntimeError, ValueError) as exc:
         raise _fail(exc) from exc
     typer.echo(f"produced {count} {workload} messages to {topic}")
 

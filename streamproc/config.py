@@ -31,6 +31,7 @@ from streamproc.config_sections import (
     ModelPrecision,
     PipelineConfig,
     Scalar,
+    SchemaRegistryConfig,
     WorkerConfig,
 )
 from streamproc.errors import ConfigError
@@ -46,6 +47,7 @@ __all__ = [
     "ModelPrecision",
     "PipelineConfig",
     "Scalar",
+    "SchemaRegistryConfig",
     "WorkerConfig",
     "load_config",
 ]
@@ -70,6 +72,7 @@ class Config(BaseSettings):
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    schema_registry: SchemaRegistryConfig = Field(default_factory=SchemaRegistryConfig)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)
 
@@ -99,6 +102,12 @@ class Config(BaseSettings):
         inputs = [p.input_topic for p in self.pipelines]
         if len(set(inputs)) != len(inputs):
             raise ValueError(f"pipelines: each input_topic may appear once, got {inputs}")
+        managed = [p.name for p in self.pipelines if p.format != "json"]
+        if managed and not self.schema_registry.url:
+            raise ValueError(
+                f"schema_registry.url: pipelines {managed} read a schema-managed format "
+                "(pipelines[].format: avro) and need the registry's URL (http:// or https://)"
+            )
         names = [p.name for p in self.pipelines]
         if len(set(names)) != len(names):
             raise ValueError(f"pipelines: each name may appear once, got {names}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from streamproc.records import Priority
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
@@ -128,6 +128,8 @@ class PipelineConfig(_Section):
     priority: PriorityName | None = None  # default: the workload's (trades high, video low)
     precision: ModelPrecision | None = None  # default: worker.precision
     options: dict[str, Any] = Field(default_factory=dict)
+    # the input value format: json, or avro through schema_registry (the workload must read it)
+    format: Literal["json", "avro"] = "json"
 
     @field_validator("workload")
     @classmethod
@@ -376,6 +378,40 @@ class MetricsConfig(_Section):
     lag_interval_s: float = Field(default=5.0, gt=0)
     stall_timeout_s: float = Field(default=60.0, gt=0)
     liveness_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class SchemaRegistryConfig(_Section):
+    """The Schema Registry of ``pipelines[].format: avro`` (a Confluent-compatible API: Confluent
+    Schema Registry, or Apicurio's ``/apis/ccompat/v7``). ``basic_auth_user_info``
+    (``user:password``) is a secret: never logged, never in ``repr``; give it through
+    ``STREAMPROC_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO`` rather than the file."""
+
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    basic_auth_user_info: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    request_timeout_s: float = Field(default=5.0, gt=0)
+    retry_backoff_s: float = Field(default=0.1, gt=0)
+    retry_backoff_max_s: float = Field(default=5.0, gt=0)
+
+    def client_settings(self) -> dict[str, Any]:
+        """The ``SchemaRegistryClient`` configuration (holds the secret: never log it).
+
+        Raises:
+            ValueError: no ``url``.
+        """
+        if not self.url:
+            raise ValueError("schema_registry.url is not set")
+        settings: dict[str, Any] = {"url": self.url, "timeout": self.request_timeout_s}
+        for key in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
+            value = getattr(self, key)
+            if value:
+                settings[key.replace("_", ".")] = value
+        if self.basic_auth_user_info is not None:
+            settings["basic.auth.credentials.source"] = "USER_INFO"
+            settings["basic.auth.user.info"] = self.basic_auth_user_info.get_secret_value()
+        return settings
 
 
 class LoggingConfig(_Section):

@@ -30,6 +30,11 @@ class BrokerError(StreamprocError):
     """The local broker could not be resolved, started or reached."""
 
 
+class RegistryUnavailable(StreamprocError):
+    """The Schema Registry could not be reached and a writer-schema lookup was abandoned (the
+    process is closing). Not a record's fault: no record is dead-lettered for it."""
+
+
 class RecordError(StreamprocError):
     """One record cannot be processed; it goes to the dead-letter topic."""
 

@@ -391,6 +391,8 @@ class Pipeline:
             log.error("pipeline stopped", error=str(self._fatal))
 
     def _close_decoding(self) -> None:
+        if self.stages.shared.schemas is not None:
+            self.stages.shared.schemas.close()  # lookups waiting for the registry give up
         self.stages.shared.decoding.close()
         for topic in self.stages.topics:
             topic.staging.close()

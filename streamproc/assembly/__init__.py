@@ -33,6 +33,7 @@ from streamproc.assembly.shared import (
     admin_settings,
     build_admission,
     build_output,
+    build_writer_schemas,
     late_results_reporter,
 )
 from streamproc.assembly.topic import TopicStages, build_dispatcher, build_topic_stages
@@ -92,11 +93,14 @@ def assemble(
     metrics = Metrics()
     tracker = OffsetTracker(on_late=late_results_reporter(metrics))
     devices = select_devices(config.worker.device, config.worker.devices)
-    decoding = build_decoding(config.worker, metrics)
+    managed = any(p.format != "json" for p in config.pipelines)
+    registry = config.schema_registry.client_settings() if managed else None
+    decoding = build_decoding(config.worker, metrics, registry)
     guarantee, sink = build_output(config, tracker, metrics, on_fatal, producer_factory)
     admission = build_admission(config)
+    schemas = build_writer_schemas(config)
     shared = Shared(
-        config, metrics, tracker, devices, decoding, guarantee, sink, admission, on_fatal
+        config, metrics, tracker, devices, decoding, guarantee, sink, admission, on_fatal, schemas
     )
     topics = tuple(build_topic_stages(spec, shared) for spec in config.pipelines)
     lanes = {stages.topic: stages.lane for stages in topics}

@@ -8,7 +8,7 @@ their workers with the :class:`~streamproc.decode.sizing.DecodeSizer` that resiz
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from streamproc.config import PipelineConfig, WorkerConfig
 from streamproc.decode import (
@@ -47,10 +47,14 @@ class Decoding(Protocol):
         ...
 
 
-def build_decoding(worker: WorkerConfig, metrics: Metrics) -> Decoding:
-    """The decode workers of ``worker.decode_mode``, ``decode_workers_start`` of them."""
+def build_decoding(
+    worker: WorkerConfig, metrics: Metrics, registry: dict[str, Any] | None = None
+) -> Decoding:
+    """The decode workers of ``worker.decode_mode``, ``decode_workers_start`` of them;
+    ``registry``: the Schema Registry client settings decode processes build their own writer
+    schemas from (None without a schema-managed pipeline)."""
     if worker.decode_mode == "process":
-        return ProcessDecoding(worker, metrics)
+        return ProcessDecoding(worker, metrics, registry or {})
     return ThreadDecoding(worker, metrics)
 
 
@@ -104,7 +108,10 @@ class ProcessDecoding:
 
     shared_staging = True
 
-    def __init__(self, worker: WorkerConfig, metrics: Metrics) -> None:
+    def __init__(
+        self, worker: WorkerConfig, metrics: Metrics, registry: dict[str, Any] | None = None
+    ) -> None:
+        self._registry = registry or {}
         self.processes = DecodeProcesses(worker.decode_workers_start)
         self.sizer = _sizer(self.processes, worker, metrics)
         self._max_message_bytes = worker.max_message_bytes
@@ -119,6 +126,8 @@ class ProcessDecoding:
                 staging.shared_names,
                 staging.shape,
                 staging.dtype.str,
+                spec.format,
+                self._registry,
             ),
         )
         return ProcessDecoder(

@@ -1,6 +1,7 @@
 """The stages every pipeline of the process shares (one of each per process), and their
 builders: the offset tracker's late-results hook, the results producer with the processing
-guarantee and the sink, the device admission, and the settings the admin clients connect with.
+guarantee and the sink, the device admission, the Schema Registry's writer schemas, and the
+settings the admin clients connect with.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from streamproc.offsets.transactions import Transactions
 from streamproc.output.producer import build_producer, producer_settings
 from streamproc.output.sink import Sink
 from streamproc.records import TopicPartition
+from streamproc.schemas.writers import WriterSchemas
 
 log = get_logger(__name__)
 
@@ -41,6 +43,7 @@ class Shared:
     sink: Sink
     admission: DeviceAdmission | None
     on_fatal: OnFatal
+    schemas: WriterSchemas | None = None  # the Schema Registry's writer schemas, when one is set
 
 
 def late_results_reporter(metrics: Metrics) -> LateHook:
@@ -92,6 +95,17 @@ def build_output(
     )
     sink = Sink(producer, settings, guarantee, metrics, on_fatal, producer_factory=producer_factory)
     return guarantee, sink
+
+
+def build_writer_schemas(config: Config) -> WriterSchemas | None:
+    """The writer schemas of ``schema_registry`` (one cache for every pipeline's decode
+    threads); None when no pipeline reads a schema-managed format."""
+    if all(p.format == "json" for p in config.pipelines):
+        return None
+    registry = config.schema_registry
+    return WriterSchemas(
+        registry.client_settings(), registry.retry_backoff_s, registry.retry_backoff_max_s
+    )
 
 
 def build_admission(config: Config) -> DeviceAdmission | None:

@@ -90,6 +90,7 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
         ConfigError: a device or the workload refuses the pipeline's precision.
     """
     workload = load_workload(spec.workload, spec.options)
+    workload.use_input_format(spec.format, shared.schemas)
     staging = build_staging_pool(workload, shared)
     decoder = shared.decoding.decoder(spec, workload, staging)
     topic, metrics, worker = spec.input_topic, shared.metrics, shared.config.worker

@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 from streamproc.decode.protocol import Failures
 from streamproc.decode.rows import decode_rows
 from streamproc.records import Record
+from streamproc.schemas.writers import WriterSchemas
 from streamproc.workloads import Workload, load_workload
 
 
@@ -32,6 +33,9 @@ class LaneSpec:
     Attributes:
         workload: workload name or spec (``load_workload``'s first argument).
         options: workload options.
+        input_format: ``pipelines[].format``.
+        registry: the ``SchemaRegistryClient`` settings (empty without a registry; holds the
+            secret: never logged).
         slabs: shared-memory name of each slab, in pool index order.
         shape: shape of one slab, ``(rows, *item_shape)``.
         dtype: numpy dtype string of the rows.
@@ -42,10 +46,13 @@ class LaneSpec:
     slabs: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: str
+    input_format: str = "json"
+    registry: dict[str, Any] = field(default_factory=dict)
 
 
 _LANES: dict[str, tuple[Workload, list[np.ndarray]]] = {}
 _ATTACHED: list[shared_memory.SharedMemory] = []
+_SCHEMAS: WriterSchemas | None = None
 
 
 def init_process(lanes: dict[str, LaneSpec], parent_pid: int) -> None:
@@ -63,7 +70,19 @@ def init_process(lanes: dict[str, LaneSpec], parent_pid: int) -> None:
             shm = shared_memory.SharedMemory(name=shm_name)
             _ATTACHED.append(shm)  # keep the mapping alive; the parent owns (unlinks) it
             views.append(np.ndarray(spec.shape, dtype=np.dtype(spec.dtype), buffer=shm.buf))
-        _LANES[name] = (load_workload(spec.workload, spec.options), views)
+        workload = load_workload(spec.workload, spec.options)
+        workload.use_input_format(spec.input_format, _writer_schemas(spec.registry))
+        _LANES[name] = (workload, views)
+
+
+def _writer_schemas(settings: dict[str, Any]) -> WriterSchemas | None:
+    """This process's writer schemas (one cache for its lanes), or None without a registry."""
+    global _SCHEMAS
+    if not settings:
+        return None
+    if _SCHEMAS is None:
+        _SCHEMAS = WriterSchemas(settings)
+    return _SCHEMAS
 
 
 def _exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:

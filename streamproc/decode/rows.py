@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from streamproc.decode.protocol import Failures
-from streamproc.errors import DecodeError, RecordError
+from streamproc.errors import DecodeError, RecordError, RegistryUnavailable
 from streamproc.records import Record
 from streamproc.workloads import Workload
 
@@ -58,6 +58,9 @@ def decode_rows(
         ``decode_many`` itself raises, or answers with anything but a dict of row index (within
         the run) -> :class:`RecordError`, its run is decoded again record by record (the base
         implementation), so one workload bug costs speed, never the stream.
+
+    Raises:
+        RegistryUnavailable: the Schema Registry did not answer before the process closed.
     """
     failed: Failures = {}
     run_start = 0
@@ -68,6 +71,8 @@ def decode_rows(
             view = rows[start + run_start : start + index]
             try:
                 found = _checked(workload.decode_many(run, view), len(run))
+            except RegistryUnavailable:
+                raise  # the registry's state, not the records': none is dead-lettered for it
             except Exception:
                 found = Workload.decode_many(workload, run, view)
             for offset, error in found.items():

@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Producer
 from tqdm import tqdm
@@ -35,6 +36,9 @@ from streamproc.kafka.admin import ensure_topics
 from streamproc.logs import kafka_logger
 from streamproc.records import Headers
 from streamproc.workloads.registry import BUILTIN_WORKLOADS, BuiltinWorkload
+
+if TYPE_CHECKING:
+    from streamproc.schemas.serialize import AvroValues
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,23 @@ _TRANSACTION_TIMEOUT_S = 60.0
 _BY_KEY = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks (by key)
 
 
+def _value_converter(
+    workload: str, topic: str, value_format: str, registry_url: str | None
+) -> AvroValues | None:
+    if value_format == "json":
+        return None
+    from streamproc.schemas.serialize import VALUE_FORMATS, AvroValues, avro_schema_of
+
+    if value_format != "avro":
+        raise ValueError(f"--format: {value_format!r} is not one of {list(VALUE_FORMATS)}")
+    if not registry_url:
+        raise ValueError(
+            "--format avro needs the registry: pass --registry or set SCHEMA_REGISTRY_URL"
+        )
+    schema = avro_schema_of(workload).read_text()
+    return AvroValues(topic, schema, {"url": registry_url})
+
+
 def produce(
     workload: str,
     topic: str,
@@ -82,6 +103,8 @@ def produce(
     stop: threading.Event | None = None,
     transaction_size: int | None = None,
     spread: bool = False,
+    value_format: str = "json",
+    registry_url: str | None = None,
 ) -> int:
     """Replay ``workload`` into ``topic`` (created with ``partitions`` if missing).
 
@@ -99,84 +122,98 @@ def produce(
             marker in every partition it wrote to; None: no transactions.
         spread: message ``i`` goes to partition ``i % partitions`` (every partition gets
             input, whatever the keys hash to); False: by key, as a producer of the data would.
+        value_format: ``json`` (the recording as is) or ``avro``: each value serialised with
+            the workload's Avro schema by confluent-kafka's ``AvroSerializer`` against the
+            registry at ``registry_url`` (the schema registered under ``<topic>-value``).
 
     Returns:
         The number of messages acknowledged by the broker.
 
     Raises:
         RuntimeError: some messages were not acknowledged.
+        ValueError: an unknown format, ``avro`` without ``registry_url``, or a workload
+            without an Avro schema.
     """
-    ensure_topics(bootstrap_servers, {topic: partitions})
-    total = recording_size(workload) if limit is None else limit
-    transactional = (
-        {} if transaction_size is None else {"transactional.id": f"replay-{uuid.uuid4().hex}"}
-    )
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "logger": kafka_logger(),
-            **transactional,
-        }
-    )
-    if transaction_size is not None:
-        producer.init_transactions(_TRANSACTION_TIMEOUT_S)
-    acked = 0
-    failed: list[str] = []
+    convert = _value_converter(workload, topic, value_format, registry_url)
+    try:
+        ensure_topics(bootstrap_servers, {topic: partitions})
+        total = recording_size(workload) if limit is None else limit
+        transactional = (
+            {} if transaction_size is None else {"transactional.id": f"replay-{uuid.uuid4().hex}"}
+        )
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "logger": kafka_logger(),
+                **transactional,
+            }
+        )
+        if transaction_size is not None:
+            producer.init_transactions(_TRANSACTION_TIMEOUT_S)
+        acked = 0
+        failed: list[str] = []
 
-    def delivered(err: object, _msg: object) -> None:
-        nonlocal acked
-        if err is None:
-            acked += 1
-        else:
-            failed.append(str(err))
+        def delivered(err: object, _msg: object) -> None:
+            nonlocal acked
+            if err is None:
+                acked += 1
+            else:
+                failed.append(str(err))
 
-    show = sys.stdout.isatty() if progress is None else progress
-    start_s = 0.0
-    with tqdm(total=total, unit="msg", disable=not show, desc=f"produce {workload}") as bar:
-        for index, message in enumerate(itertools.islice(messages(workload), total)):
-            if stop is not None and stop.is_set():
-                total = index
-                break
-            if index == 0:
-                # The clock starts at the first message, not before the recording was opened
-                # (decoding the first video frame takes a while): otherwise the replay would
-                # start with a burst to catch up.
-                start_s = time.monotonic()
-            if rate:
-                wait_s = start_s + index / rate - time.monotonic()
-                if wait_s > _PACING_GRANULARITY_S:
-                    time.sleep(wait_s)  # open-loop pacing, not synchronisation
-            if transaction_size is not None and index % transaction_size == 0:
-                if index:
-                    producer.commit_transaction(_TRANSACTION_TIMEOUT_S)
-                producer.begin_transaction()
-            while True:
-                try:
-                    producer.produce(
-                        topic,
-                        value=message.value,
-                        key=message.key,
-                        headers=list(message.headers),
-                        on_delivery=delivered,
-                        partition=index % partitions if spread else _BY_KEY,
-                    )
+        show = sys.stdout.isatty() if progress is None else progress
+        start_s = 0.0
+        with tqdm(total=total, unit="msg", disable=not show, desc=f"produce {workload}") as bar:
+            for index, message in enumerate(itertools.islice(messages(workload), total)):
+                if stop is not None and stop.is_set():
+                    total = index
                     break
-                except BufferError:
-                    producer.poll(0.05)
-            producer.poll(0)
-            bar.update(1)
-        if transaction_size is not None and total:
-            producer.commit_transaction(_TRANSACTION_TIMEOUT_S)
-        # Every message gets its delivery report by message.timeout.ms (librdkafka's bound):
-        # wait for all of them (or until flush_timeout_s) rather than a fixed time a loaded
-        # broker may need more of.
-        flush_deadline_s = None if flush_timeout_s is None else time.monotonic() + flush_timeout_s
-        while producer.flush(5) > 0:
-            if flush_deadline_s is not None and time.monotonic() > flush_deadline_s:
-                break
-    if failed or acked != total:
-        raise RuntimeError(f"{total - acked} of {total} messages not acknowledged: {failed[:3]}")
-    return acked
+                if index == 0:
+                    # The clock starts at the first message, not before the recording was opened
+                    # (decoding the first video frame takes a while): otherwise the replay would
+                    # start with a burst to catch up.
+                    start_s = time.monotonic()
+                if rate:
+                    wait_s = start_s + index / rate - time.monotonic()
+                    if wait_s > _PACING_GRANULARITY_S:
+                        time.sleep(wait_s)  # open-loop pacing, not synchronisation
+                if transaction_size is not None and index % transaction_size == 0:
+                    if index:
+                        producer.commit_transaction(_TRANSACTION_TIMEOUT_S)
+                    producer.begin_transaction()
+                while True:
+                    try:
+                        producer.produce(
+                            topic,
+                            value=convert(message.value) if convert else message.value,
+                            key=message.key,
+                            headers=list(message.headers),
+                            on_delivery=delivered,
+                            partition=index % partitions if spread else _BY_KEY,
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                producer.poll(0)
+                bar.update(1)
+            if transaction_size is not None and total:
+                producer.commit_transaction(_TRANSACTION_TIMEOUT_S)
+            # Every message gets its delivery report by message.timeout.ms (librdkafka's bound):
+            # wait for all of them (or until flush_timeout_s) rather than a fixed time a loaded
+            # broker may need more of.
+            flush_deadline_s = (
+                None if flush_timeout_s is None else time.monotonic() + flush_timeout_s
+            )
+            while producer.flush(5) > 0:
+                if flush_deadline_s is not None and time.monotonic() > flush_deadline_s:
+                    break
+        if failed or acked != total:
+            raise RuntimeError(
+                f"{total - acked} of {total} messages not acknowledged: {failed[:3]}"
+            )
+        return acked
+    finally:
+        if convert is not None:
+            convert.close()

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 import orjson
 import torch
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from streamproc.errors import DecodeError, RecordError
+from streamproc.errors import ConfigError, DecodeError, RecordError, RegistryUnavailable
 from streamproc.records import Headers, Priority, Record
+
+if TYPE_CHECKING:
+    from streamproc.schemas.writers import WriterSchemas
 
 ModelFn = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 M = TypeVar("M", bound=BaseModel)
@@ -128,6 +131,21 @@ class Workload:
     item_shape: tuple[int, ...] = ()
     item_dtype: np.dtype = np.dtype(np.uint8)
     refused_precisions: Mapping[str, str] = MappingProxyType({})
+    input_formats: tuple[str, ...] = ("json",)
+
+    def use_input_format(self, name: str, writers: WriterSchemas | None) -> None:
+        """Read message values in format ``name`` (``pipelines[].format``), the writer schemas
+        coming from ``writers`` (the pipeline's Schema Registry; None without one). The
+        default reads only the workload's own format.
+
+        Raises:
+            ConfigError: the workload does not read ``name`` (names the formats it reads).
+        """
+        if name not in self.input_formats:
+            raise ConfigError(
+                f"pipelines.format: workload {self.name!r} reads {list(self.input_formats)}, "
+                f"not {name!r}"
+            )
 
     def decode(self, record: Record, out: np.ndarray) -> None:
         """Write the decoded row of ``record`` into ``out``.
@@ -157,6 +175,8 @@ class Workload:
                 decode(record, rows[index])
             except RecordError as exc:
                 failed[index] = exc
+            except RegistryUnavailable:
+                raise  # the Schema Registry's state, not the record's fault
             except Exception as exc:
                 failed[index] = DecodeError(f"{type(exc).__name__}: {exc}")
         return failed

@@ -175,13 +175,14 @@ def _schema_error(exc: msgspec.ValidationError) -> DecodeError:
 def encode_results(
     records: Sequence[Record],
     rows: Iterable[tuple[Any, ...]],
-    head: msgspec.json.Decoder[H],
+    read_head: Callable[[bytes], H],
     build: Callable[..., msgspec.Struct],
 ) -> list[Encoded | Exception]:
     """One JSON result per record, for a workload's ``encode_many``.
 
-    Per record: its echoed fields are read back from its value with ``head`` (a decoder of a
-    small Struct; the other fields are skipped, not parsed), its result Struct is
+    Per record: its echoed fields are read back from its value with ``read_head`` (the
+    workload's input format: a JSON decoder of a small Struct, the other fields skipped, not
+    parsed; or the Avro decoder's fields), its result Struct is
     ``build(head_struct, record, *row)`` with the matching ``row`` of model outputs (Python
     numbers), and :data:`RESULT_ENCODER` serialises it.
 
@@ -189,13 +190,12 @@ def encode_results(
         Per record, its :class:`Encoded` value, or in its place an :class:`EncodeError` (the
         value does not hold the echoed fields) or the exception ``build`` raised.
     """
-    read_head = head.decode
     encode = RESULT_ENCODER.encode
     results: list[Encoded | Exception] = []
     for record, row in zip(records, rows, strict=True):
         try:
             value = encode(build(read_head(record.value or b""), record, *row))
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, DecodeError) as exc:
             results.append(EncodeError(f"cannot read back the echoed fields: {exc}"))
             continue
         except Exception as exc:

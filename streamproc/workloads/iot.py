@@ -33,6 +33,7 @@ import torch
 
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Headers, Record
+from streamproc.schemas.formats import StructFormats
 from streamproc.workloads.base import Encoded
 from streamproc.workloads.codecs import (
     INT64,
@@ -141,7 +142,7 @@ def reconstruction_error(
     return (reconstruction - z).pow(2).mean(dim=1)
 
 
-class IotWorkload(CheckpointScorer):
+class IotWorkload(StructFormats, CheckpointScorer):
     """Score sensor windows with the trained autoencoder.
 
     Row: (WINDOW, 4) float32 raw sensor values in :data:`CYCLING_CHANNELS` order.
@@ -149,6 +150,10 @@ class IotWorkload(CheckpointScorer):
     """
 
     name = "iot"
+    json_messages = IOT_MESSAGE
+    json_head = IOT_HEAD
+    head_schema = IotHead
+    avro_reader = Path(__file__).parent / "schemas" / "iot.avsc"
     item_shape = (WINDOW, len(CYCLING_CHANNELS))
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
@@ -169,7 +174,7 @@ class IotWorkload(CheckpointScorer):
             ``schema: ...``, ``wrong window length: ...``, or a value beyond float32); its row
             is left unwritten.
         """
-        decoded, messages, failed = IOT_MESSAGE.decode_records(records)
+        decoded, messages, failed = self.messages.decode_records(records)
         parsed: list[int] = []
         windows: list[list[Sample]] = []
         for index, message in zip(decoded, messages, strict=True):
@@ -232,7 +237,7 @@ class IotWorkload(CheckpointScorer):
                 SourceCoordinates.of(record),
             )
 
-        return encode_results(records, zip(scores, flags, strict=True), IOT_HEAD, build)
+        return encode_results(records, zip(scores, flags, strict=True), self.read_head, build)
 
 
 def _window(message: IotMessage) -> list[Sample]:

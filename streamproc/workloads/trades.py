@@ -41,6 +41,7 @@ import torch
 
 from streamproc.errors import RecordError
 from streamproc.records import Headers, Record
+from streamproc.schemas.formats import StructFormats
 from streamproc.workloads.base import Encoded
 from streamproc.workloads.codecs import (
     INT64,
@@ -214,13 +215,17 @@ def all_trades(symbols: tuple[str, ...] = STOCK_SYMBOLS) -> list[dict[str, Any]]
     return out
 
 
-class TradesWorkload(CheckpointScorer):
+class TradesWorkload(StructFormats, CheckpointScorer):
     """Score trades with the trained autoencoder.
 
     Row: (4,) float32 raw features. Model outputs: score (n,) float32, anomaly flag (n,) bool.
     """
 
     name = "trades"
+    json_messages = TRADE_MESSAGE
+    json_head = TRADE_HEAD
+    head_schema = TradeHead
+    avro_reader = Path(__file__).parent / "schemas" / "trades.avsc"
     item_shape = (FEATURES,)
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
@@ -251,7 +256,7 @@ class TradesWorkload(CheckpointScorer):
             Per refused index, its :class:`DecodeError` (``malformed JSON: ...``,
             ``schema: ...``, or a feature that is not finite); its row is left unwritten.
         """
-        parsed, trades, failed = TRADE_MESSAGE.decode_records(records)
+        parsed, trades, failed = self.messages.decode_records(records)
         if not trades:
             return failed
         fields = [(t.price, t.size, t.side == "buy", t.prev_close, t.adv_20) for t in trades]
@@ -305,7 +310,7 @@ class TradesWorkload(CheckpointScorer):
             )
 
         rows = zip(scores, flags, feats, strict=True)
-        return encode_results(records, rows, TRADE_HEAD, build)
+        return encode_results(records, rows, self.read_head, build)
 
 
 def trade_messages() -> Iterator[tuple[bytes, bytes]]:

@@ -1,0 +1,39 @@
+"""The Confluent Schema Registry wire format: ``0x00``, a 4-byte big-endian schema id, the
+payload (Avro binary, Protobuf message indexes + message, or JSON)."""
+
+from __future__ import annotations
+
+import struct
+
+from streamproc.errors import DecodeError
+
+MAGIC = 0
+_HEADER = struct.Struct(">bI")
+HEADER_SIZE = _HEADER.size  # 5 bytes
+
+
+def split(value: bytes | None) -> tuple[int, memoryview]:
+    """The schema id and the payload of a framed value (the payload is a view, not a copy).
+
+    Raises:
+        DecodeError: tombstone, a value shorter than the 5-byte header, or a first byte other
+            than the magic byte 0 (``not in the schema registry wire format: ...``).
+    """
+    if value is None:
+        raise DecodeError("tombstone record: value is null")
+    if len(value) < HEADER_SIZE:
+        raise DecodeError(
+            f"not in the schema registry wire format: {len(value)} bytes, "
+            f"shorter than the {HEADER_SIZE}-byte header"
+        )
+    magic, schema_id = _HEADER.unpack_from(value)
+    if magic != MAGIC:
+        raise DecodeError(
+            f"not in the schema registry wire format: magic byte {magic & 0xFF}, expected {MAGIC}"
+        )
+    return schema_id, memoryview(value)[HEADER_SIZE:]
+
+
+def frame(schema_id: int, payload: bytes) -> bytes:
+    """``payload`` framed with ``schema_id`` (what a registry-aware serialiser writes)."""
+    return _HEADER.pack(MAGIC, schema_id) + payload

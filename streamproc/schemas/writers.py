@@ -1,0 +1,121 @@
+"""Writer schemas by id, read from a Schema Registry once and cached.
+
+A lookup has three outcomes: the schema (cached for the life of the process: an id never
+changes its schema), :class:`UnknownSchema` (the registry answered that the id does not exist:
+the record's fault, dead-lettered), or a wait: the registry could not be reached or failed
+(connection refused, timeout, HTTP 5xx), so the lookup is retried with backoff until it answers
+or :meth:`WriterSchemas.close` is called (then :class:`RegistryUnavailable`). A registry outage
+thus holds back the records that need a new id, never dead-letters them; records of ids already
+cached keep flowing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from streamproc.errors import DecodeError, RegistryUnavailable
+from streamproc.logs import get_logger
+
+__all__ = ["RegistryUnavailable", "UnknownSchema", "WriterSchemas"]
+
+log = get_logger(__name__)
+
+NOT_FOUND = 404
+
+
+class UnknownSchema(DecodeError):
+    """The registry holds no schema with this id (the record is dead-lettered)."""
+
+
+class WriterSchemas:
+    """Schemas by id from one registry; thread-safe (decode threads share one instance).
+
+    Args:
+        settings: the ``SchemaRegistryClient`` configuration (``url`` and optionally
+            ``basic.auth.user.info``, ``ssl.ca.location``, ``ssl.certificate.location``,
+            ``ssl.key.location``); never logged (it may hold credentials).
+        backoff_s: first wait after a failed lookup, in seconds; doubled per failure.
+        max_backoff_s: the longest wait between attempts, in seconds.
+        client: a client to use instead of building one from ``settings`` (tests).
+    """
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        client: Any = None,
+    ) -> None:
+        self._client = client or SchemaRegistryClient(dict(settings))
+        self._url = str(settings.get("url", "?")).split("@")[-1]  # no user info in logs
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._cache: dict[int, Schema] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.outages = 0  # lookups that had to wait for the registry (for tests and metrics)
+
+    def get(self, schema_id: int) -> Schema:
+        """The schema registered under ``schema_id``.
+
+        Raises:
+            UnknownSchema: the registry answered that no such id exists.
+            RegistryUnavailable: the registry did not answer before :meth:`close`.
+        """
+        schema = self._cache.get(schema_id)
+        if schema is not None:
+            return schema
+        with self._lock:  # one lookup per id, however many threads ask
+            schema = self._cache.get(schema_id)
+            if schema is None:
+                schema = self._fetch(schema_id)
+                self._cache[schema_id] = schema
+        return schema
+
+    def cached(self, schema_id: int) -> bool:
+        """True when ``schema_id`` needs no registry call."""
+        return schema_id in self._cache
+
+    def _fetch(self, schema_id: int) -> Schema:
+        wait_s = self._backoff_s
+        waited = False
+        while True:
+            try:
+                schema: Schema = self._client.get_schema(schema_id)
+            except SchemaRegistryError as exc:
+                if exc.http_status_code == NOT_FOUND:
+                    raise UnknownSchema(
+                        f"schema: unknown schema id {schema_id} (the registry has none)"
+                    ) from exc
+                failure: Exception = exc
+            except Exception as exc:  # connection refused, timeout, TLS: the registry's state
+                failure = exc
+            else:
+                if waited:
+                    log.info("schema registry reachable again", schema_id=schema_id)
+                return schema
+            if not waited:
+                waited = True
+                self.outages += 1
+                log.warning(
+                    "schema registry unavailable; retrying",
+                    registry=self._url,
+                    schema_id=schema_id,
+                    error=f"{type(failure).__name__}: {failure}"[:300],
+                )
+            if self._closed.wait(wait_s):
+                raise RegistryUnavailable(
+                    f"schema registry {self._url} unavailable while closing (schema id {schema_id})"
+                ) from failure
+            wait_s = min(wait_s * 2, self._max_backoff_s)
+
+    def close(self) -> None:
+        """Abandon lookups waiting for the registry (they raise :class:`RegistryUnavailable`)
+        and close the client's HTTP session. Idempotent."""
+        self._closed.set()
+        self._client.close()
