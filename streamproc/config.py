@@ -102,16 +102,22 @@ class Config(BaseSettings):
         inputs = [p.input_topic for p in self.pipelines]
         if len(set(inputs)) != len(inputs):
             raise ValueError(f"pipelines: each input_topic may appear once, got {inputs}")
-        managed = [p.name for p in self.pipelines if p.format != "json"]
+        managed = [p.name for p in self.pipelines if "avro" in (p.format, p.result_format)]
         if managed and not self.schema_registry.url:
             raise ValueError(
-                f"schema_registry.url: pipelines {managed} read a schema-managed format "
-                "(pipelines[].format: avro) and need the registry's URL (http:// or https://)"
+                f"schema_registry.url: pipelines {managed} read or write a schema-managed format "
+                "(pipelines[].format or output_format: avro) and need the registry's URL "
+                "(http:// or https://)"
             )
         names = [p.name for p in self.pipelines]
         if len(set(names)) != len(names):
             raise ValueError(f"pipelines: each name may appear once, got {names}")
         return self
+
+    @property
+    def schema_managed(self) -> bool:
+        """True when a pipeline reads or writes through the Schema Registry."""
+        return any(p.format != "json" or p.result_format != "json" for p in self.pipelines)
 
     @property
     def exactly_once(self) -> bool:

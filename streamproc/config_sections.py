@@ -130,6 +130,8 @@ class PipelineConfig(_Section):
     options: dict[str, Any] = Field(default_factory=dict)
     # the input value format: json, or avro through schema_registry (the workload must read it)
     format: Literal["json", "avro"] = "json"
+    # the results' value format; default: the input's (avro: framed with a registered schema)
+    output_format: Literal["json", "avro"] | None = None
 
     @field_validator("workload")
     @classmethod
@@ -142,6 +144,11 @@ class PipelineConfig(_Section):
             "a TorchScript (*.pt, *.ts) or torch.export (*.pt2) file path, "
             "or 'package.module:factory'"
         )
+
+    @property
+    def result_format(self) -> str:
+        """``output_format``, else ``format``."""
+        return self.output_format or self.format
 
     @property
     def dead_letter_topic(self) -> str:
@@ -392,6 +399,9 @@ class SchemaRegistryConfig(_Section):
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
     request_timeout_s: float = Field(default=5.0, gt=0)
+    startup_timeout_s: float = Field(default=60.0, gt=0)
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    auto_register_schemas: bool = True
     retry_backoff_s: float = Field(default=0.1, gt=0)
     retry_backoff_max_s: float = Field(default=5.0, gt=0)
 

@@ -93,8 +93,7 @@ def assemble(
     metrics = Metrics()
     tracker = OffsetTracker(on_late=late_results_reporter(metrics))
     devices = select_devices(config.worker.device, config.worker.devices)
-    managed = any(p.format != "json" for p in config.pipelines)
-    registry = config.schema_registry.client_settings() if managed else None
+    registry = config.schema_registry.client_settings() if config.schema_managed else None
     decoding = build_decoding(config.worker, metrics, registry)
     guarantee, sink = build_output(config, tracker, metrics, on_fatal, producer_factory)
     admission = build_admission(config)

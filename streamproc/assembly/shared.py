@@ -100,7 +100,7 @@ def build_output(
 def build_writer_schemas(config: Config) -> WriterSchemas | None:
     """The writer schemas of ``schema_registry`` (one cache for every pipeline's decode
     threads); None when no pipeline reads a schema-managed format."""
-    if all(p.format == "json" for p in config.pipelines):
+    if not config.schema_managed:
         return None
     registry = config.schema_registry
     return WriterSchemas(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from prometheus_client import Gauge
@@ -39,6 +40,7 @@ from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.output.results import ResultHandler
 from streamproc.records import Priority
+from streamproc.schemas.results import AvroResults, result_schema_id
 from streamproc.workloads import ModelFn, Workload, load_workload
 
 log = get_logger(__name__)
@@ -83,6 +85,31 @@ class TopicStages:
         return report_leaks(self.topic, checks, metrics)
 
 
+def result_serializer(
+    spec: PipelineConfig, workload: Workload, config: Config
+) -> Callable[[Any], bytes] | None:
+    """The results' Avro serialiser of ``spec`` (its schema registered at start-up), or None
+    for JSON results.
+
+    Raises:
+        ConfigError: the workload has no result schema, or the registry refused it.
+    """
+    if spec.result_format == "json":
+        return None
+    schema = workload.result_schema()
+    registry = config.schema_registry
+    schema_id = result_schema_id(
+        registry.client_settings(),
+        spec.output_topic,
+        schema,
+        registry.subject_name_strategy,
+        registry.auto_register_schemas,
+        registry.startup_timeout_s,
+    )
+    log.info("result schema", topic=spec.output_topic, schema_id=schema_id, format="avro")
+    return AvroResults(schema, schema_id)
+
+
 def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
     """The stages of one pipeline (its dispatcher is built once the source exists).
 
@@ -91,6 +118,7 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
     """
     workload = load_workload(spec.workload, spec.options)
     workload.use_input_format(spec.format, shared.schemas)
+    workload.use_output_format(spec.result_format, result_serializer(spec, workload, shared.config))
     staging = build_staging_pool(workload, shared)
     decoder = shared.decoding.decoder(spec, workload, staging)
     topic, metrics, worker = spec.input_topic, shared.metrics, shared.config.worker

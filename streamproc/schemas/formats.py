@@ -21,6 +21,7 @@ from streamproc.errors import ConfigError, RecordError
 from streamproc.records import Record
 from streamproc.schemas.avro import AvroDecoder
 from streamproc.schemas.writers import WriterSchemas
+from streamproc.workloads.codecs import RESULT_ENCODER
 
 INPUT_FORMATS = ("json", "avro")
 """``pipelines[].format``: the value formats streamproc reads."""
@@ -55,16 +56,39 @@ class StructFormats:
     json_head: ClassVar[msgspec.json.Decoder[Any]]
     head_schema: ClassVar[type[msgspec.Struct]]
     avro_reader: ClassVar[Path]
+    avro_result: ClassVar[Path]
     input_formats: ClassVar[tuple[str, ...]] = INPUT_FORMATS
 
     messages: MessageDecoder
     read_head: Callable[[bytes], Any]
+    encode_result: Callable[[Any], bytes]
     input_format: str = "json"
 
     def __init__(self) -> None:
         super().__init__()
         self.messages = self.json_messages
         self.read_head = self.json_head.decode
+        self.encode_result = RESULT_ENCODER.encode
+
+    def result_schema(self) -> dict[str, Any]:
+        """The Avro schema of the results (``avro_result``)."""
+        return avro_schema(self.avro_result)
+
+    def use_output_format(self, name: str, serializer: Callable[[Any], bytes] | None) -> None:
+        """Write results as JSON (``serializer`` None) or with ``serializer`` (Avro: an
+        :class:`~streamproc.schemas.results.AvroResults` of :meth:`result_schema`).
+
+        Raises:
+            ConfigError: an unknown format, or ``avro`` without a serialiser.
+        """
+        if name == "json":
+            self.encode_result = RESULT_ENCODER.encode
+        elif name == "avro" and serializer is not None:
+            self.encode_result = serializer
+        else:
+            raise ConfigError(
+                f"pipelines.output_format: {name!r} is not one of {list(self.input_formats)}"
+            )
 
     def use_input_format(self, name: str, writers: WriterSchemas | None) -> None:
         """Read messages in format ``name`` (``json`` or ``avro``); ``writers`` is the

@@ -147,6 +147,28 @@ class Workload:
                 f"not {name!r}"
             )
 
+    def result_schema(self) -> dict[str, Any]:
+        """The Avro schema of this workload's results (``pipelines[].output_format: avro``).
+
+        Raises:
+            ConfigError: the workload has none (the default).
+        """
+        raise ConfigError(
+            f"pipelines.output_format: workload {self.name!r} writes JSON results only"
+        )
+
+    def use_output_format(self, name: str, serializer: Callable[[Any], bytes] | None) -> None:
+        """Write results in format ``name`` (``pipelines[].output_format``); ``serializer``
+        turns one result into value bytes (None for ``json``). The default writes JSON only.
+
+        Raises:
+            ConfigError: the workload does not write ``name``.
+        """
+        if name != "json":
+            raise ConfigError(
+                f"pipelines.output_format: workload {self.name!r} writes ['json'], not {name!r}"
+            )
+
     def decode(self, record: Record, out: np.ndarray) -> None:
         """Write the decoded row of ``record`` into ``out``.
 

@@ -177,6 +177,7 @@ def encode_results(
     rows: Iterable[tuple[Any, ...]],
     read_head: Callable[[bytes], H],
     build: Callable[..., msgspec.Struct],
+    encode: Callable[[msgspec.Struct], bytes] = RESULT_ENCODER.encode,
 ) -> list[Encoded | Exception]:
     """One JSON result per record, for a workload's ``encode_many``.
 
@@ -184,13 +185,13 @@ def encode_results(
     workload's input format: a JSON decoder of a small Struct, the other fields skipped, not
     parsed; or the Avro decoder's fields), its result Struct is
     ``build(head_struct, record, *row)`` with the matching ``row`` of model outputs (Python
-    numbers), and :data:`RESULT_ENCODER` serialises it.
+    numbers), and ``encode`` serialises it (:data:`RESULT_ENCODER`: JSON; or the workload's
+    output format, e.g. framed Avro).
 
     Returns:
         Per record, its :class:`Encoded` value, or in its place an :class:`EncodeError` (the
         value does not hold the echoed fields) or the exception ``build`` raised.
     """
-    encode = RESULT_ENCODER.encode
     results: list[Encoded | Exception] = []
     for record, row in zip(records, rows, strict=True):
         try:

@@ -154,6 +154,7 @@ class IotWorkload(StructFormats, CheckpointScorer):
     json_head = IOT_HEAD
     head_schema = IotHead
     avro_reader = Path(__file__).parent / "schemas" / "iot.avsc"
+    avro_result = Path(__file__).parent / "schemas" / "iot-result.avsc"
     item_shape = (WINDOW, len(CYCLING_CHANNELS))
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
@@ -237,7 +238,9 @@ class IotWorkload(StructFormats, CheckpointScorer):
                 SourceCoordinates.of(record),
             )
 
-        return encode_results(records, zip(scores, flags, strict=True), self.read_head, build)
+        return encode_results(
+            records, zip(scores, flags, strict=True), self.read_head, build, self.encode_result
+        )
 
 
 def _window(message: IotMessage) -> list[Sample]:

@@ -226,6 +226,7 @@ class TradesWorkload(StructFormats, CheckpointScorer):
     json_head = TRADE_HEAD
     head_schema = TradeHead
     avro_reader = Path(__file__).parent / "schemas" / "trades.avsc"
+    avro_result = Path(__file__).parent / "schemas" / "trades-result.avsc"
     item_shape = (FEATURES,)
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
@@ -310,7 +311,7 @@ class TradesWorkload(StructFormats, CheckpointScorer):
             )
 
         rows = zip(scores, flags, feats, strict=True)
-        return encode_results(records, rows, self.read_head, build)
+        return encode_results(records, rows, self.read_head, build, self.encode_result)
 
 
 def trade_messages() -> Iterator[tuple[bytes, bytes]]:

@@ -16,7 +16,10 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
+from streamproc.errors import ConfigError
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_MESSAGE, H_OFFSET, H_PARTITION
 from streamproc.pipeline import Pipeline, RunSummary
@@ -61,9 +64,22 @@ def pipeline_entry(name: str, t: Topics, workload: str, fmt: str) -> dict[str, A
     }
 
 
-def results_by(bootstrap: str, topic: str, key: str) -> dict[Any, dict[str, Any]]:
-    docs = (orjson.loads(v) for _, v, _, _ in read_topic(bootstrap, topic).records.values())
-    return {doc[key]: doc for doc in docs}
+def documents(bootstrap: str, topic: str, registry_url: str | None = None) -> list[dict[str, Any]]:
+    """The result values of ``topic``: JSON, or (with ``registry_url``) framed Avro read by
+    confluent-kafka's stock ``AvroDeserializer``."""
+    values = [v for _, v, _, _ in read_topic(bootstrap, topic).records.values()]
+    if registry_url is None:
+        return [orjson.loads(v) for v in values]
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        stock = AvroDeserializer(client)
+        context = SerializationContext(topic, MessageField.VALUE)
+        return [stock(v, context) for v in values]
+
+
+def results_by(
+    bootstrap: str, topic: str, key: str, registry_url: str | None = None
+) -> dict[Any, dict[str, Any]]:
+    return {doc[key]: doc for doc in documents(bootstrap, topic, registry_url)}
 
 
 def send(bootstrap: str, topic: str, values: list[bytes], partition: int | None = None) -> None:
@@ -116,8 +132,8 @@ def test_avro_inputs_give_the_results_of_the_same_json_inputs(
         schema_registry={"url": registry.url},
         pipelines=[
             pipeline_entry("json", as_json, "trades", "json"),
-            pipeline_entry("avro", as_avro, "trades", "avro"),
-            pipeline_entry("iot", iot, "iot", "avro"),
+            {**pipeline_entry("avro", as_avro, "trades", "avro"), "output_format": "avro"},
+            {**pipeline_entry("iot", iot, "iot", "avro"), "output_format": "json"},
         ],
     )
     summary = Pipeline(config).run(exit_when_idle_s=3)
@@ -129,16 +145,15 @@ def test_avro_inputs_give_the_results_of_the_same_json_inputs(
         assert verdict.missing == [] and verdict.duplicates == 0
         assert verdict.committed_equals_end
     from_json = results_by(bootstrap_servers, as_json.output, "trade_id")
-    from_avro = results_by(bootstrap_servers, as_avro.output, "trade_id")
+    # Avro results, read by the stock deserialiser with the schema registered at start-up
+    from_avro = results_by(bootstrap_servers, as_avro.output, "trade_id", registry.url)
     assert from_json.keys() == from_avro.keys() and len(from_json) == TRADES
     for trade_id, doc in from_avro.items():
         expected = from_json[trade_id]
         assert doc["features"] == pytest.approx(expected["features"], rel=1e-6)
         assert doc["score"] == pytest.approx(expected["score"], rel=1e-4, abs=1e-7)
         assert (doc["symbol"], doc["ts_ms"]) == (expected["symbol"], expected["ts_ms"])
-    windows = [
-        orjson.loads(v) for _, v, _, _ in read_topic(bootstrap_servers, iot.output).records.values()
-    ]
+    windows = documents(bootstrap_servers, iot.output)  # Avro in, JSON out
     assert len({(doc["device_id"], doc["window_id"]) for doc in windows}) == 60
 
 
@@ -308,3 +323,22 @@ def test_registry_start_and_stop_from_the_command_line(tmp_path: Path) -> None:
         )
     assert stopped.returncode == 0 and "stopped registry pid" in stopped.stdout
     assert not (directory / "registry.pid").exists()
+
+
+def test_a_result_schema_the_registry_lacks_or_refuses_fails_the_start_up_naming_the_subject(
+    bootstrap_servers: str, registry: LocalRegistry
+) -> None:
+    t = new_topics(bootstrap_servers, "trades-results")
+    entry = {**pipeline_entry("results", t, "trades", "json"), "output_format": "avro"}
+    off = {"url": registry.url, "auto_register_schemas": False}
+    config = make_config(bootstrap_servers, t, schema_registry=off, pipelines=[entry])
+    with pytest.raises(ConfigError, match=rf"not found under subject '{t.output}-value'"):
+        Pipeline(config)
+    # a result schema incompatible with the subject's latest version (BACKWARD): refused
+    with SchemaRegistryClient({"url": registry.url}) as client:
+        other = {"type": "record", "name": "Other", "fields": [{"name": "n", "type": "long"}]}
+        client.register_schema(f"{t.output}-value", Schema(orjson.dumps(other).decode(), "AVRO"))
+    on = {"url": registry.url}
+    config = make_config(bootstrap_servers, t, schema_registry=on, pipelines=[entry])
+    with pytest.raises(ConfigError, match=rf"refused under subject '{t.output}-value' \(HTTP 409"):
+        Pipeline(config)

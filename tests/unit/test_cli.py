@@ -243,19 +243,53 @@ def test_produce_needs_a_broker_address() -> None:
 def test_produce_hands_its_arguments_to_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
 
-    def produce(*args: Any, transaction_size: int | None = None) -> int:
-        calls.append((*args, transaction_size))
+    def produce(
+        *args: Any,
+        transaction_size: int | None = None,
+        value_format: str = "json",
+        registry_url: str | None = None,
+    ) -> int:
+        calls.append((*args, transaction_size, value_format, registry_url))
         return 12
 
     monkeypatch.setattr("streamproc.tools.replay.produce", produce)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "env:9092")
+    monkeypatch.delenv("SCHEMA_REGISTRY_URL", raising=False)
     result = invoke("produce", "iot", "--topic", "t", "--partitions", "2", "--limit", "12")
     assert result.exit_code == 0, result.output
-    assert calls == [("iot", "t", "env:9092", 2, 12, None, None)]
+    assert calls == [("iot", "t", "env:9092", 2, 12, None, None, "json", None)]
     assert result.stdout == "produced 12 iot messages to t\n"
     result = invoke("produce", "iot", "--topic", "t", "--limit", "12", "--transaction-size", "5")
     assert result.exit_code == 0, result.output
-    assert calls[-1] == ("iot", "t", "env:9092", 4, 12, None, 5)
+    assert calls[-1] == ("iot", "t", "env:9092", 4, 12, None, 5, "json", None)
+    monkeypatch.setenv("SCHEMA_REGISTRY_URL", "http://r:8081/apis/ccompat/v7")
+    result = invoke("produce", "trades", "--topic", "t", "--limit", "3", "--format", "avro")
+    assert result.exit_code == 0, result.output
+    assert calls[-1] == (
+        "trades",
+        "t",
+        "env:9092",
+        4,
+        3,
+        None,
+        None,
+        "avro",
+        "http://r:8081/apis/ccompat/v7",
+    )
+
+
+def test_produce_in_avro_refuses_a_workload_without_an_avro_schema_and_a_missing_registry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SCHEMA_REGISTRY_URL", raising=False)
+    result = invoke("produce", "video", "--topic", "t", "--bootstrap", "b:1", "--format", "avro",
+                    "--registry", "http://r:1")  # fmt: skip
+    assert result.exit_code == 2
+    assert "workload 'video' has no Avro schema; ['iot', 'trades'] do" in result.stderr
+    result = invoke("produce", "iot", "--topic", "t", "--bootstrap", "b:1", "--format", "avro")
+    assert result.exit_code == 2 and "--format avro needs the registry" in result.stderr
+    result = invoke("produce", "iot", "--topic", "t", "--bootstrap", "b:1", "--format", "xml")
+    assert result.exit_code == 2 and "'xml' is not one of ['json', 'avro']" in result.stderr
 
 
 def test_produce_refuses_zero_partitions() -> None:
