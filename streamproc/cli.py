@@ -199,8 +199,8 @@ def produce_cmd(
         str,
         typer.Option(
             "--format",
-            help="Value format: json (the recording as is) or avro (the workload's Avro schema, "
-            "registered in the Schema Registry under <topic>-value).",
+            help="Value format: json (the recording as is), avro or protobuf (the workload's "
+            "schema, registered in the Schema Registry under <topic>-value).",
         ),
     ] = "json",
     registry: Annotated[
@@ -208,7 +208,7 @@ def produce_cmd(
         typer.Option(
             "--registry",
             envvar="SCHEMA_REGISTRY_URL",
-            help="Schema Registry URL for --format avro (else $SCHEMA_REGISTRY_URL).",
+            help="Schema Registry URL for --format avro|protobuf (else $SCHEMA_REGISTRY_URL).",
         ),
     ] = None,
 ) -> None:

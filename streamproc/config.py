@@ -102,11 +102,13 @@ class Config(BaseSettings):
         inputs = [p.input_topic for p in self.pipelines]
         if len(set(inputs)) != len(inputs):
             raise ValueError(f"pipelines: each input_topic may appear once, got {inputs}")
-        managed = [p.name for p in self.pipelines if "avro" in (p.format, p.result_format)]
+        managed = [
+            p.name for p in self.pipelines if p.format != "json" or p.result_format != "json"
+        ]
         if managed and not self.schema_registry.url:
             raise ValueError(
                 f"schema_registry.url: pipelines {managed} read or write a schema-managed format "
-                "(pipelines[].format or output_format: avro) and need the registry's URL "
+                "(pipelines[].format or output_format: avro, protobuf) and need the registry's URL "
                 "(http:// or https://)"
             )
         names = [p.name for p in self.pipelines]

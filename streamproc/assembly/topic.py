@@ -40,7 +40,7 @@ from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.output.results import ResultHandler
 from streamproc.records import Priority
-from streamproc.schemas.results import AvroResults, result_schema_id
+from streamproc.schemas.results import result_serializer
 from streamproc.workloads import ModelFn, Workload, load_workload
 
 log = get_logger(__name__)
@@ -85,29 +85,35 @@ class TopicStages:
         return report_leaks(self.topic, checks, metrics)
 
 
-def result_serializer(
+def results_serializer(
     spec: PipelineConfig, workload: Workload, config: Config
 ) -> Callable[[Any], bytes] | None:
-    """The results' Avro serialiser of ``spec`` (its schema registered at start-up), or None
-    for JSON results.
+    """The results' serialiser of ``spec`` (its schema registered at start-up), or None for
+    JSON results.
 
     Raises:
-        ConfigError: the workload has no result schema, or the registry refused it.
+        ConfigError: the workload has no result schema in that format, or the registry refused
+            it.
     """
     if spec.result_format == "json":
         return None
-    schema = workload.result_schema()
     registry = config.schema_registry
-    schema_id = result_schema_id(
-        registry.client_settings(),
+    serializer = result_serializer(
+        spec.result_format,
+        workload,
         spec.output_topic,
-        schema,
-        registry.subject_name_strategy,
-        registry.auto_register_schemas,
-        registry.startup_timeout_s,
+        registry.client_settings(),
+        strategy=registry.subject_name_strategy,
+        auto_register=registry.auto_register_schemas,
+        startup_timeout_s=registry.startup_timeout_s,
     )
-    log.info("result schema", topic=spec.output_topic, schema_id=schema_id, format="avro")
-    return AvroResults(schema, schema_id)
+    log.info(
+        "result schema",
+        topic=spec.output_topic,
+        format=spec.result_format,
+        schema_id=getattr(serializer, "schema_id", None),
+    )
+    return serializer
 
 
 def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
@@ -118,7 +124,9 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
     """
     workload = load_workload(spec.workload, spec.options)
     workload.use_input_format(spec.format, shared.schemas)
-    workload.use_output_format(spec.result_format, result_serializer(spec, workload, shared.config))
+    workload.use_output_format(
+        spec.result_format, results_serializer(spec, workload, shared.config)
+    )
     staging = build_staging_pool(workload, shared)
     decoder = shared.decoding.decoder(spec, workload, staging)
     topic, metrics, worker = spec.input_topic, shared.metrics, shared.config.worker

@@ -12,9 +12,10 @@ fastavro.
 
 from __future__ import annotations
 
+import base64
 import io
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import fastavro
@@ -29,9 +30,11 @@ from confluent_kafka.schema_registry import (
 )
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf.message import Message
 
 from streamproc.errors import ConfigError
 from streamproc.logs import get_logger
+from streamproc.schemas.protobuf import ProtobufResults
 from streamproc.schemas.wire import frame
 
 log = get_logger(__name__)
@@ -45,10 +48,9 @@ SUBJECT_STRATEGIES = {
 ``<topic>-<record full name>`` (Confluent's three strategies)."""
 
 
-def subject_name(topic: str, schema: Mapping[str, Any], strategy: str) -> str:
-    """The subject the result schema of ``topic`` lives under."""
-    namespace, name = schema.get("namespace"), schema["name"]
-    full_name = f"{namespace}.{name}" if namespace else name
+def subject_name(topic: str, full_name: str, strategy: str) -> str:
+    """The subject the result schema of ``topic`` (record or message ``full_name``) lives
+    under."""
     subject: str | None = SUBJECT_STRATEGIES[strategy](
         SerializationContext(topic, MessageField.VALUE), full_name
     )
@@ -56,23 +58,37 @@ def subject_name(topic: str, schema: Mapping[str, Any], strategy: str) -> str:
     return subject
 
 
+def avro_full_name(schema: Mapping[str, Any]) -> str:
+    """``namespace.name`` of an Avro record schema."""
+    namespace, name = schema.get("namespace"), schema["name"]
+    return f"{namespace}.{name}" if namespace else str(name)
+
+
+def protobuf_schema(message_class: type[Message]) -> Schema:
+    """The registry schema of a generated message's file: its ``FileDescriptorProto``,
+    base64-encoded (what confluent-kafka's ``ProtobufSerializer`` registers)."""
+    serialized = message_class.DESCRIPTOR.file.serialized_pb
+    return Schema(base64.standard_b64encode(serialized).decode("ascii"), "PROTOBUF")
+
+
 def result_schema_id(
     settings: Mapping[str, Any],
     topic: str,
-    schema: Mapping[str, Any],
+    registered: Schema,
+    full_name: str,
     strategy: str = "topic",
     auto_register: bool = True,
     startup_timeout_s: float = 60.0,
 ) -> int:
-    """The id results of ``topic`` are framed with: ``schema`` registered (or, with
-    ``auto_register`` off, looked up) under its subject.
+    """The id results of ``topic`` are framed with: ``registered`` (whose record or message
+    is ``full_name``) registered (or, with ``auto_register`` off, looked up) under its
+    subject.
 
     Raises:
         ConfigError: the registry refused the schema or does not hold it (names the subject and
             the registry's answer), or was unreachable for ``startup_timeout_s`` seconds.
     """
-    subject = subject_name(topic, schema, strategy)
-    registered = Schema(orjson.dumps(schema).decode(), "AVRO")
+    subject = subject_name(topic, full_name, strategy)
     deadline_s = time.monotonic() + startup_timeout_s
     wait_s = 0.2
     with SchemaRegistryClient(dict(settings)) as client:
@@ -127,3 +143,35 @@ class AvroResults:
         out.write(self._header)
         fastavro.schemaless_writer(out, self._parsed, msgspec.to_builtins(result))
         return out.getvalue()
+
+
+def result_serializer(
+    fmt: str, workload: Any, topic: str, settings: Mapping[str, Any], **registration: Any
+) -> Callable[[msgspec.Struct], bytes]:
+    """The results serialiser of ``workload`` in ``fmt`` (``avro`` or ``protobuf``), its
+    schema registered (:func:`result_schema_id`, with ``registration``'s strategy,
+    auto_register and startup_timeout_s) for ``topic``.
+
+    Raises:
+        ConfigError: the workload has no result schema in ``fmt``, or the registry refused it.
+    """
+    if fmt == "avro":
+        schema = workload.result_schema()
+        registered = Schema(orjson.dumps(schema).decode(), "AVRO")
+        schema_id = result_schema_id(
+            settings, topic, registered, avro_full_name(schema), **registration
+        )
+        return AvroResults(schema, schema_id)
+    if fmt == "protobuf":
+        message_class = workload.result_message()
+        schema_id = result_schema_id(
+            settings,
+            topic,
+            protobuf_schema(message_class),
+            message_class.DESCRIPTOR.full_name,
+            **registration,
+        )
+        return ProtobufResults(message_class, schema_id)
+    raise ConfigError(
+        f"pipelines.output_format: {fmt!r} is not one of ['json', 'avro', 'protobuf']"
+    )

@@ -14,7 +14,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
-VALUE_FORMATS = ("json", "avro")
+VALUE_FORMATS = ("json", "avro", "protobuf")
 """``streamproc produce --format``."""
 
 
@@ -62,6 +62,41 @@ class AvroValues:
         self._client.close()
 
     def __enter__(self) -> AvroValues:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ProtobufValues:
+    """Converts JSON message values of a built-in workload into framed Protobuf values of its
+    input message (confluent-kafka's stock ``ProtobufSerializer``; the schema file registered
+    under ``<topic>-value`` on first use); :meth:`close` closes the registry client."""
+
+    def __init__(self, topic: str, workload: str, registry: Mapping[str, Any]) -> None:
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+        instance: Any = BUILTIN_WORKLOADS[workload].load_class()()
+        if not hasattr(instance, "protobuf_message"):
+            raise ValueError(
+                f"--format protobuf: workload {workload!r} has no Protobuf schema; "
+                f"{[n for n in BUILTIN_WORKLOADS if n != 'video']} do"
+            )
+        self._to_message = instance.protobuf_message
+        self._client = SchemaRegistryClient({"timeout": 10, **registry})
+        self._serializer = ProtobufSerializer(
+            type(instance).protobuf_input, self._client, {"use.deprecated.format": False}
+        )
+        self._context = SerializationContext(topic, MessageField.VALUE)
+
+    def __call__(self, value: bytes) -> bytes:
+        framed: bytes = self._serializer(self._to_message(orjson.loads(value)), self._context)
+        return framed
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ProtobufValues:
         return self
 
     def __exit__(self, *exc: object) -> None:

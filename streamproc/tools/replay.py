@@ -38,7 +38,7 @@ from streamproc.records import Headers
 from streamproc.workloads.registry import BUILTIN_WORKLOADS, BuiltinWorkload
 
 if TYPE_CHECKING:
-    from streamproc.schemas.serialize import AvroValues
+    from streamproc.schemas.serialize import AvroValues, ProtobufValues
 
 
 @dataclass(frozen=True)
@@ -76,17 +76,25 @@ _BY_KEY = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks (by ke
 
 def _value_converter(
     workload: str, topic: str, value_format: str, registry_url: str | None
-) -> AvroValues | None:
+) -> AvroValues | ProtobufValues | None:
     if value_format == "json":
         return None
-    from streamproc.schemas.serialize import VALUE_FORMATS, AvroValues, avro_schema_of
+    from streamproc.schemas.serialize import (
+        VALUE_FORMATS,
+        AvroValues,
+        ProtobufValues,
+        avro_schema_of,
+    )
 
-    if value_format != "avro":
+    if value_format not in VALUE_FORMATS:
         raise ValueError(f"--format: {value_format!r} is not one of {list(VALUE_FORMATS)}")
     if not registry_url:
         raise ValueError(
-            "--format avro needs the registry: pass --registry or set SCHEMA_REGISTRY_URL"
+            f"--format {value_format} needs the registry: pass --registry or set "
+            "SCHEMA_REGISTRY_URL"
         )
+    if value_format == "protobuf":
+        return ProtobufValues(topic, workload, {"url": registry_url})
     schema = avro_schema_of(workload).read_text()
     return AvroValues(topic, schema, {"url": registry_url})
 
@@ -122,9 +130,10 @@ def produce(
             marker in every partition it wrote to; None: no transactions.
         spread: message ``i`` goes to partition ``i % partitions`` (every partition gets
             input, whatever the keys hash to); False: by key, as a producer of the data would.
-        value_format: ``json`` (the recording as is) or ``avro``: each value serialised with
-            the workload's Avro schema by confluent-kafka's ``AvroSerializer`` against the
-            registry at ``registry_url`` (the schema registered under ``<topic>-value``).
+        value_format: ``json`` (the recording as is), ``avro`` or ``protobuf``: each value
+            serialised with the workload's schema by confluent-kafka's stock ``AvroSerializer``
+            or ``ProtobufSerializer`` against the registry at ``registry_url`` (the schema
+            registered under ``<topic>-value``).
 
     Returns:
         The number of messages acknowledged by the broker.

@@ -157,6 +157,17 @@ class Workload:
             f"pipelines.output_format: workload {self.name!r} writes JSON results only"
         )
 
+    def result_message(self) -> type[Any]:
+        """The generated Protobuf class of this workload's results
+        (``pipelines[].output_format: protobuf``).
+
+        Raises:
+            ConfigError: the workload has none (the default).
+        """
+        raise ConfigError(
+            f"pipelines.output_format: workload {self.name!r} writes JSON results only"
+        )
+
     def use_output_format(self, name: str, serializer: Callable[[Any], bytes] | None) -> None:
         """Write results in format ``name`` (``pipelines[].output_format``); ``serializer``
         turns one result into value bytes (None for ``json``). The default writes JSON only.

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import msgspec
 import numpy as np
@@ -45,6 +45,7 @@ from streamproc.workloads.codecs import (
 )
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
+from streamproc.workloads.schemas import iot_pb2
 from streamproc.workloads.scorer import CheckpointScorer
 
 WINDOW = 32
@@ -155,11 +156,29 @@ class IotWorkload(StructFormats, CheckpointScorer):
     head_schema = IotHead
     avro_reader = Path(__file__).parent / "schemas" / "iot.avsc"
     avro_result = Path(__file__).parent / "schemas" / "iot-result.avsc"
+    protobuf_input = iot_pb2.SensorWindow
+    protobuf_result = iot_pb2.SensorWindowResult
     item_shape = (WINDOW, len(CYCLING_CHANNELS))
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
     weights = WEIGHTS
     model_class = Autoencoder
+
+    def protobuf_fields(self, message: Any) -> dict[str, Any]:
+        """A ``SensorWindow`` message as the JSON message's values (``window``: one list of
+        channel values per sample)."""
+        return {
+            "device_id": message.device_id,
+            "ts_ms": message.ts_ms,
+            "window_id": message.window_id if message.HasField("window_id") else None,
+            "channels": list(message.channels),
+            "window": [list(sample.values) for sample in message.window],
+        }
+
+    def protobuf_message(self, document: dict[str, Any]) -> Any:
+        """The ``SensorWindow`` message of a JSON message (one ``Sample`` per row)."""
+        samples = [iot_pb2.Sample(values=row) for row in document["window"]]
+        return iot_pb2.SensorWindow(**{**document, "window": samples})
 
     def decode(self, record: Record, out: np.ndarray) -> None:
         failed = self.decode_many([record], out[None])

@@ -53,6 +53,7 @@ from streamproc.workloads.codecs import (
 )
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
+from streamproc.workloads.schemas import trades_pb2
 from streamproc.workloads.scorer import CheckpointScorer
 
 TRADES_PER_BAR = 4
@@ -227,6 +228,8 @@ class TradesWorkload(StructFormats, CheckpointScorer):
     head_schema = TradeHead
     avro_reader = Path(__file__).parent / "schemas" / "trades.avsc"
     avro_result = Path(__file__).parent / "schemas" / "trades-result.avsc"
+    protobuf_input = trades_pb2.Trade
+    protobuf_result = trades_pb2.TradeResult
     item_shape = (FEATURES,)
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority

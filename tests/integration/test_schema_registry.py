@@ -17,17 +17,20 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streamproc.errors import ConfigError
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_MESSAGE, H_OFFSET, H_PARTITION
 from streamproc.pipeline import Pipeline, RunSummary
-from streamproc.schemas.serialize import AvroValues, avro_schema_of
+from streamproc.schemas.protobuf import field_converter
+from streamproc.schemas.serialize import AvroValues, ProtobufValues, avro_schema_of
 from streamproc.schemas.wire import frame, split
 from streamproc.tools.registry_local import LocalRegistry, ensure_registry_app
 from streamproc.tools.replay import messages, produce
 from streamproc.tools.verify import read_topic, verify
+from streamproc.workloads.schemas.trades_pb2 import TradeResult
 from tests.integration.conftest import Topics, make_config, report, wait_for
 
 pytestmark = pytest.mark.integration
@@ -64,22 +67,28 @@ def pipeline_entry(name: str, t: Topics, workload: str, fmt: str) -> dict[str, A
     }
 
 
-def documents(bootstrap: str, topic: str, registry_url: str | None = None) -> list[dict[str, Any]]:
-    """The result values of ``topic``: JSON, or (with ``registry_url``) framed Avro read by
-    confluent-kafka's stock ``AvroDeserializer``."""
+def documents(
+    bootstrap: str, topic: str, registry_url: str | None = None, fmt: str = "avro"
+) -> list[dict[str, Any]]:
+    """The result values of ``topic``: JSON, or (with ``registry_url``) framed Avro or
+    Protobuf (``fmt``) read by confluent-kafka's stock deserialisers."""
     values = [v for _, v, _, _ in read_topic(bootstrap, topic).records.values()]
     if registry_url is None:
         return [orjson.loads(v) for v in values]
+    context = SerializationContext(topic, MessageField.VALUE)
+    if fmt == "protobuf":
+        stock_protobuf = ProtobufDeserializer(TradeResult, {"use.deprecated.format": False})
+        as_fields = field_converter(TradeResult.DESCRIPTOR)
+        return [as_fields(stock_protobuf(v, context)) for v in values]
     with SchemaRegistryClient({"url": registry_url}) as client:
         stock = AvroDeserializer(client)
-        context = SerializationContext(topic, MessageField.VALUE)
         return [stock(v, context) for v in values]
 
 
 def results_by(
-    bootstrap: str, topic: str, key: str, registry_url: str | None = None
+    bootstrap: str, topic: str, key: str, registry_url: str | None = None, fmt: str = "avro"
 ) -> dict[Any, dict[str, Any]]:
-    return {doc[key]: doc for doc in documents(bootstrap, topic, registry_url)}
+    return {doc[key]: doc for doc in documents(bootstrap, topic, registry_url, fmt)}
 
 
 def send(bootstrap: str, topic: str, values: list[bytes], partition: int | None = None) -> None:
@@ -108,22 +117,26 @@ def _take(iterator: Iterator[Any], count: int) -> list[Any]:
     return [next(iterator) for _ in range(count)]
 
 
-@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_avro_inputs_give_the_results_of_the_same_json_inputs(
-    bootstrap_servers: str, registry: LocalRegistry, guarantee: str
+@pytest.mark.parametrize(
+    ("fmt", "guarantee"),
+    [("avro", "at_least_once"), ("avro", "exactly_once"), ("protobuf", "at_least_once"),
+     ("protobuf", "exactly_once")],
+)  # fmt: skip
+def test_registry_inputs_give_the_results_of_the_same_json_inputs(
+    bootstrap_servers: str, registry: LocalRegistry, fmt: str, guarantee: str
 ) -> None:
     as_json = new_topics(bootstrap_servers, "trades-json")
-    as_avro = new_topics(bootstrap_servers, "trades-avro")
-    iot = new_topics(bootstrap_servers, "iot-avro")
+    as_avro = new_topics(bootstrap_servers, f"trades-{fmt}")
+    iot = new_topics(bootstrap_servers, f"iot-{fmt}")
     assert produce("trades", as_json.input, bootstrap_servers, 3, TRADES, progress=False) == TRADES
-    avro = {"value_format": "avro", "registry_url": registry.url, "progress": False}
+    avro = {"value_format": fmt, "registry_url": registry.url, "progress": False}
     assert produce("trades", as_avro.input, bootstrap_servers, 3, TRADES, **avro) == TRADES
     assert produce("iot", iot.input, bootstrap_servers, 3, 60, **avro) == 60
     # the values on the topic are framed Avro, not JSON
     first = next(iter(read_topic(bootstrap_servers, as_avro.input).records.values()))
     schema_id, _ = split(first[1])
     with SchemaRegistryClient({"url": registry.url}) as client:
-        assert client.get_schema(schema_id).schema_type in ("AVRO", None)
+        assert (client.get_schema(schema_id).schema_type or "AVRO") == fmt.upper()
 
     config = make_config(
         bootstrap_servers,
@@ -132,8 +145,8 @@ def test_avro_inputs_give_the_results_of_the_same_json_inputs(
         schema_registry={"url": registry.url},
         pipelines=[
             pipeline_entry("json", as_json, "trades", "json"),
-            {**pipeline_entry("avro", as_avro, "trades", "avro"), "output_format": "avro"},
-            {**pipeline_entry("iot", iot, "iot", "avro"), "output_format": "json"},
+            {**pipeline_entry("registry", as_avro, "trades", fmt), "output_format": fmt},
+            {**pipeline_entry("iot", iot, "iot", fmt), "output_format": "json"},
         ],
     )
     summary = Pipeline(config).run(exit_when_idle_s=3)
@@ -145,15 +158,15 @@ def test_avro_inputs_give_the_results_of_the_same_json_inputs(
         assert verdict.missing == [] and verdict.duplicates == 0
         assert verdict.committed_equals_end
     from_json = results_by(bootstrap_servers, as_json.output, "trade_id")
-    # Avro results, read by the stock deserialiser with the schema registered at start-up
-    from_avro = results_by(bootstrap_servers, as_avro.output, "trade_id", registry.url)
+    # results in the registry format, read by the stock deserialiser
+    from_avro = results_by(bootstrap_servers, as_avro.output, "trade_id", registry.url, fmt)
     assert from_json.keys() == from_avro.keys() and len(from_json) == TRADES
     for trade_id, doc in from_avro.items():
         expected = from_json[trade_id]
         assert doc["features"] == pytest.approx(expected["features"], rel=1e-6)
         assert doc["score"] == pytest.approx(expected["score"], rel=1e-4, abs=1e-7)
         assert (doc["symbol"], doc["ts_ms"]) == (expected["symbol"], expected["ts_ms"])
-    windows = documents(bootstrap_servers, iot.output)  # Avro in, JSON out
+    windows = documents(bootstrap_servers, iot.output)  # Avro or Protobuf in, JSON out
     assert len({(doc["device_id"], doc["window_id"]) for doc in windows}) == 60
 
 
@@ -191,7 +204,7 @@ def test_v1_and_v2_writer_schemas_interleaved_on_one_partition_decode_to_the_sam
     verdict = verify(bootstrap_servers, t.input, t.output, t.dlq, t.group)
     report("evolution", verdict)
     assert verdict.results == 200 and verdict.dead_lettered == 0 and verdict.missing == []
-    docs = results_by(bootstrap_servers, t.output, "trade_id")
+    docs = results_by(bootstrap_servers, t.output, "trade_id", registry.url)  # Avro results
     for trade_id, doc in docs.items():
         if not trade_id.endswith("-v2"):
             twin = docs[f"{trade_id}-v2"]
@@ -342,3 +355,40 @@ def test_a_result_schema_the_registry_lacks_or_refuses_fails_the_start_up_naming
     config = make_config(bootstrap_servers, t, schema_registry=on, pipelines=[entry])
     with pytest.raises(ConfigError, match=rf"refused under subject '{t.output}-value' \(HTTP 409"):
         Pipeline(config)
+
+
+def test_bad_protobuf_values_are_dead_lettered_with_reasons(
+    bootstrap_servers: str, registry: LocalRegistry
+) -> None:
+    t = new_topics(bootstrap_servers, "trades-bad-protobuf", partitions=1)
+    docs = trade_documents(11)
+    with ProtobufValues(t.input, "trades", {"url": registry.url}) as good:
+        valid = [good(orjson.dumps(doc)) for doc in docs[:10]]
+        zero_size = good(orjson.dumps({**docs[10], "trade_id": "zero", "size": 0}))
+    with writer(f"avro-{t.input}") as avro:
+        avro_value = avro(orjson.dumps(docs[10]))
+    schema_id, payload = split(valid[0])
+    bad = {
+        "is AVRO, not Protobuf": avro_value,
+        "malformed Protobuf": frame(schema_id, b"\x00\xff\xff\xff"),
+        "malformed Protobuf: truncated message index path": frame(schema_id, b"\x80"),
+        "unknown schema id 987655": frame(987655, bytes(payload)),
+        "schema: Expected `int` >= 1": zero_size,
+    }
+    send(bootstrap_servers, t.input, valid[:5] + list(bad.values()) + valid[5:], partition=0)
+    config = make_config(
+        bootstrap_servers,
+        t,
+        schema_registry={"url": registry.url},
+        pipelines=[pipeline_entry("bad", t, "trades", "protobuf")],
+    )
+    summary = Pipeline(config).run(exit_when_idle_s=3)
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap_servers, t.input, t.output, t.dlq, t.group)
+    report("bad protobuf values", verdict)
+    assert verdict.results == 10 and verdict.dead_lettered == len(bad)
+    assert verdict.missing == [] and verdict.committed_equals_end
+    dead = read_topic(bootstrap_servers, t.dlq).records.values()
+    reasons = {int(h[H_OFFSET]): h[H_MESSAGE].decode() for _, _, h, _ in dead}
+    for position, expected in enumerate(bad):
+        assert expected in reasons[5 + position], (expected, reasons[5 + position])

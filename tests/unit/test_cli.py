@@ -289,7 +289,10 @@ def test_produce_in_avro_refuses_a_workload_without_an_avro_schema_and_a_missing
     result = invoke("produce", "iot", "--topic", "t", "--bootstrap", "b:1", "--format", "avro")
     assert result.exit_code == 2 and "--format avro needs the registry" in result.stderr
     result = invoke("produce", "iot", "--topic", "t", "--bootstrap", "b:1", "--format", "xml")
-    assert result.exit_code == 2 and "'xml' is not one of ['json', 'avro']" in result.stderr
+    assert (
+        result.exit_code == 2
+        and "'xml' is not one of ['json', 'avro', 'protobuf']" in result.stderr
+    )
 
 
 def test_produce_refuses_zero_partitions() -> None:

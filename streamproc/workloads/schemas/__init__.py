@@ -1,0 +1,1 @@
+"""The workloads' schemas: Avro (``.avsc``), Protobuf (``.proto`` and the generated ``*_pb2``)."""
