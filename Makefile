@@ -129,6 +129,12 @@ GAPS_ARGS ?= --runs 2
 rebalance-gaps: venv kafka-jars
 	$(PY) benchmarks/rebalance_gaps.py $(GAPS_ARGS)
 
+# Decode CPU per message of the value formats: JSON, Avro, Protobuf, and the stock deserialisers
+# (benchmarks/formats.py; docs/benchmarks.md "Value formats"). No Kafka, no registry; ~1 min.
+.PHONY: bench-formats
+bench-formats: venv
+	$(PY) benchmarks/formats.py
+
 # A 5-minute paced soak: consumer RSS must stay within +-5 % (benchmarks/soak.py).
 soak: venv kafka-jars
 	$(PY) benchmarks/soak.py

@@ -28,6 +28,7 @@ from benchmarks import (
     batch_costs,
     codecs,
     decode_workers,
+    formats,
     gpu_check,
     gpu_perf,
     lane_routes,
@@ -74,6 +75,16 @@ def test_codecs_compares_the_frozen_codecs_with_the_live_ones(
     out = capsys.readouterr().out
     for line in ("trades decode_many", "trades encode_many", "iot    decode_many"):
         assert line in out
+
+
+def test_formats_measures_every_format_and_the_stock_deserialisers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    medians = formats.main(["--smoke"])
+    labels = {"json", "avro", "protobuf", "avro-stock", "protobuf-stock"}
+    assert set(medians) == {"trades", "iot"}
+    assert all(set(costs) == labels and min(costs.values()) > 0 for costs in medians.values())
+    assert "trades avro-stock" in capsys.readouterr().out
 
 
 def test_the_frozen_codecs_do_not_lean_on_the_live_workloads() -> None:
