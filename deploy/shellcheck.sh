@@ -5,7 +5,7 @@
 #   deploy/shellcheck.sh          runs shellcheck on them (exit status: shellcheck's)
 #   deploy/shellcheck.sh --list   prints them, one path (relative to the repository) a line
 #
-# The scripts: every *.sh file under deploy/ and benchmarks/, and every file there or in .ci/ whose first line
+# The scripts: every *.sh file under deploy/, benchmarks/ and scripts/, and every file there or in .ci/ whose first line
 # is a bash or sh shebang (e.g. the Kafka image's entrypoint, .ci/run). Options and the sourcing
 # of deploy/lib.sh: deploy/.shellcheckrc. The shellcheck binary: SHELLCHECK when set, else the
 # pinned one of deploy/tools.sh (installed on first use).
@@ -17,7 +17,7 @@ SHEBANG='^#!(/usr/bin/env )?(/bin/|/usr/bin/)?(ba)?sh( |$)'
 
 scripts() {
   local file
-  find deploy .ci benchmarks -type f -not -path 'deploy/docker/ca-certificates/*' \
+  find deploy .ci benchmarks scripts -type f -not -path 'deploy/docker/ca-certificates/*' \
     -not -path 'benchmarks/wheels/*' | LC_ALL=C sort |
     while read -r file; do
       if [[ "$file" == *.sh ]] || head -n1 "$file" | grep -qE "$SHEBANG"; then

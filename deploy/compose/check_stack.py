@@ -7,6 +7,9 @@
     allows them: ``--allow-duplicates``), and the group's committed offsets equal the end offsets
     (a partition that never received a record counts as done). Retried until it holds or
     ``--timeout-s`` seconds pass; exit 1 then, with the verdicts.
+``avro-results TOPIC REGISTRY_URL``
+    Every result in TOPIC is framed Avro that confluent-kafka's stock ``AvroDeserializer`` reads
+    (its writer schema fetched by id from the registry at REGISTRY_URL) and holds a ``score``.
 ``prometheus URL ALERT...``
     Prometheus at URL scrapes streamproc (``up{job="streamproc"} == 1`` and
     ``streamproc_messages_consumed_total`` > 0) and has loaded the alert rules named. Retried
@@ -86,6 +89,24 @@ def broker_verdicts(allow_duplicates: bool, expect_inputs: int | None, timeout_s
     return 0 if ok else 1
 
 
+def avro_results(topic: str, registry_url: str) -> int:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from streamproc.tools.verify import read_topic
+
+    config = load_config(CONFIG)
+    values = [v for _, v, _, _ in read_topic(config.bootstrap_servers, topic).records.values()]
+    context = SerializationContext(topic, MessageField.VALUE)
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        stock = AvroDeserializer(client)
+        documents = [stock(value, context) for value in values]
+    scored = sum(1 for doc in documents if isinstance(doc.get("score"), float))
+    log(f"{topic}: {len(values)} results, {scored} read as Avro with a score; first: {documents[:1]}")
+    return 0 if values and scored == len(values) else 1
+
+
 def get_json(base: str, path: str, **query: str) -> dict:
     url = f"{base}{path}?{urllib.parse.urlencode(query)}" if query else f"{base}{path}"
     with urllib.request.urlopen(url, timeout=5) as resp:
@@ -127,6 +148,9 @@ def main() -> int:
     v.add_argument("--allow-duplicates", action="store_true")
     v.add_argument("--expect-inputs", type=int)
     v.add_argument("--timeout-s", type=float, default=300.0)
+    a = sub.add_parser("avro-results")
+    a.add_argument("topic")
+    a.add_argument("registry_url")
     p = sub.add_parser("prometheus")
     p.add_argument("url")
     p.add_argument("alerts", nargs="*")
@@ -134,6 +158,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "verify":
         return broker_verdicts(args.allow_duplicates, args.expect_inputs, args.timeout_s)
+    if args.command == "avro-results":
+        return avro_results(args.topic, args.registry_url)
     return prometheus(args.url.rstrip("/"), args.alerts, args.timeout_s)
 
 

@@ -6,8 +6,10 @@
 #     images (deploy/images/build.sh); Grafana runs only where its image can be had.
 #  1. builds the streamproc image once (`docker compose build streamproc`) and checks it: no test
 #     or dev tool installed, no compiler, non-root; `promtool check rules` + `promtool test rules`.
-#  2. brings the stack up, replays the three workloads and checks from the broker: 0 missing,
-#     0 duplicates, committed == end offsets (partitions that received nothing count as done);
+#  2. brings the stack up (with a Schema Registry), replays the three workloads and trades in
+#     Avro (a schema-managed pipeline) and checks from the broker: 0 missing, 0 duplicates,
+#     committed == end offsets (partitions that received nothing count as done), and that the
+#     Avro results read with confluent-kafka's stock deserialiser;
 #     the consumer is healthy, non-root, read-only root filesystem, no capabilities; Prometheus
 #     scrapes it and has loaded the alert rules.
 #  3. `docker kill`s the consumer mid-replay, restarts it: 0 missing (duplicates allowed).
@@ -16,10 +18,10 @@
 #  5. tears down and checks that no container, network, volume or dangling image of the run is
 #     left (also on failure; KEEP=1 leaves the stack up).
 #
-# Knobs: VIDEO_MESSAGES, IOT_MESSAGES, TRADES_MESSAGES (phase 2), KILL_MESSAGES, STOP_MESSAGES
+# Knobs: VIDEO_MESSAGES, IOT_MESSAGES, TRADES_MESSAGES, TRADES_AVRO_MESSAGES (phase 2), KILL_MESSAGES, STOP_MESSAGES
 # (trades replayed in phases 3 and 4), TIMEOUT_S (per wait), COMPOSE_PROJECT_NAME,
 # COMPOSE_TEST_IMAGES=local|registry, STREAMPROC_IMAGE, STREAMPROC_BASE_IMAGE, KAFKA_IMAGE,
-# PROMETHEUS_IMAGE, GRAFANA_IMAGE.
+# PROMETHEUS_IMAGE, SCHEMA_REGISTRY_IMAGE, GRAFANA_IMAGE.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -30,6 +32,7 @@ export COMPOSE_PROJECT_NAME="${COMPOSE_PROJECT_NAME:-streamproc-compose-test}"
 export VIDEO_MESSAGES="${VIDEO_MESSAGES:-60}"
 export IOT_MESSAGES="${IOT_MESSAGES:-120}"
 export TRADES_MESSAGES="${TRADES_MESSAGES:-400}"
+export TRADES_AVRO_MESSAGES="${TRADES_AVRO_MESSAGES:-300}"
 KILL_MESSAGES="${KILL_MESSAGES:-3000}"
 STOP_MESSAGES="${STOP_MESSAGES:-1500}"
 TIMEOUT_S="${TIMEOUT_S:-300}"
@@ -37,11 +40,13 @@ if [[ "${COMPOSE_TEST_IMAGES:-local}" == local ]]; then
   export STREAMPROC_BASE_IMAGE="${STREAMPROC_BASE_IMAGE:-streamproc/python:3.11-bookworm}"
   export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.1.1}"
   export PROMETHEUS_IMAGE="${PROMETHEUS_IMAGE:-streamproc/prometheus:2.42}"
+  export SCHEMA_REGISTRY_IMAGE="${SCHEMA_REGISTRY_IMAGE:-streamproc/apicurio-registry:2.6.13}"
 fi
 export STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
 GRAFANA_IMAGE="${GRAFANA_IMAGE:-grafana/grafana:12.1.1}"
 # Random free host ports: nothing else on this host can collide with the test stack.
 export KAFKA_HOST_PORT="" METRICS_HOST_PORT="" PROMETHEUS_HOST_PORT="" GRAFANA_HOST_PORT=""
+export SCHEMA_REGISTRY_HOST_PORT=""
 FORBIDDEN_PACKAGES="pytest pytest-timeout ruff mypy testcontainers docker scikit-image scipy pandas
   matplotlib pip iniconfig pluggy requests wheel"
 ALERTS=(StreamprocConsumerLagGrowing StreamprocDeadLettering StreamprocCommitFailures
@@ -57,9 +62,10 @@ dangling() { docker images --filter dangling=true --quiet --no-trunc | sort; }
 started=$SECONDS
 deploy/engine.sh
 if [[ "${COMPOSE_TEST_IMAGES:-local}" == local ]]; then
-  deploy/images/build.sh base kafka prometheus
+  deploy/images/build.sh base kafka prometheus registry
 fi
-services=(kafka topic-init streamproc replay-video replay-iot replay-trades prometheus)
+services=(kafka schema-registry topic-init streamproc replay-video replay-iot replay-trades
+  replay-trades-avro prometheus)
 if docker image inspect "$GRAFANA_IMAGE" >/dev/null 2>&1 ||
   timeout 60 docker pull --quiet "$GRAFANA_IMAGE" >/dev/null 2>&1; then
   services+=(grafana)
@@ -184,10 +190,10 @@ compose up --detach --no-build "${services[@]}" >/dev/null 2>&1 || {
   die "docker compose up"
 }
 wait_for "streamproc ready (/readyz)" ready
-for replayer in replay-video replay-iot replay-trades; do
+for replayer in replay-video replay-iot replay-trades replay-trades-avro; do
   wait_for "$replayer finished" compose_replayer_done "$replayer"
 done
-expected=$((VIDEO_MESSAGES + IOT_MESSAGES + TRADES_MESSAGES))
+expected=$((VIDEO_MESSAGES + IOT_MESSAGES + TRADES_MESSAGES + TRADES_AVRO_MESSAGES))
 check verify --expect-inputs "$expected" --timeout-s "$TIMEOUT_S" ||
   die "replay: missing or duplicate results, or commits behind"
 log "ok: $expected messages: 0 missing, 0 duplicates, committed == end offsets"
@@ -195,6 +201,9 @@ sample="$(kafka_cli kafka-console-consumer.sh --topic trades.scores --from-begin
   --max-messages 1 --timeout-ms 20000 2>/dev/null)"
 grep -q '"score"' <<<"$sample" || die "trades.scores: unexpected record: $sample"
 log "ok: sample result $sample"
+check avro-results trades.avro.scores http://schema-registry:8080/apis/ccompat/v7 ||
+  die "trades.avro.scores: not Avro the stock deserialiser reads"
+log "ok: trades.avro.scores: framed Avro, read by confluent-kafka's stock AvroDeserializer"
 
 wait_for "the consumer's healthcheck is healthy" healthy
 cid="$(consumer_id)"

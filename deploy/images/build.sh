@@ -7,11 +7,14 @@
 #                                      streamproc.tools.kafka_local resolves (+ kafka-tools),
 #                                      Debian's JRE
 #   streamproc/prometheus:2.42         Debian's prometheus (with promtool)
+#   streamproc/apicurio-registry:2.6.13  Apicurio Registry (a Schema Registry) from the Maven
+#                                      Central application streamproc.tools.registry_local
+#                                      resolves, Debian's JRE
 #   streamproc:cpu                     the Dockerfile, VARIANT=cpu, on the Python base above
 #   streamproc:cuda                    the same with VARIANT=cuda (only with `build.sh cuda`)
 #
-# Usage: deploy/images/build.sh [base|kafka|prometheus|streamproc|cuda|all]... (default: all
-# but cuda). Images that exist are rebuilt through the layer cache (seconds); the debootstrap base
+# Usage: deploy/images/build.sh [base|kafka|prometheus|registry|streamproc|cuda|all]...
+# (default: all but cuda). Images that exist are rebuilt through the layer cache (seconds); the debootstrap base
 # is made once (REBUILD_BASE=1 remakes it). Works with the legacy builder and with BuildKit
 # (DOCKER_BUILDKIT=1 and Debian's /usr/bin/docker).
 #
@@ -34,6 +37,7 @@ DEBIAN_IMAGE="${DEBIAN_IMAGE:-streamproc/debian:$DEBIAN_SUITE}"
 STREAMPROC_BASE_IMAGE="${STREAMPROC_BASE_IMAGE:-streamproc/python:3.11-$DEBIAN_SUITE}"
 KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.1.1}"
 PROMETHEUS_IMAGE="${PROMETHEUS_IMAGE:-streamproc/prometheus:2.42}"
+SCHEMA_REGISTRY_IMAGE="${SCHEMA_REGISTRY_IMAGE:-streamproc/apicurio-registry:2.6.13}"
 STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
 STREAMPROC_CUDA_IMAGE="${STREAMPROC_CUDA_IMAGE:-streamproc:cuda}"
 
@@ -109,6 +113,21 @@ kafka() {
   log "built $KAFKA_IMAGE"
 }
 
+registry() {
+  exists "$DEBIAN_IMAGE" || base
+  local app context
+  app="$("$VENV_PYTHON" -c \
+    'from streamproc.tools.registry_local import ensure_registry_app; print(ensure_registry_app())')"
+  temp_dir context /var/tmp/streamproc-registry.XXXXXX
+  cp -r "$HERE/registry/." "$context/"
+  cp -r "$app" "$context/app"
+  rm -f "$context/app/.complete"
+  build -t "$SCHEMA_REGISTRY_IMAGE" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE" \
+    -f "$HERE/registry.Dockerfile" "$context"
+  rm -rf "$context"
+  log "built $SCHEMA_REGISTRY_IMAGE"
+}
+
 prometheus() {
   exists "$DEBIAN_IMAGE" || base
   build -t "$PROMETHEUS_IMAGE" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE" \
@@ -164,15 +183,16 @@ streamproc_image() {
   log "built $tag: $(($(docker image inspect --format '{{.Size}}' "$tag") / 1000000)) MB"
 }
 
-(($# > 0)) || set -- base kafka prometheus streamproc
+(($# > 0)) || set -- base kafka prometheus registry streamproc
 for target in "$@"; do
   case "$target" in
     base) base ;;
     kafka) kafka ;;
     prometheus) prometheus ;;
+    registry) registry ;;
     streamproc) streamproc_image cpu "$STREAMPROC_IMAGE" ;;
     cuda) streamproc_image cuda "$STREAMPROC_CUDA_IMAGE" ;;
-    all) base && kafka && prometheus && streamproc_image cpu "$STREAMPROC_IMAGE" ;;
-    *) log "unknown target '$target' (base|kafka|prometheus|streamproc|cuda|all)"; exit 2 ;;
+    all) base && kafka && prometheus && registry && streamproc_image cpu "$STREAMPROC_IMAGE" ;;
+    *) log "unknown target '$target' (base|kafka|prometheus|registry|streamproc|cuda|all)"; exit 2 ;;
   esac
 done

@@ -407,6 +407,56 @@ def test_sasl_credentials_come_from_the_secret_through_an_init_container(render)
     assert all("secretKeyRef" not in str(e) for e in main["env"]), "secrets as files, not env"
 
 
+REGISTRY_SETS = (
+    "config.schema_registry.url=https://registry.example:8081",
+    "schemaRegistryAuth.basicAuth.enabled=true",
+    "schemaRegistryAuth.basicAuth.existingSecret=registry-user",
+    "schemaRegistryAuth.tls.enabled=true",
+    "schemaRegistryAuth.tls.existingSecret=registry-ca",
+)
+
+
+def test_an_external_schema_registry_gets_its_credentials_from_secret_files(
+    render, tmp_path: Path
+) -> None:
+    values = tmp_path / "registry.yaml"
+    pipeline = {"name": "t", "input_topic": "t", "output_topic": "o", "workload": "trades"}
+    values.write_text(yaml.safe_dump({"config": {"pipelines": [{**pipeline, "format": "avro"}]}}))
+    manifests = render(values, *REGISTRY_SETS)
+    pod = workload(manifests)["spec"]["template"]["spec"]
+    config = rendered_config(manifests)
+    registry = config["schema_registry"]
+    assert registry == {
+        "url": "https://registry.example:8081",
+        "ssl_ca_location": "/etc/streamproc/registry-tls/ca.crt",
+    }
+    (init,) = pod["initContainers"]
+    assert init["args"][-1] == (
+        "--secret=schema_registry/basic_auth_user_info=/var/run/secrets/streamproc/registry/user-info"
+    )
+    assert not any("kafka/" in arg for arg in init["args"])  # no Kafka SASL asked for
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["registry-auth"]["secret"]["secretName"] == "registry-user"
+    assert volumes["registry-auth"]["secret"]["items"] == [
+        {"key": "user-info", "path": "user-info"}
+    ]
+    assert volumes["registry-tls"]["secret"]["secretName"] == "registry-ca"
+    main = container(manifests)
+    assert main["args"] == ["run", "--config", "/run/streamproc/config.yaml"]
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert mounts["registry-tls"] == "/etc/streamproc/registry-tls"
+    assert "registry-auth" not in mounts  # the secret file is read by the init container only
+    assert all("secretKeyRef" not in str(e) for e in main["env"]), "secrets as files, not env"
+    # what the init container writes, the package loads: the user info hidden in its repr
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump({**config, "schema_registry": {**registry, "basic_auth_user_info": "u:p"}})
+    )
+    loaded = load_config(path)
+    assert loaded.schema_registry.client_settings()["basic.auth.user.info"] == "u:p"
+    assert "u:p" not in repr(loaded)
+
+
 @pytest.mark.parametrize("values", CI_NAMES)
 def test_rendered_config_is_valid_for_the_package(
     render, values: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -473,6 +523,12 @@ def test_prometheus_rule_matches_the_compose_alerts(render) -> None:
         (
             ("config.kafka.group_protocol=consumer", "config.kafka.session_timeout_ms=45000"),
             "session_timeout_ms is not supported with config.kafka.group_protocol consumer",
+        ),
+        (("schemaRegistryAuth.basicAuth.enabled=true",), "needs schemaRegistryAuth.basicAuth"),
+        (("schemaRegistryAuth.tls.enabled=true",), "needs schemaRegistryAuth.tls.existingSecret"),
+        (
+            ("config.schema_registry.basic_auth_user_info=svc:hunter2",),
+            "config.schema_registry.basic_auth_user_info: a secret in the ConfigMap",
         ),
     ],
 )

@@ -21,6 +21,7 @@ LIB_FUNCTIONS = ("log", "die", "die_as", "quiet", "poll", "wait_until", "at_exit
 # Scripts that run inside an image or a container, where deploy/lib.sh is not present.
 IMAGE_SIDE = (
     "deploy/images/kafka/bin/",
+    "deploy/images/registry/",
     "deploy/images/debian/",
     "deploy/compose/create-topics.sh",
 )
@@ -66,7 +67,7 @@ def test_the_one_shellcheck_list_covers_every_script() -> None:
     listed = set(listed_scripts())
     files = [
         p
-        for folder in ("deploy", "benchmarks")
+        for folder in ("deploy", "benchmarks", "scripts")
         for p in (ROOT / folder).rglob("*")
         if p.is_file() and "wheels" not in p.relative_to(ROOT).parts
     ]
@@ -77,6 +78,7 @@ def test_the_one_shellcheck_list_covers_every_script() -> None:
     assert listed == expected | {".ci/run"}
     assert {"benchmarks/gpu_check.sh", "benchmarks/gpu_broker.sh"} <= listed
     assert {"deploy/lib.sh", "deploy/images/kafka/bin/kafka-docker-run"} <= listed
+    assert {"deploy/images/registry/registry-run", "scripts/generate_protos.sh"} <= listed
 
 
 def test_every_check_uses_the_one_list() -> None:

@@ -92,6 +92,18 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- $_ := set $kafka "consumer" (mergeOverwrite (deepCopy $security) (default dict $kafka.consumer)) -}}
 {{- $_ := set $kafka "producer" (mergeOverwrite (deepCopy $security) (default dict $kafka.producer)) -}}
 {{- $_ := set $config "kafka" $kafka -}}
+{{- $registryTls := .Values.schemaRegistryAuth.tls -}}
+{{- if $registryTls.enabled -}}
+{{- $registry := deepCopy (default dict $config.schema_registry) -}}
+{{- $tlsPaths := dict "ssl_ca_location" (printf "/etc/streamproc/registry-tls/%s" $registryTls.caKey) -}}
+{{- if $registryTls.certKey -}}
+{{- $_ := set $tlsPaths "ssl_certificate_location" (printf "/etc/streamproc/registry-tls/%s" $registryTls.certKey) -}}
+{{- end -}}
+{{- if $registryTls.keyKey -}}
+{{- $_ := set $tlsPaths "ssl_key_location" (printf "/etc/streamproc/registry-tls/%s" $registryTls.keyKey) -}}
+{{- end -}}
+{{- $_ := set $config "schema_registry" (mergeOverwrite $tlsPaths $registry) -}}
+{{- end -}}
 {{- if .Values.gpu.enabled -}}
 {{- $worker := deepCopy (default dict $config.worker) -}}
 {{- if eq (default "auto" $worker.device) "auto" -}}
@@ -102,9 +114,14 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- toYaml $config -}}
 {{- end -}}
 
+{{/* True (non-empty) when secrets are merged into the config by the init container. */}}
+{{- define "streamproc.secretsInConfig" -}}
+{{- if or .Values.kafkaAuth.sasl.enabled .Values.schemaRegistryAuth.basicAuth.enabled -}}true{{- end -}}
+{{- end -}}
+
 {{/* Path of the config file the process reads. */}}
 {{- define "streamproc.configPath" -}}
-{{- if .Values.kafkaAuth.sasl.enabled -}}/run/streamproc/config.yaml{{- else -}}/etc/streamproc/config.yaml{{- end -}}
+{{- if include "streamproc.secretsInConfig" . -}}/run/streamproc/config.yaml{{- else -}}/etc/streamproc/config.yaml{{- end -}}
 {{- end -}}
 
 {{- define "streamproc.metricsPort" -}}
@@ -160,6 +177,15 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- if and .Values.kafkaAuth.tls.enabled (not .Values.kafkaAuth.tls.existingSecret) -}}
 {{- fail "kafkaAuth.tls.enabled needs kafkaAuth.tls.existingSecret" -}}
 {{- end -}}
+{{- if and .Values.schemaRegistryAuth.basicAuth.enabled (not .Values.schemaRegistryAuth.basicAuth.existingSecret) -}}
+{{- fail "schemaRegistryAuth.basicAuth.enabled needs schemaRegistryAuth.basicAuth.existingSecret" -}}
+{{- end -}}
+{{- if and .Values.schemaRegistryAuth.tls.enabled (not .Values.schemaRegistryAuth.tls.existingSecret) -}}
+{{- fail "schemaRegistryAuth.tls.enabled needs schemaRegistryAuth.tls.existingSecret" -}}
+{{- end -}}
+{{- if hasKey (default dict .Values.config.schema_registry) "basic_auth_user_info" -}}
+{{- fail "config.schema_registry.basic_auth_user_info: a secret in the ConfigMap; use schemaRegistryAuth.basicAuth.existingSecret" -}}
+{{- end -}}
 {{- if and .Values.keda.enabled (not $kafka.bootstrap_servers) -}}
 {{- fail "keda.enabled needs config.kafka.bootstrap_servers (the scaler connects to the brokers)" -}}
 {{- end -}}
@@ -169,6 +195,7 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- define "streamproc.podTemplate" -}}
 {{- $sasl := .Values.kafkaAuth.sasl -}}
 {{- $tls := .Values.kafkaAuth.tls -}}
+{{- $registryAuth := .Values.schemaRegistryAuth.basicAuth -}}
 {{- $gpu := .Values.gpu -}}
 metadata:
   labels:
@@ -222,9 +249,10 @@ spec:
   topologySpreadConstraints:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- if $sasl.enabled }}
+  {{- if or $sasl.enabled $registryAuth.enabled }}
   initContainers:
-    # Merges the SASL credentials (Secret files) into the config, in a memory-backed volume.
+    # Merges the credentials (Secret files: Kafka SASL, the Schema Registry's user info) into the
+    # config, in a memory-backed volume.
     - name: render-config
       image: {{ include "streamproc.image" . }}
       imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -232,9 +260,14 @@ spec:
       args:
         - --in=/etc/streamproc/config.yaml
         - --out=/run/streamproc/config.yaml
+        {{- if $sasl.enabled }}
         {{- range $client := list "consumer" "producer" }}
         - --secret=kafka/{{ $client }}/sasl.username=/var/run/secrets/streamproc/sasl/username
         - --secret=kafka/{{ $client }}/sasl.password=/var/run/secrets/streamproc/sasl/password
+        {{- end }}
+        {{- end }}
+        {{- if $registryAuth.enabled }}
+        - --secret=schema_registry/basic_auth_user_info=/var/run/secrets/streamproc/registry/user-info
         {{- end }}
       securityContext:
         {{- toYaml .Values.securityContext | nindent 8 }}
@@ -251,9 +284,16 @@ spec:
           readOnly: true
         - name: rendered-config
           mountPath: /run/streamproc
+        {{- if $sasl.enabled }}
         - name: sasl
           mountPath: /var/run/secrets/streamproc/sasl
           readOnly: true
+        {{- end }}
+        {{- if $registryAuth.enabled }}
+        - name: registry-auth
+          mountPath: /var/run/secrets/streamproc/registry
+          readOnly: true
+        {{- end }}
   {{- end }}
   containers:
     - name: streamproc
@@ -323,7 +363,7 @@ spec:
           mountPath: /tmp
         - name: dshm
           mountPath: /dev/shm
-        {{- if $sasl.enabled }}
+        {{- if or $sasl.enabled $registryAuth.enabled }}
         - name: rendered-config
           mountPath: /run/streamproc
           readOnly: true
@@ -331,6 +371,11 @@ spec:
         {{- if $tls.enabled }}
         - name: tls
           mountPath: /etc/streamproc/tls
+          readOnly: true
+        {{- end }}
+        {{- if .Values.schemaRegistryAuth.tls.enabled }}
+        - name: registry-tls
+          mountPath: /etc/streamproc/registry-tls
           readOnly: true
         {{- end }}
         {{- with .Values.extraVolumeMounts }}
@@ -354,11 +399,22 @@ spec:
       emptyDir:
         medium: Memory
         sizeLimit: {{ .Values.sharedMemory.sizeLimit }}
-    {{- if $sasl.enabled }}
+    {{- if or $sasl.enabled $registryAuth.enabled }}
     - name: rendered-config
       emptyDir:
         medium: Memory
         sizeLimit: 1Mi
+    {{- end }}
+    {{- if $registryAuth.enabled }}
+    - name: registry-auth
+      secret:
+        secretName: {{ $registryAuth.existingSecret }}
+        defaultMode: 0440
+        items:
+          - key: {{ $registryAuth.userInfoKey }}
+            path: user-info
+    {{- end }}
+    {{- if $sasl.enabled }}
     - name: sasl
       secret:
         secretName: {{ $sasl.existingSecret }}
@@ -373,6 +429,12 @@ spec:
     - name: tls
       secret:
         secretName: {{ $tls.existingSecret }}
+        defaultMode: 0440
+    {{- end }}
+    {{- if .Values.schemaRegistryAuth.tls.enabled }}
+    - name: registry-tls
+      secret:
+        secretName: {{ .Values.schemaRegistryAuth.tls.existingSecret }}
         defaultMode: 0440
     {{- end }}
     {{- with .Values.extraVolumes }}
