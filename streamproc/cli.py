@@ -306,6 +306,14 @@ def demo_cmd(
     scale: Annotated[
         float, typer.Option(min=0.01, help="Multiply every message count (rates unchanged).")
     ] = 1.0,
+    value_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="json, or avro / protobuf: trades and iot schema-managed through a local Schema "
+            "Registry (or $SCHEMA_REGISTRY_URL), in and out.",
+        ),
+    ] = "json",
 ) -> None:
     """Local broker + replay of real video, IoT and trade data + one consumer + report."""
     from streamproc import logs
@@ -316,9 +324,11 @@ def demo_cmd(
     if unknown:
         raise _fail(ValueError(f"--workload: unknown {unknown}; allowed: {list(DEFAULT_PLAN)}"))
     plan = {w: (max(1, round(DEFAULT_PLAN[w][0] * scale)), DEFAULT_PLAN[w][1]) for w in chosen}
+    if value_format not in ("json", "avro", "protobuf"):
+        raise _fail(ValueError(f"--format: {value_format!r}; allowed: json, avro, protobuf"))
     logs.configure("warning", "console")
     try:
-        report = run_demo(plan=plan)
+        report = run_demo(plan=plan, value_format=value_format)
     except StreamprocError as exc:
         raise _fail(exc) from exc
     typer.echo(report.render())

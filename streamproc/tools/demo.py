@@ -9,6 +9,11 @@
    committed offsets == end offsets; print throughput, end-to-end latency percentiles, batch
    sizes and example results.
 5. Stop the broker.
+
+With ``value_format`` ``avro`` or ``protobuf`` (``streamproc demo --format``), the workloads
+that have schemas (trades, iot) run schema-managed: a local Schema Registry is started (or
+``$SCHEMA_REGISTRY_URL`` used), their recordings are replayed in that format, and their
+results are written in it too (read back for the report with the stock deserialisers).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +70,8 @@ class DemoReport:
     verdicts: dict[str, Verdict]
     summary: RunSummary
     processing_s: float
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    formats: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -79,14 +88,16 @@ class DemoReport:
             "",
         ]
         header = (
-            f"{'workload':<8} {'in':>6} {'out':>6} {'dlq':>4} {'missing':>7} {'dup':>4} "
+            f"{'workload':<8} {'format':<8} {'in':>6} {'out':>6} {'dlq':>4} {'missing':>7} "
+            f"{'dup':>4} "
             f"{'msg/s':>7} {'P50 ms':>7} {'P95 ms':>7} {'P99 ms':>7}  committed==end"
         )
         lines += [header, "-" * len(header)]
         for workload, v in self.verdicts.items():
             pct = v.latency_percentiles()
             lines.append(
-                f"{workload:<8} {v.inputs:>6} {v.results:>6} {v.dead_lettered:>4} "
+                f"{workload:<8} {self.formats.get(workload, 'json'):<8} {v.inputs:>6} "
+                f"{v.results:>6} {v.dead_lettered:>4} "
                 f"{len(v.missing):>7} {v.duplicates:>4} {v.inputs / self.processing_s:>7.1f} "
                 f"{pct.get('p50', 0):>7.0f} {pct.get('p95', 0):>7.0f} {pct.get('p99', 0):>7.0f}"
                 f"  {v.committed_equals_end}"
@@ -105,10 +116,57 @@ class DemoReport:
         lines.append("")
         lines.append("example results:")
         for workload, v in self.verdicts.items():
-            for value in v.examples:
-                lines.append(f"  {workload:<7} {_describe(workload, orjson.loads(value))}")
+            documents = self.examples.get(workload) or [orjson.loads(e) for e in v.examples]
+            for doc in documents:
+                lines.append(f"  {workload:<7} {_describe(workload, doc)}")
         lines.append(f"RESULT  {'PASS' if self.ok else 'FAIL'}")
         return "\n".join(lines)
+
+
+SCHEMA_MANAGED = ("trades", "iot")
+"""The built-in workloads with Avro and Protobuf schemas."""
+
+
+@contextmanager
+def registry_unless_given(url: str | None, directory: Path) -> Iterator[str]:
+    """``url`` when given; else a local Schema Registry in ``directory`` for the ``with``
+    block. Yields the registry's URL."""
+    if url:
+        yield url
+        return
+    from streamproc.tools.registry_local import LocalRegistry, ensure_registry_app
+
+    print("starting a local Schema Registry (Apicurio; fetched with Maven once) ...", flush=True)
+    registry = LocalRegistry(directory, ensure_registry_app())
+    try:
+        yield registry.start()
+    finally:
+        registry.stop()
+
+
+def read_results(
+    fmt: str, workload: str, topic: str, values: list[bytes], registry_url: str
+) -> list[dict[str, Any]]:
+    """Result ``values`` of ``topic`` in ``fmt`` as documents (the stock deserialisers)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    context = SerializationContext(topic, MessageField.VALUE)
+    if fmt == "protobuf":
+        from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+
+        from streamproc.schemas.protobuf import field_converter
+        from streamproc.workloads import load_workload
+
+        result_class = load_workload(workload).result_message()
+        stock = ProtobufDeserializer(result_class, {"use.deprecated.format": False})
+        as_fields = field_converter(result_class.DESCRIPTOR)
+        return [as_fields(stock(value, context)) for value in values]
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        avro = AvroDeserializer(client)
+        return [dict(avro(value, context)) for value in values]
 
 
 def run_demo(
@@ -116,17 +174,23 @@ def run_demo(
     plan: dict[str, tuple[int, float]] | None = None,
     partitions: int = 4,
     work_dir: Path | None = None,
+    value_format: str = "json",
 ) -> DemoReport:
-    """Run the whole demo; see the module docstring. Stops the broker it started.
+    """Run the whole demo; see the module docstring. Stops the broker (and the registry) it
+    started.
 
     Args:
         plan: workload -> (message count, replay rate msg/s); default :data:`DEFAULT_PLAN`.
+        value_format: ``json``, or ``avro`` / ``protobuf`` for the workloads of
+            :data:`SCHEMA_MANAGED` (through a Schema Registry).
     """
     plan = plan or DEFAULT_PLAN
+    formats = {w: (value_format if w in SCHEMA_MANAGED else "json") for w in plan}
     broker: LocalKafka | None = None
     bootstrap = bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     run_dir = work_dir or Path(tempfile.mkdtemp(prefix="streamproc-demo-"))
     passed = False
+    stack = ExitStack()
     try:
         if not bootstrap:
             print(
@@ -147,21 +211,34 @@ def run_demo(
             },
         )
         group_id = f"streamproc-demo-{suffix}"
+        managed = any(f != "json" for f in formats.values())
+        registry_url = ""
+        if managed:
+            registry_url = stack.enter_context(
+                registry_unless_given(os.environ.get("SCHEMA_REGISTRY_URL"), run_dir / "registry")
+            )
         config = load_config(
             overrides={
                 "kafka": {"bootstrap_servers": bootstrap, "group_id": group_id},
                 "pipelines": [
-                    {"name": w, "input_topic": inp, "output_topic": out, "workload": w}
+                    {
+                        "name": w,
+                        "input_topic": inp,
+                        "output_topic": out,
+                        "workload": w,
+                        "format": formats[w],
+                    }
                     for w, (inp, out) in topics.items()
                 ],
                 "metrics": {"port": 0},
+                **({"schema_registry": {"url": registry_url}} if managed else {}),
             }
         )
         for workload, (count, rate) in plan.items():
             recording_size(workload)  # load and encode the recordings before the clock starts
             print(
-                f"replaying {count} real {workload} messages at {rate:g} msg/s "
-                f"into {topics[workload][0]}",
+                f"replaying {count} real {workload} messages ({formats[workload]}) at "
+                f"{rate:g} msg/s into {topics[workload][0]}",
                 flush=True,
             )
         pipeline = Pipeline(config)
@@ -179,6 +256,8 @@ def run_demo(
                     count,
                     rate,
                     progress=False,
+                    value_format=formats[workload],
+                    registry_url=registry_url or None,
                 )
             except BaseException as exc:
                 errors.append(exc)
@@ -201,10 +280,16 @@ def run_demo(
             w: verify(bootstrap, inp, out, f"{inp}.dlq", group_id, examples=2)
             for w, (inp, out) in topics.items()
         }
-        report = DemoReport(verdicts, summary, processing_s)
+        examples = {
+            w: read_results(formats[w], w, out, verdicts[w].examples, registry_url)
+            for w, (_, out) in topics.items()
+            if formats[w] != "json"
+        }
+        report = DemoReport(verdicts, summary, processing_s, examples, formats)
         passed = report.ok
         return report
     finally:
+        stack.close()
         if broker is not None:
             broker.stop()
         if passed and work_dir is None:

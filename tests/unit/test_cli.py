@@ -300,6 +300,12 @@ def test_produce_refuses_zero_partitions() -> None:
     assert result.exit_code == 2 and "--partitions" in result.stderr
 
 
+def test_demo_refuses_an_unknown_format_naming_the_allowed_ones() -> None:
+    result = invoke("demo", "--format", "xml")
+    assert result.exit_code == 2
+    assert "--format: 'xml'; allowed: json, avro, protobuf" in result.stderr
+
+
 def test_demo_refuses_an_unknown_workload_naming_the_built_in_ones() -> None:
     result = invoke("demo", "--workload", "iot", "--workload", "nope")
     assert result.exit_code == 2
