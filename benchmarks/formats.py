@@ -52,12 +52,12 @@ from google.protobuf.json_format import MessageToDict
 
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Record, TopicPartition
-from streamproc.schemas.formats import StructFormats, avro_schema
 from streamproc.schemas.protobuf import index_path
 from streamproc.schemas.results import protobuf_schema
 from streamproc.schemas.wire import frame
 from streamproc.schemas.writers import WriterSchemas
 from streamproc.workloads import iot, trades
+from streamproc.workloads.formats import StructFormats, avro_schema
 
 ROWS = 256
 TP = TopicPartition("formats", 0)

@@ -38,7 +38,7 @@ from streamproc.records import Headers
 from streamproc.workloads.registry import BUILTIN_WORKLOADS, BuiltinWorkload
 
 if TYPE_CHECKING:
-    from streamproc.schemas.serialize import AvroValues, ProtobufValues
+    from streamproc.tools.serializers import AvroValues, ProtobufValues
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _value_converter(
 ) -> AvroValues | ProtobufValues | None:
     if value_format == "json":
         return None
-    from streamproc.schemas.serialize import (
+    from streamproc.tools.serializers import (
         VALUE_FORMATS,
         AvroValues,
         ProtobufValues,

@@ -33,7 +33,6 @@ import torch
 
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Headers, Record
-from streamproc.schemas.formats import StructFormats
 from streamproc.workloads.base import Encoded
 from streamproc.workloads.codecs import (
     INT64,
@@ -43,6 +42,7 @@ from streamproc.workloads.codecs import (
     encode_results,
     store_finite,
 )
+from streamproc.workloads.formats import StructFormats
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 from streamproc.workloads.schemas import iot_pb2

@@ -41,7 +41,6 @@ import torch
 
 from streamproc.errors import RecordError
 from streamproc.records import Headers, Record
-from streamproc.schemas.formats import StructFormats
 from streamproc.workloads.base import Encoded
 from streamproc.workloads.codecs import (
     INT64,
@@ -51,6 +50,7 @@ from streamproc.workloads.codecs import (
     encode_results,
     store_finite,
 )
+from streamproc.workloads.formats import StructFormats
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import STOCK_SYMBOLS, Bar, stock_bars
 from streamproc.workloads.schemas import trades_pb2

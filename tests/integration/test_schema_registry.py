@@ -25,10 +25,10 @@ from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_MESSAGE, H_OFFSET, H_PARTITION
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.schemas.protobuf import field_converter
-from streamproc.schemas.serialize import AvroValues, ProtobufValues, avro_schema_of
 from streamproc.schemas.wire import frame, split
 from streamproc.tools.registry_local import LocalRegistry, ensure_registry_app
 from streamproc.tools.replay import messages, produce
+from streamproc.tools.serializers import AvroValues, ProtobufValues, avro_schema_of
 from streamproc.tools.verify import read_topic, verify
 from streamproc.workloads.schemas.trades_pb2 import TradeResult
 from tests.integration.conftest import Topics, make_config, report, wait_for

@@ -19,11 +19,11 @@ from streamproc.config import load_config
 from streamproc.errors import ConfigError, DecodeError, RegistryUnavailable
 from streamproc.records import TopicPartition
 from streamproc.schemas.avro import AvroDecoder
-from streamproc.schemas.formats import avro_schema
 from streamproc.schemas.wire import frame, split
 from streamproc.schemas.writers import UnknownSchema, WriterSchemas
 from streamproc.tools.replay import messages
 from streamproc.workloads import load_workload
+from streamproc.workloads.formats import avro_schema
 from streamproc.workloads.trades import TradeMessage, TradesWorkload
 from tests.unit.fakes import make_records
 
