@@ -1,6 +1,6 @@
-"""Decode CPU cost per message of the value formats (issue 25): JSON, Avro and Protobuf on the
-same real trades and iot messages, and the usual way to read registry formats (the stock
-confluent-kafka deserialiser, one dict per message, then the same validation) beside ours.
+"""Decode CPU cost per message of the value formats (issue 25): JSON, Avro, Protobuf and JSON
+Schema on the same real trades and iot messages, and the usual way to read registry formats (the
+stock confluent-kafka deserialiser, one dict per message, then the same validation) beside ours.
 
     .venv/bin/python benchmarks/formats.py [--repeats 7] [--batches 10]
     .venv/bin/python benchmarks/formats.py --smoke     # one batch, one repetition (seconds)
@@ -23,6 +23,8 @@ Contenders:
   schema against the workload's reader schema, projected on its fields) + ``msgspec.convert``.
 * ``avro-stock``: confluent-kafka's ``AvroDeserializer`` (a dict per message) + the same
   ``msgspec.convert``: what a consumer written against the stock client does.
+* ``jsonschema``: JSON framed with a schema id: the id checked, then the same msgspec decoder as
+  ``json``.
 * ``protobuf``: ours, the generated class parses, a converter compiled per descriptor gives the
   values + ``msgspec.convert``.
 * ``protobuf-stock``: confluent-kafka's ``ProtobufDeserializer`` + ``MessageToDict`` (the stock
@@ -63,7 +65,7 @@ ROWS = 256
 TP = TopicPartition("formats", 0)
 
 
-def registry(workload_class: type[Any], url: str) -> tuple[Any, int, int]:
+def registry(workload_class: type[Any], url: str) -> tuple[Any, int, int, int]:
     """confluent-kafka's in-process registry client (``mock://``: no server; the cost
     measured is the decode path's, writer schemas cached as in production) holding the
     workload's Avro and Protobuf input schemas; returns it and their ids."""
@@ -73,7 +75,9 @@ def registry(workload_class: type[Any], url: str) -> tuple[Any, int, int]:
     protobuf_id = client.register_schema(
         "formats-protobuf", protobuf_schema(workload_class.protobuf_input)
     )
-    return client, avro_id, protobuf_id
+    json_text = orjson.dumps(workload_class().input_json_schema()).decode()
+    json_id = client.register_schema("formats-jsonschema", Schema(json_text, "JSON"))
+    return client, avro_id, protobuf_id, json_id
 
 
 class StockDecoder:
@@ -106,11 +110,12 @@ class StockDecoder:
 
 
 def encoded(
-    workload: StructFormats, name: str, batches: int, avro_id: int, protobuf_id: int
+    workload: StructFormats, name: str, batches: int, ids: tuple[int, int, int]
 ) -> dict[str, list[list[Record]]]:
     """``batches`` batches of real messages of ``name`` in each format (as records)."""
     from streamproc.tools.replay import messages
 
+    avro_id, protobuf_id, json_id = ids
     parsed = fastavro.parse_schema(avro_schema(workload.avro_reader))
     documents = [orjson.loads(m.value) for m in itertools.islice(messages(name), ROWS * batches)]
 
@@ -127,6 +132,7 @@ def encoded(
         "json": orjson.dumps,
         "avro": avro,
         "protobuf": protobuf,
+        "jsonschema": lambda doc: frame(json_id, orjson.dumps(doc)),
     }
     out: dict[str, list[list[Record]]] = {}
     for fmt, write in writers.items():
@@ -143,7 +149,7 @@ def contenders(workload_class: type[Any], client: Any) -> dict[str, tuple[Any, s
     avro_text = orjson.dumps(avro_schema(workload_class.avro_reader)).decode()
     writers = WriterSchemas({}, client=client)
     made: dict[str, tuple[Any, str]] = {}
-    for fmt in ("json", "avro", "protobuf"):
+    for fmt in ("json", "avro", "protobuf", "jsonschema"):
         workload = workload_class()
         workload.use_input_format(fmt, writers)
         made[fmt] = (workload, fmt)
@@ -215,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
     )
     medians: dict[str, dict[str, float]] = {}
     for name, workload_class in (("trades", trades.TradesWorkload), ("iot", iot.IotWorkload)):
-        client, avro_id, protobuf_id = registry(workload_class, f"mock://formats-{name}")
-        data = encoded(workload_class(), name, args.batches, avro_id, protobuf_id)
+        client, *ids = registry(workload_class, f"mock://formats-{name}")
+        data = encoded(workload_class(), name, args.batches, (ids[0], ids[1], ids[2]))
         slab = np.zeros((ROWS, *workload_class.item_shape), dtype=workload_class.item_dtype)
 
         made = contenders(workload_class, client)

@@ -199,8 +199,8 @@ def produce_cmd(
         str,
         typer.Option(
             "--format",
-            help="Value format: json (the recording as is), avro or protobuf (the workload's "
-            "schema, registered in the Schema Registry under <topic>-value).",
+            help="Value format: json (the recording as is), avro, protobuf or jsonschema (the "
+            "workload's schema, registered in the Schema Registry under <topic>-value).",
         ),
     ] = "json",
     registry: Annotated[
@@ -208,7 +208,8 @@ def produce_cmd(
         typer.Option(
             "--registry",
             envvar="SCHEMA_REGISTRY_URL",
-            help="Schema Registry URL for --format avro|protobuf (else $SCHEMA_REGISTRY_URL).",
+            help="Schema Registry URL for --format avro|protobuf|jsonschema (else "
+            "$SCHEMA_REGISTRY_URL).",
         ),
     ] = None,
 ) -> None:
@@ -310,8 +311,8 @@ def demo_cmd(
         str,
         typer.Option(
             "--format",
-            help="json, or avro / protobuf: trades and iot schema-managed through a local Schema "
-            "Registry (or $SCHEMA_REGISTRY_URL), in and out.",
+            help="json, or avro / protobuf / jsonschema: trades and iot schema-managed through a "
+            "local Schema Registry (or $SCHEMA_REGISTRY_URL), in and out.",
         ),
     ] = "json",
 ) -> None:
@@ -324,8 +325,10 @@ def demo_cmd(
     if unknown:
         raise _fail(ValueError(f"--workload: unknown {unknown}; allowed: {list(DEFAULT_PLAN)}"))
     plan = {w: (max(1, round(DEFAULT_PLAN[w][0] * scale)), DEFAULT_PLAN[w][1]) for w in chosen}
-    if value_format not in ("json", "avro", "protobuf"):
-        raise _fail(ValueError(f"--format: {value_format!r}; allowed: json, avro, protobuf"))
+    if value_format not in ("json", "avro", "protobuf", "jsonschema"):
+        raise _fail(
+            ValueError(f"--format: {value_format!r}; allowed: json, avro, protobuf, jsonschema")
+        )
     logs.configure("warning", "console")
     try:
         report = run_demo(plan=plan, value_format=value_format)

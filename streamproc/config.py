@@ -108,7 +108,8 @@ class Config(BaseSettings):
         if managed and not self.schema_registry.url:
             raise ValueError(
                 f"schema_registry.url: pipelines {managed} read or write a schema-managed format "
-                "(pipelines[].format or output_format: avro, protobuf) and need the registry's URL "
+                "(pipelines[].format or output_format: avro, protobuf, jsonschema) and need the "
+                "registry's URL "
                 "(http:// or https://)"
             )
         names = [p.name for p in self.pipelines]

@@ -128,12 +128,12 @@ class PipelineConfig(_Section):
     priority: PriorityName | None = None  # default: the workload's (trades high, video low)
     precision: ModelPrecision | None = None  # default: worker.precision
     options: dict[str, Any] = Field(default_factory=dict)
-    # the input value format: json, or avro / protobuf through schema_registry (the workload
-    # must read it)
-    format: Literal["json", "avro", "protobuf"] = "json"
-    # the results' value format; default: the input's (avro / protobuf: framed with the id of
-    # a result schema registered at start-up)
-    output_format: Literal["json", "avro", "protobuf"] | None = None
+    # the input value format: json, or avro / protobuf / jsonschema through schema_registry
+    # (the workload must read it)
+    format: Literal["json", "avro", "protobuf", "jsonschema"] = "json"
+    # the results' value format; default: the input's (avro / protobuf / jsonschema: framed
+    # with the id of a result schema registered at start-up)
+    output_format: Literal["json", "avro", "protobuf", "jsonschema"] | None = None
 
     @field_validator("workload")
     @classmethod

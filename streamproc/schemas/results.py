@@ -34,6 +34,7 @@ from google.protobuf.message import Message
 
 from streamproc.errors import ConfigError
 from streamproc.logs import get_logger
+from streamproc.schemas.jsonschema import JSON, JsonSchemaResults, schema_text
 from streamproc.schemas.protobuf import ProtobufResults
 from streamproc.schemas.wire import frame
 
@@ -148,7 +149,8 @@ class AvroResults:
 def result_serializer(
     fmt: str, workload: Any, topic: str, settings: Mapping[str, Any], **registration: Any
 ) -> Callable[[msgspec.Struct], bytes]:
-    """The results serialiser of ``workload`` in ``fmt`` (``avro`` or ``protobuf``), its
+    """The results serialiser of ``workload`` in ``fmt`` (``avro``, ``protobuf`` or
+    ``jsonschema``), its
     schema registered (:func:`result_schema_id`, with ``registration``'s strategy,
     auto_register and startup_timeout_s) for ``topic``.
 
@@ -172,6 +174,11 @@ def result_serializer(
             **registration,
         )
         return ProtobufResults(message_class, schema_id)
+    if fmt == "jsonschema":
+        json_doc = workload.result_json_schema()
+        registered = Schema(schema_text(json_doc), JSON)
+        schema_id = result_schema_id(settings, topic, registered, json_doc["title"], **registration)
+        return JsonSchemaResults(schema_id, workload.json_result_encoder())
     raise ConfigError(
-        f"pipelines.output_format: {fmt!r} is not one of ['json', 'avro', 'protobuf']"
+        f"pipelines.output_format: {fmt!r} is not one of ['json', 'avro', 'protobuf', 'jsonschema']"
     )

@@ -10,10 +10,10 @@
    sizes and example results.
 5. Stop the broker.
 
-With ``value_format`` ``avro`` or ``protobuf`` (``streamproc demo --format``), the workloads
-that have schemas (trades, iot) run schema-managed: a local Schema Registry is started (or
-``$SCHEMA_REGISTRY_URL`` used), their recordings are replayed in that format, and their
-results are written in it too (read back for the report with the stock deserialisers).
+With ``value_format`` ``avro``, ``protobuf`` or ``jsonschema`` (``streamproc demo --format``),
+the workloads that have schemas (trades, iot) run schema-managed: a local Schema Registry is
+started (or ``$SCHEMA_REGISTRY_URL`` used), their recordings are replayed in that format, and
+their results are written in it too (read back for the report with the stock deserialisers).
 """
 
 from __future__ import annotations
@@ -152,6 +152,12 @@ def read_results(
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     context = SerializationContext(topic, MessageField.VALUE)
+    if fmt == "jsonschema":
+        from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+        with SchemaRegistryClient({"url": registry_url}) as client:
+            stock_json = JSONDeserializer(None, schema_registry_client=client)
+            return [dict(stock_json(value, context)) for value in values]
     if fmt == "protobuf":
         from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 
@@ -181,7 +187,7 @@ def run_demo(
 
     Args:
         plan: workload -> (message count, replay rate msg/s); default :data:`DEFAULT_PLAN`.
-        value_format: ``json``, or ``avro`` / ``protobuf`` for the workloads of
+        value_format: ``json``, or ``avro`` / ``protobuf`` / ``jsonschema`` for the workloads of
             :data:`SCHEMA_MANAGED` (through a Schema Registry).
     """
     plan = plan or DEFAULT_PLAN

@@ -38,7 +38,7 @@ from streamproc.records import Headers
 from streamproc.workloads.registry import BUILTIN_WORKLOADS, BuiltinWorkload
 
 if TYPE_CHECKING:
-    from streamproc.tools.serializers import AvroValues, ProtobufValues
+    from streamproc.tools.serializers import AvroValues, JsonSchemaValues, ProtobufValues
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,13 @@ _BY_KEY = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks (by ke
 
 def _value_converter(
     workload: str, topic: str, value_format: str, registry_url: str | None
-) -> AvroValues | ProtobufValues | None:
+) -> AvroValues | ProtobufValues | JsonSchemaValues | None:
     if value_format == "json":
         return None
     from streamproc.tools.serializers import (
         VALUE_FORMATS,
         AvroValues,
+        JsonSchemaValues,
         ProtobufValues,
         avro_schema_of,
     )
@@ -95,6 +96,8 @@ def _value_converter(
         )
     if value_format == "protobuf":
         return ProtobufValues(topic, workload, {"url": registry_url})
+    if value_format == "jsonschema":
+        return JsonSchemaValues(topic, workload, {"url": registry_url})
     schema = avro_schema_of(workload).read_text()
     return AvroValues(topic, schema, {"url": registry_url})
 
@@ -130,10 +133,11 @@ def produce(
             marker in every partition it wrote to; None: no transactions.
         spread: message ``i`` goes to partition ``i % partitions`` (every partition gets
             input, whatever the keys hash to); False: by key, as a producer of the data would.
-        value_format: ``json`` (the recording as is), ``avro`` or ``protobuf``: each value
-            serialised with the workload's schema by confluent-kafka's stock ``AvroSerializer``
-            or ``ProtobufSerializer`` against the registry at ``registry_url`` (the schema
-            registered under ``<topic>-value``).
+        value_format: ``json`` (the recording as is), ``avro``, ``protobuf`` or
+            ``jsonschema``: each value serialised with the workload's schema by
+            confluent-kafka's stock ``AvroSerializer``, ``ProtobufSerializer`` or
+            ``JSONSerializer`` against the registry at ``registry_url`` (the schema registered
+            under ``<topic>-value``).
 
     Returns:
         The number of messages acknowledged by the broker.

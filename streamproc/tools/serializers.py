@@ -14,7 +14,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
-VALUE_FORMATS = ("json", "avro", "protobuf")
+VALUE_FORMATS = ("json", "avro", "protobuf", "jsonschema")
 """``streamproc produce --format``."""
 
 
@@ -97,6 +97,40 @@ class ProtobufValues:
         self._client.close()
 
     def __enter__(self) -> ProtobufValues:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class JsonSchemaValues:
+    """Converts JSON message values of a built-in workload into framed JSON values validated
+    against its input JSON Schema (confluent-kafka's stock ``JSONSerializer``; the schema
+    registered under ``<topic>-value`` on first use); :meth:`close` closes the registry
+    client."""
+
+    def __init__(self, topic: str, workload: str, registry: Mapping[str, Any]) -> None:
+        from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+        instance: Any = BUILTIN_WORKLOADS[workload].load_class()()
+        if not hasattr(instance, "input_json_schema"):
+            raise ValueError(
+                f"--format jsonschema: workload {workload!r} has no JSON Schema; "
+                f"{[n for n in BUILTIN_WORKLOADS if n != 'video']} do"
+            )
+        self._client = SchemaRegistryClient({"timeout": 10, **registry})
+        schema = orjson.dumps(instance.input_json_schema()).decode()
+        self._serializer = JSONSerializer(schema, self._client)
+        self._context = SerializationContext(topic, MessageField.VALUE)
+
+    def __call__(self, value: bytes) -> bytes:
+        framed: bytes = self._serializer(orjson.loads(value), self._context)
+        return framed
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> JsonSchemaValues:
         return self
 
     def __exit__(self, *exc: object) -> None:

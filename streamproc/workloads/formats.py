@@ -1,5 +1,5 @@
 """The value formats of a workload whose messages are msgspec Structs (trades, iot): JSON by
-default; Avro or Protobuf through a Schema Registry when ``pipelines[].format`` and
+default; Avro, Protobuf or JSON Schema through a Schema Registry when ``pipelines[].format`` and
 ``output_format`` say so.
 
 :class:`StructFormats` gives such a workload three attributes its codec reads: ``messages`` (an
@@ -23,11 +23,12 @@ from google.protobuf.message import Message
 from streamproc.errors import ConfigError, RecordError
 from streamproc.records import Record
 from streamproc.schemas.avro import AvroDecoder
+from streamproc.schemas.jsonschema import JsonSchemaDecoder, json_schema
 from streamproc.schemas.protobuf import ProtobufDecoder
 from streamproc.schemas.writers import WriterSchemas
 from streamproc.workloads.codecs import RESULT_ENCODER
 
-FORMATS = ("json", "avro", "protobuf")
+FORMATS = ("json", "avro", "protobuf", "jsonschema")
 """``pipelines[].format`` and ``output_format``: the value formats streamproc reads and
 writes."""
 
@@ -63,7 +64,9 @@ class StructFormats:
     Class attributes: ``json_messages`` (a :class:`StrictJsonDecoder`), ``json_head`` (a
     msgspec JSON decoder of the head Struct), ``head_schema`` (the head Struct),
     ``avro_reader`` / ``avro_result`` (paths of the input and result ``.avsc`` schemas) and
-    ``protobuf_input`` / ``protobuf_result`` (the generated message classes).
+    ``protobuf_input`` / ``protobuf_result`` (the generated message classes), ``result_struct``
+    (the result Struct, whose ``msgspec.json.schema`` is the JSON Schema of the results) and
+    ``schema_title`` (the namespace of its JSON Schemas' titles, e.g. ``io.streamproc.trades``).
     """
 
     json_messages: ClassVar[Any]
@@ -73,6 +76,8 @@ class StructFormats:
     avro_result: ClassVar[Path]
     protobuf_input: ClassVar[type[Message]]
     protobuf_result: ClassVar[type[Message]]
+    result_struct: ClassVar[type[msgspec.Struct]]
+    schema_title: ClassVar[str]
     input_formats: ClassVar[tuple[str, ...]] = FORMATS
 
     messages: MessageDecoder
@@ -113,6 +118,12 @@ class StructFormats:
         if writers is None:
             raise ConfigError(f"pipelines.format: {name} needs schema_registry.url")
         schema = self.json_messages.schema
+        if name == "jsonschema":
+            framed: JsonSchemaDecoder[Any] = JsonSchemaDecoder(
+                self.json_messages, self.json_head, writers
+            )
+            self.messages, self.read_head, self.input_format = framed, framed.fields, name
+            return
         decoder: FieldDecoder
         if name == "avro":
             decoder = AvroDecoder(schema, avro_schema(self.avro_reader), writers)
@@ -130,6 +141,20 @@ class StructFormats:
     def result_schema(self) -> dict[str, Any]:
         """The Avro schema of the results (``avro_result``)."""
         return avro_schema(self.avro_result)
+
+    def json_result_encoder(self) -> Callable[[Any], bytes]:
+        """The plain JSON serialiser of result Structs (what ``jsonschema`` results frame)."""
+        return RESULT_ENCODER.encode
+
+    def result_json_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the results (``result_struct``)."""
+        return json_schema(self.result_struct, f"{self.schema_title}.{self.result_struct.__name__}")
+
+    def input_json_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the input messages (what ``produce --format jsonschema``
+        registers)."""
+        struct = self.json_messages.schema
+        return json_schema(struct, f"{self.schema_title}.{struct.__name__}")
 
     def result_message(self) -> type[Message]:
         """The generated Protobuf class of the results (``protobuf_result``)."""

@@ -158,6 +158,8 @@ class IotWorkload(StructFormats, CheckpointScorer):
     avro_result = Path(__file__).parent / "schemas" / "iot-result.avsc"
     protobuf_input = iot_pb2.SensorWindow
     protobuf_result = iot_pb2.SensorWindowResult
+    result_struct = IotResult
+    schema_title = "io.streamproc.iot"
     item_shape = (WINDOW, len(CYCLING_CHANNELS))
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority

@@ -230,6 +230,8 @@ class TradesWorkload(StructFormats, CheckpointScorer):
     avro_result = Path(__file__).parent / "schemas" / "trades-result.avsc"
     protobuf_input = trades_pb2.Trade
     protobuf_result = trades_pb2.TradeResult
+    result_struct = TradeResult
+    schema_title = "io.streamproc.trades"
     item_shape = (FEATURES,)
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -36,6 +37,7 @@ from tests.integration.conftest import Topics, make_config, report, wait_for
 pytestmark = pytest.mark.integration
 
 TRADES = 240
+INLINE_OFF = {"thread": {"decode_inline": "never"}}  # decode on the pool's threads, not inline
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +78,10 @@ def documents(
     if registry_url is None:
         return [orjson.loads(v) for v in values]
     context = SerializationContext(topic, MessageField.VALUE)
+    if fmt == "jsonschema":
+        with SchemaRegistryClient({"url": registry_url}) as client:
+            stock_json = JSONDeserializer(None, schema_registry_client=client)  # validates too
+            return [stock_json(v, context) for v in values]
     if fmt == "protobuf":
         stock_protobuf = ProtobufDeserializer(TradeResult, {"use.deprecated.format": False})
         as_fields = field_converter(TradeResult.DESCRIPTOR)
@@ -120,7 +126,8 @@ def _take(iterator: Iterator[Any], count: int) -> list[Any]:
 @pytest.mark.parametrize(
     ("fmt", "guarantee"),
     [("avro", "at_least_once"), ("avro", "exactly_once"), ("protobuf", "at_least_once"),
-     ("protobuf", "exactly_once")],
+     ("protobuf", "exactly_once"), ("jsonschema", "at_least_once"),
+     ("jsonschema", "exactly_once")],
 )  # fmt: skip
 def test_registry_inputs_give_the_results_of_the_same_json_inputs(
     bootstrap_servers: str, registry: LocalRegistry, fmt: str, guarantee: str
@@ -136,7 +143,8 @@ def test_registry_inputs_give_the_results_of_the_same_json_inputs(
     first = next(iter(read_topic(bootstrap_servers, as_avro.input).records.values()))
     schema_id, _ = split(first[1])
     with SchemaRegistryClient({"url": registry.url}) as client:
-        assert (client.get_schema(schema_id).schema_type or "AVRO") == fmt.upper()
+        expected_type = {"avro": "AVRO", "protobuf": "PROTOBUF", "jsonschema": "JSON"}[fmt]
+        assert (client.get_schema(schema_id).schema_type or "AVRO") == expected_type
 
     config = make_config(
         bootstrap_servers,
@@ -179,9 +187,11 @@ def trades_v2() -> str:
     return orjson.dumps(schema).decode()
 
 
+@pytest.mark.parametrize("decode_mode", ["thread", "process"])
 def test_v1_and_v2_writer_schemas_interleaved_on_one_partition_decode_to_the_same_rows(
-    bootstrap_servers: str, registry: LocalRegistry
+    bootstrap_servers: str, registry: LocalRegistry, decode_mode: str
 ) -> None:
+    # decode processes read writer schemas with their own registry client
     t = new_topics(bootstrap_servers, "trades-evolve", partitions=1)
     values = []
     with writer(t.input) as v1, writer(t.input, trades_v2()) as v2:
@@ -198,6 +208,7 @@ def test_v1_and_v2_writer_schemas_interleaved_on_one_partition_decode_to_the_sam
         t,
         schema_registry={"url": registry.url},
         pipelines=[pipeline_entry("evolve", t, "trades", "avro")],
+        worker={"decode_mode": decode_mode, **INLINE_OFF.get(decode_mode, {})},
     )
     summary = Pipeline(config).run(exit_when_idle_s=3)
     assert summary.exit_code == 0, summary.error

@@ -291,7 +291,7 @@ def test_produce_in_avro_refuses_a_workload_without_an_avro_schema_and_a_missing
     result = invoke("produce", "iot", "--topic", "t", "--bootstrap", "b:1", "--format", "xml")
     assert (
         result.exit_code == 2
-        and "'xml' is not one of ['json', 'avro', 'protobuf']" in result.stderr
+        and "'xml' is not one of ['json', 'avro', 'protobuf', 'jsonschema']" in result.stderr
     )
 
 
@@ -303,7 +303,7 @@ def test_produce_refuses_zero_partitions() -> None:
 def test_demo_refuses_an_unknown_format_naming_the_allowed_ones() -> None:
     result = invoke("demo", "--format", "xml")
     assert result.exit_code == 2
-    assert "--format: 'xml'; allowed: json, avro, protobuf" in result.stderr
+    assert "--format: 'xml'; allowed: json, avro, protobuf, jsonschema" in result.stderr
 
 
 def test_demo_refuses_an_unknown_workload_naming_the_built_in_ones() -> None:

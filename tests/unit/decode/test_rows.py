@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streamproc.decode.rows import decode_rows, oversized, row_slices
-from streamproc.errors import DecodeError
+from streamproc.errors import DecodeError, RegistryUnavailable
 from streamproc.records import Record
 from tests.unit.decode.batches import TP, batch
 
@@ -99,3 +99,26 @@ def test_row_slices_are_contiguous_and_differ_by_at_most_one_row(
     count: int, workers: int, expected: list[tuple[int, int]]
 ) -> None:
     assert row_slices(count, workers) == expected
+
+
+class _RegistryDown(_Recorder):
+    """A workload whose registry lookups were abandoned (the process closing)."""
+
+    def decode(self, record: Record, out: np.ndarray) -> None:
+        raise RegistryUnavailable("schema registry unavailable while closing")
+
+    def decode_many(self, records: list[Record], rows: np.ndarray) -> dict:  # type: ignore[type-arg]
+        raise RegistryUnavailable("schema registry unavailable while closing")
+
+
+def test_an_unavailable_registry_is_raised_never_turned_into_dead_letters() -> None:
+    # A registry outage is not the records' fault: neither the per-run call nor the per-record
+    # fallback may turn it into DecodeErrors (which would dead-letter valid records).
+    records = [Record(TP, o, None, b"v", (), 0, 0.0, 1) for o in range(10, 13)]
+    rows = np.full((3, 1), -1.0)
+    with pytest.raises(RegistryUnavailable):
+        decode_rows(_RegistryDown(), records, rows, 0, {})  # type: ignore[arg-type]
+    from streamproc.workloads.base import Workload
+
+    with pytest.raises(RegistryUnavailable):
+        Workload.decode_many(_RegistryDown(), records, rows)  # type: ignore[arg-type]

@@ -163,3 +163,41 @@ def test_the_generated_code_matches_the_proto_files(tmp_path: Path) -> None:
         assert (tmp_path / name).read_text() == checked_in.read_text(), (
             f"{name} is stale: run scripts/generate_protos.sh"
         )
+
+
+@pytest.mark.parametrize("workload_class", [TradesWorkload, IotWorkload])
+def test_json_schema_values_write_the_rows_and_results_of_plain_json(
+    workload_class: type[Any],
+) -> None:
+    from streamproc.schemas.jsonschema import JsonSchemaResults
+
+    plain, framed = workload_class(), workload_class()
+    framed.use_input_format(
+        "jsonschema", WriterSchemas({}, client=Registry({4: "JSON", 5: "AVRO"}))
+    )
+    framed.use_output_format("jsonschema", JsonSchemaResults(9, framed.json_result_encoder()))
+    documents = docs(workload_class.name, 20)
+    plain_records, framed_records = make_records(TP, range(21)), make_records(TP, range(21))
+    for doc, j, f in zip(documents, plain_records[:20], framed_records[:20], strict=True):
+        j.value = orjson.dumps(doc)
+        f.value = frame(4, j.value)
+    plain_records[20].value = orjson.dumps(documents[0])
+    framed_records[20].value = frame(5, plain_records[20].value)  # an Avro id
+    shape = (21, *workload_class.item_shape)
+    rows_plain, rows_framed = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+    assert plain.decode_many(plain_records, rows_plain) == {}
+    failed = framed.decode_many(framed_records, rows_framed)
+    assert list(failed) == [20] and "schema id 5 is AVRO, not JSON Schema" in str(failed[20])
+    np.testing.assert_array_equal(rows_plain[:20], rows_framed[:20])
+    outputs: tuple[np.ndarray, ...] = (np.arange(20, dtype=np.float32), np.zeros(20, bool))
+    if workload_class is TradesWorkload:
+        outputs = (*outputs, rows_plain[:20])
+    for p, f in zip(
+        plain.encode_many(plain_records[:20], outputs),
+        framed.encode_many(framed_records[:20], outputs),
+        strict=True,
+    ):
+        assert not isinstance(p, Exception) and not isinstance(f, Exception)
+        assert f.value == frame(9, p.value)
+    schema = framed.result_json_schema()
+    assert schema["title"].startswith("io.streamproc.") and "$defs" in schema

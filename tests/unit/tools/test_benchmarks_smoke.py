@@ -81,7 +81,7 @@ def test_formats_measures_every_format_and_the_stock_deserialisers(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     medians = formats.main(["--smoke"])
-    labels = {"json", "avro", "protobuf", "avro-stock", "protobuf-stock"}
+    labels = {"json", "avro", "protobuf", "jsonschema", "avro-stock", "protobuf-stock"}
     assert set(medians) == {"trades", "iot"}
     assert all(set(costs) == labels and min(costs.values()) > 0 for costs in medians.values())
     assert "trades avro-stock" in capsys.readouterr().out
