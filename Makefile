@@ -129,7 +129,7 @@ GAPS_ARGS ?= --runs 2
 rebalance-gaps: venv kafka-jars
 	$(PY) benchmarks/rebalance_gaps.py $(GAPS_ARGS)
 
-# Decode CPU per message of the value formats: JSON, Avro, Protobuf, and the stock deserialisers
+# Decode CPU per message of the value formats: JSON, Avro, Protobuf, JSON Schema, and the stock deserialisers
 # (benchmarks/formats.py; docs/benchmarks.md "Value formats"). No Kafka, no registry; ~1 min.
 .PHONY: bench-formats
 bench-formats: venv
