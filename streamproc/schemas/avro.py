@@ -32,7 +32,7 @@ from fastavro.read import SchemaResolutionError
 
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Record
-from streamproc.schemas.wire import split
+from streamproc.schemas.wire import decode_each, split
 from streamproc.schemas.writers import WriterSchemas
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -107,7 +107,10 @@ class AvroDecoder(Generic[S]):
             DecodeError: one of the reasons in the module docstring.
             RegistryUnavailable: the registry did not answer before it was closed.
         """
-        return msgspec.convert(self.fields(value), self.schema, strict=True)
+        try:
+            return msgspec.convert(self.fields(value), self.schema, strict=True)
+        except msgspec.ValidationError as exc:
+            raise DecodeError(f"schema: {exc}") from exc
 
     def fields(self, value: bytes | None) -> dict[str, Any]:
         """The reader-schema fields of a framed Avro value (one dict, before validation).
@@ -139,30 +142,6 @@ class AvroDecoder(Generic[S]):
     def decode_records(
         self, records: Sequence[Record]
     ) -> tuple[list[int], list[S], dict[int, RecordError]]:
-        """:meth:`decode` of every record (the same answer as the JSON decoder's).
-
-        Returns:
-            The indexes into ``records`` that decoded (ascending), their messages (same
-            order), and per refused index its :class:`DecodeError`.
-
-        Raises:
-            RegistryUnavailable: the registry did not answer before it was closed (no record
-                is refused for it).
-        """
-        convert = msgspec.convert
-        schema = self.schema
-        indexes: list[int] = []
-        messages: list[S] = []
-        failed: dict[int, RecordError] = {}
-        for index, record in enumerate(records):
-            try:
-                message = convert(self.fields(record.value), schema, strict=True)
-            except DecodeError as exc:
-                failed[index] = exc
-                continue
-            except msgspec.ValidationError as exc:
-                failed[index] = DecodeError(f"schema: {exc}")
-                continue
-            indexes.append(index)
-            messages.append(message)
-        return indexes, messages, failed
+        """:meth:`decode` of every record (the same answer as the JSON decoder's:
+        :func:`~streamproc.schemas.wire.decode_each`)."""
+        return decode_each(records, self.decode)

@@ -27,7 +27,7 @@ import orjson
 
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Record
-from streamproc.schemas.wire import frame, split
+from streamproc.schemas.wire import decode_each, frame, split
 from streamproc.schemas.writers import WriterSchemas
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -94,20 +94,9 @@ class JsonSchemaDecoder(Generic[S]):
     def decode_records(
         self, records: Sequence[Record]
     ) -> tuple[list[int], list[S], dict[int, RecordError]]:
-        """:meth:`decode` of every record (the same answer as the JSON decoder's)."""
-        indexes: list[int] = []
-        messages: list[S] = []
-        failed: dict[int, RecordError] = {}
-        decode = self.decode
-        for index, record in enumerate(records):
-            try:
-                message = decode(record.value)
-            except DecodeError as exc:
-                failed[index] = exc
-                continue
-            indexes.append(index)
-            messages.append(message)
-        return indexes, messages, failed
+        """:meth:`decode` of every record (the same answer as the JSON decoder's:
+        :func:`~streamproc.schemas.wire.decode_each`)."""
+        return decode_each(records, self.decode)
 
 
 class JsonSchemaResults:

@@ -4,8 +4,13 @@ payload (Avro binary, Protobuf message indexes + message, or JSON)."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-from streamproc.errors import DecodeError
+from streamproc.errors import DecodeError, RecordError
+from streamproc.records import Record
+
+T = TypeVar("T")
 
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
@@ -37,3 +42,30 @@ def split(value: bytes | None) -> tuple[int, memoryview]:
 def frame(schema_id: int, payload: bytes) -> bytes:
     """``payload`` framed with ``schema_id`` (what a registry-aware serialiser writes)."""
     return _HEADER.pack(MAGIC, schema_id) + payload
+
+
+def decode_each(
+    records: Sequence[Record], decode: Callable[[bytes | None], T]
+) -> tuple[list[int], list[T], dict[int, RecordError]]:
+    """``decode`` of every record's value, as a workload's ``decode_many`` wants it.
+
+    Returns:
+        The indexes into ``records`` that decoded (ascending), their messages (same order),
+        and per refused index its :class:`DecodeError`.
+
+    Raises:
+        RegistryUnavailable: from ``decode``: the registry did not answer before it was closed
+            (no record is refused for it).
+    """
+    indexes: list[int] = []
+    messages: list[T] = []
+    failed: dict[int, RecordError] = {}
+    for index, record in enumerate(records):
+        try:
+            message = decode(record.value)
+        except DecodeError as exc:
+            failed[index] = exc
+            continue
+        indexes.append(index)
+        messages.append(message)
+    return indexes, messages, failed

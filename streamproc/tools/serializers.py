@@ -1,15 +1,15 @@
 """Values in a schema-managed format, written with confluent-kafka's stock serialisers (what a
-producer of the user's would use): ``streamproc produce --format avro`` and the tests."""
+producer of the user's would use): ``streamproc produce --format avro|protobuf|jsonschema``, the
+demo and the tests."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
@@ -26,112 +26,110 @@ def avro_schema_of(workload: str) -> Path:
     """
     path: Path | None = getattr(BUILTIN_WORKLOADS[workload].load_class(), "avro_reader", None)
     if path is None:
-        having = [
-            name
-            for name, builtin in BUILTIN_WORKLOADS.items()
-            if getattr(builtin.load_class(), "avro_reader", None) is not None
-        ]
-        raise ValueError(f"--format avro: workload {workload!r} has no Avro schema; {having} do")
+        raise ValueError(f"--format avro: workload {workload!r} has no Avro schema; {_having()} do")
     return path
 
 
-class AvroValues:
-    """Converts JSON message values into framed Avro values of ``schema`` (registered under
-    ``<topic>-value`` on first use when ``auto_register``); :meth:`close` (or ``with``) closes
-    the registry client's HTTP session.
+def _having() -> list[str]:
+    """The built-in workloads with registry schemas."""
+    return [
+        name
+        for name, builtin in BUILTIN_WORKLOADS.items()
+        if getattr(builtin.load_class(), "avro_reader", None) is not None
+    ]
+
+
+def _schema_managed(workload: str, fmt: str) -> Any:
+    """An instance of the built-in ``workload``, which must have registry schemas.
+
+    Raises:
+        ValueError: it has none (names those that have).
+    """
+    instance: Any = BUILTIN_WORKLOADS[workload].load_class()()
+    if not hasattr(instance, "protobuf_message"):
+        raise ValueError(
+            f"--format {fmt}: workload {workload!r} has no {fmt} schema; {_having()} do"
+        )
+    return instance
+
+
+class RegistryValues:
+    """Converts JSON message values into framed values with a stock serialiser (registering the
+    schema under ``<topic>-value`` on first use); :meth:`close` (or ``with``) closes the
+    registry client's HTTP session.
 
     Raises (from a call):
         SerializationError: a value does not match the schema, or the registry refused the
             schema (e.g. HTTP 409: incompatible with the subject's latest version).
     """
 
-    def __init__(
-        self, topic: str, schema: str, registry: Mapping[str, Any], auto_register: bool = True
-    ) -> None:
+    def __init__(self, topic: str, registry: Mapping[str, Any]) -> None:
         self._client = SchemaRegistryClient({"timeout": 10, **registry})
-        self._serializer = AvroSerializer(
-            self._client, schema, conf={"auto.register.schemas": auto_register}
-        )
         self._context = SerializationContext(topic, MessageField.VALUE)
+        self._serialize: Callable[[Any, SerializationContext], bytes] | None = None
+        self._to_message: Callable[[dict[str, Any]], Any] = lambda document: document
 
     def __call__(self, value: bytes) -> bytes:
-        framed: bytes = self._serializer(orjson.loads(value), self._context)
+        assert self._serialize is not None
+        framed: bytes = self._serialize(self._to_message(orjson.loads(value)), self._context)
         return framed
 
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> AvroValues:
+    def __enter__(self) -> RegistryValues:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class ProtobufValues:
-    """Converts JSON message values of a built-in workload into framed Protobuf values of its
-    input message (confluent-kafka's stock ``ProtobufSerializer``; the schema file registered
-    under ``<topic>-value`` on first use); :meth:`close` closes the registry client."""
+class AvroValues(RegistryValues):
+    """JSON message values -> framed Avro values of ``schema`` (the stock ``AvroSerializer``;
+    with ``auto_register`` off, the schema must be registered already)."""
+
+    def __init__(
+        self, topic: str, schema: str, registry: Mapping[str, Any], auto_register: bool = True
+    ) -> None:
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+
+        super().__init__(topic, registry)
+        self._serialize = AvroSerializer(
+            self._client, schema, conf={"auto.register.schemas": auto_register}
+        )
+
+
+class ProtobufValues(RegistryValues):
+    """JSON message values of a built-in workload -> framed Protobuf values of its input
+    message (the stock ``ProtobufSerializer``).
+
+    Raises:
+        ValueError: the workload has no Protobuf schema.
+    """
 
     def __init__(self, topic: str, workload: str, registry: Mapping[str, Any]) -> None:
         from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
-        instance: Any = BUILTIN_WORKLOADS[workload].load_class()()
-        if not hasattr(instance, "protobuf_message"):
-            raise ValueError(
-                f"--format protobuf: workload {workload!r} has no Protobuf schema; "
-                f"{[n for n in BUILTIN_WORKLOADS if n != 'video']} do"
-            )
+        instance = _schema_managed(workload, "protobuf")
+        super().__init__(topic, registry)
         self._to_message = instance.protobuf_message
-        self._client = SchemaRegistryClient({"timeout": 10, **registry})
-        self._serializer = ProtobufSerializer(
+        self._serialize = ProtobufSerializer(
             type(instance).protobuf_input, self._client, {"use.deprecated.format": False}
         )
-        self._context = SerializationContext(topic, MessageField.VALUE)
-
-    def __call__(self, value: bytes) -> bytes:
-        framed: bytes = self._serializer(self._to_message(orjson.loads(value)), self._context)
-        return framed
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> ProtobufValues:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
-class JsonSchemaValues:
-    """Converts JSON message values of a built-in workload into framed JSON values validated
-    against its input JSON Schema (confluent-kafka's stock ``JSONSerializer``; the schema
-    registered under ``<topic>-value`` on first use); :meth:`close` closes the registry
-    client."""
+class JsonSchemaValues(RegistryValues):
+    """JSON message values of a built-in workload -> framed JSON values, validated against its
+    input JSON Schema (the stock ``JSONSerializer``).
+
+    Raises:
+        ValueError: the workload has no JSON Schema.
+    """
 
     def __init__(self, topic: str, workload: str, registry: Mapping[str, Any]) -> None:
         from confluent_kafka.schema_registry.json_schema import JSONSerializer
 
-        instance: Any = BUILTIN_WORKLOADS[workload].load_class()()
-        if not hasattr(instance, "input_json_schema"):
-            raise ValueError(
-                f"--format jsonschema: workload {workload!r} has no JSON Schema; "
-                f"{[n for n in BUILTIN_WORKLOADS if n != 'video']} do"
-            )
-        self._client = SchemaRegistryClient({"timeout": 10, **registry})
+        instance = _schema_managed(workload, "jsonschema")
+        super().__init__(topic, registry)
         schema = orjson.dumps(instance.input_json_schema()).decode()
-        self._serializer = JSONSerializer(schema, self._client)
-        self._context = SerializationContext(topic, MessageField.VALUE)
-
-    def __call__(self, value: bytes) -> bytes:
-        framed: bytes = self._serializer(orjson.loads(value), self._context)
-        return framed
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> JsonSchemaValues:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._serialize = JSONSerializer(schema, self._client)
