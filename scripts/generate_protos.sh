@@ -11,4 +11,5 @@ python="${PYTHON:-.venv/bin/python}"
 mkdir -p "${1:-streamproc/workloads/schemas}"
 out="$(cd "${1:-streamproc/workloads/schemas}" && pwd)"
 cd streamproc/workloads/schemas
-"$python" -m grpc_tools.protoc -I. --python_out="$out" --pyi_out="$out" trades.proto iot.proto
+"$python" -m grpc_tools.protoc -I. --python_out="$out" --pyi_out="$out" \
+  trades.proto iot.proto video.proto

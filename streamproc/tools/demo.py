@@ -11,7 +11,8 @@
 5. Stop the broker.
 
 With ``value_format`` ``avro``, ``protobuf`` or ``jsonschema`` (``streamproc demo --format``),
-the workloads that have schemas (trades, iot) run schema-managed: a local Schema Registry is
+the workloads that read that format (all three for avro and protobuf, trades and iot for
+jsonschema) run schema-managed: a local Schema Registry is
 started (or ``$SCHEMA_REGISTRY_URL`` used), their recordings are replayed in that format, and
 their results are written in it too (read back for the report with the stock deserialisers).
 """
@@ -123,8 +124,10 @@ class DemoReport:
         return "\n".join(lines)
 
 
-SCHEMA_MANAGED = ("trades", "iot")
-"""The built-in workloads with Avro and Protobuf schemas."""
+def _format_of(workload: str, value_format: str) -> str:
+    """``value_format`` where the built-in ``workload`` reads it, else ``json``."""
+    readable = BUILTIN_WORKLOADS[workload].load_class().input_formats
+    return value_format if value_format in readable else "json"
 
 
 @contextmanager
@@ -187,11 +190,11 @@ def run_demo(
 
     Args:
         plan: workload -> (message count, replay rate msg/s); default :data:`DEFAULT_PLAN`.
-        value_format: ``json``, or ``avro`` / ``protobuf`` / ``jsonschema`` for the workloads of
-            :data:`SCHEMA_MANAGED` (through a Schema Registry).
+        value_format: ``json``, or ``avro`` / ``protobuf`` / ``jsonschema`` for the workloads
+            that read it (through a Schema Registry; the others stay ``json``).
     """
     plan = plan or DEFAULT_PLAN
-    formats = {w: (value_format if w in SCHEMA_MANAGED else "json") for w in plan}
+    formats = {w: _format_of(w, value_format) for w in plan}
     broker: LocalKafka | None = None
     bootstrap = bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     run_dir = work_dir or Path(tempfile.mkdtemp(prefix="streamproc-demo-"))

@@ -85,6 +85,7 @@ def _value_converter(
         JsonSchemaValues,
         ProtobufValues,
         avro_schema_of,
+        replay_document,
     )
 
     if value_format not in VALUE_FORMATS:
@@ -99,7 +100,7 @@ def _value_converter(
     if value_format == "jsonschema":
         return JsonSchemaValues(topic, workload, {"url": registry_url})
     schema = avro_schema_of(workload).read_text()
-    return AvroValues(topic, schema, {"url": registry_url})
+    return AvroValues(topic, schema, {"url": registry_url}, document=replay_document(workload))
 
 
 def produce(
@@ -200,7 +201,11 @@ def produce(
                     try:
                         producer.produce(
                             topic,
-                            value=convert(message.value) if convert else message.value,
+                            value=(
+                                convert(message.value, message.key, message.headers)
+                                if convert
+                                else message.value
+                            ),
                             key=message.key,
                             headers=list(message.headers),
                             on_delivery=delivered,

@@ -12,6 +12,7 @@ import orjson
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from streamproc.records import Headers
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
 VALUE_FORMATS = ("json", "avro", "protobuf", "jsonschema")
@@ -28,6 +29,25 @@ def avro_schema_of(workload: str) -> Path:
     if path is None:
         raise ValueError(f"--format avro: workload {workload!r} has no Avro schema; {_having()} do")
     return path
+
+
+Document = Callable[[bytes | None, bytes, Headers], dict[str, Any]]
+"""A replay message (key, value, headers) -> the document its schema describes."""
+
+
+def json_document(key: bytes | None, value: bytes, headers: Headers) -> dict[str, Any]:
+    """The document of a JSON replay message: its value."""
+    document: dict[str, Any] = orjson.loads(value)
+    return document
+
+
+def replay_document(workload: str) -> Document:
+    """How a built-in workload's replay messages become documents (its ``replay_document``,
+    else :func:`json_document`)."""
+    found: Document | None = getattr(
+        BUILTIN_WORKLOADS[workload].load_class(), "replay_document", None
+    )
+    return found or json_document
 
 
 def _having() -> list[str]:
@@ -63,15 +83,21 @@ class RegistryValues:
             schema (e.g. HTTP 409: incompatible with the subject's latest version).
     """
 
-    def __init__(self, topic: str, registry: Mapping[str, Any]) -> None:
+    def __init__(
+        self, topic: str, registry: Mapping[str, Any], document: Document | None = None
+    ) -> None:
         self._client = SchemaRegistryClient({"timeout": 10, **registry})
         self._context = SerializationContext(topic, MessageField.VALUE)
         self._serialize: Callable[[Any, SerializationContext], bytes] | None = None
         self._to_message: Callable[[dict[str, Any]], Any] = lambda document: document
+        self._document = document or json_document
 
-    def __call__(self, value: bytes) -> bytes:
+    def __call__(self, value: bytes, key: bytes | None = None, headers: Headers = ()) -> bytes:
+        """The framed value of one replay message (``key`` and ``headers`` feed workloads that
+        carry metadata there, as video)."""
         assert self._serialize is not None
-        framed: bytes = self._serialize(self._to_message(orjson.loads(value)), self._context)
+        message = self._to_message(self._document(key, value, headers))
+        framed: bytes = self._serialize(message, self._context)
         return framed
 
     def close(self) -> None:
@@ -89,11 +115,16 @@ class AvroValues(RegistryValues):
     with ``auto_register`` off, the schema must be registered already)."""
 
     def __init__(
-        self, topic: str, schema: str, registry: Mapping[str, Any], auto_register: bool = True
+        self,
+        topic: str,
+        schema: str,
+        registry: Mapping[str, Any],
+        auto_register: bool = True,
+        document: Document | None = None,
     ) -> None:
         from confluent_kafka.schema_registry.avro import AvroSerializer
 
-        super().__init__(topic, registry)
+        super().__init__(topic, registry, document)
         self._serialize = AvroSerializer(
             self._client, schema, conf={"auto.register.schemas": auto_register}
         )
@@ -111,7 +142,7 @@ class ProtobufValues(RegistryValues):
         from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
         instance = _schema_managed(workload, "protobuf")
-        super().__init__(topic, registry)
+        super().__init__(topic, registry, replay_document(workload))
         self._to_message = instance.protobuf_message
         self._serialize = ProtobufSerializer(
             type(instance).protobuf_input, self._client, {"use.deprecated.format": False}
@@ -130,6 +161,8 @@ class JsonSchemaValues(RegistryValues):
         from confluent_kafka.schema_registry.json_schema import JSONSerializer
 
         instance = _schema_managed(workload, "jsonschema")
+        if not hasattr(instance, "input_json_schema"):
+            raise ValueError(f"--format jsonschema: workload {workload!r} has no JSON Schema")
         super().__init__(topic, registry)
         schema = orjson.dumps(instance.input_json_schema()).decode()
         self._serialize = JSONSerializer(schema, self._client)

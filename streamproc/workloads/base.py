@@ -157,6 +157,16 @@ class Workload:
             f"pipelines.output_format: workload {self.name!r} writes JSON results only"
         )
 
+    def result_json_schema(self) -> dict[str, Any]:
+        """The JSON Schema of this workload's results (``output_format: jsonschema``).
+
+        Raises:
+            ConfigError: the workload has none (the default).
+        """
+        raise ConfigError(
+            f"pipelines.output_format: workload {self.name!r} has no JSON Schema of its results"
+        )
+
     def result_message(self) -> type[Any]:
         """The generated Protobuf class of this workload's results
         (``pipelines[].output_format: protobuf``).

@@ -10,6 +10,12 @@ Model: EfficientNet-Lite0 with the pretrained ImageNet weights shipped in the
 architecture, offline. Class names come from torchvision's ImageNet category list.
 Preprocessing matches the TensorFlow EfficientNet-Lite training recipe: resize the shorter side to
 256 px, centre-crop 224x224 (bicubic), then on the device ``(x - 127) / 128`` per channel.
+
+Schema-managed (``pipelines[].format: avro | protobuf``): the value is a ``Frame`` record
+(``schemas/video.avsc``, ``schemas/video.proto``) holding ``camera_id``, ``frame_no``,
+``capture_ts_ms`` and the encoded ``image``; ``output_format: avro | protobuf`` writes
+``FrameResult`` records. The default format (``json``) is the plain one above: the image as the
+value, the metadata in the key and headers, JSON results.
 """
 
 from __future__ import annotations
@@ -19,19 +25,27 @@ import importlib.util
 import io
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from streamproc.errors import DecodeError
+from streamproc.errors import ConfigError, DecodeError
 from streamproc.records import Headers, Record
+from streamproc.schemas.avro import AvroDecoder
+from streamproc.schemas.protobuf import ProtobufDecoder
+from streamproc.schemas.writers import WriterSchemas
 from streamproc.workloads.base import Encoded, ModelFn, Workload, require_value, source_coordinates
+from streamproc.workloads.codecs import INT64, RESULT_ENCODER, SourceCoordinates
+from streamproc.workloads.formats import avro_schema
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
+from streamproc.workloads.schemas import video_pb2
 
 IMAGE_SIZE = 224
 RESIZE_SHORTER_TO = 256
@@ -64,6 +78,37 @@ def preprocess_image(img: Image.Image, out: np.ndarray) -> None:
     box = ((width - crop) / 2, (height - crop) / 2, (width + crop) / 2, (height + crop) / 2)
     img = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC, box=box)
     out[...] = np.asarray(img)
+
+
+SCHEMAS = Path(__file__).parent / "schemas"
+MODEL_NAME = "efficientnet-lite0 (ImageNet)"
+
+
+class FrameMessage(msgspec.Struct, gc=False):
+    """A schema-managed frame (Avro or Protobuf ``Frame``), validated like every registry
+    format's message."""
+
+    camera_id: str
+    frame_no: INT64
+    capture_ts_ms: INT64
+    image: bytes
+
+
+class TopClass(msgspec.Struct, gc=False):
+    class_id: int
+    label: str
+    score: float
+
+
+class FrameResult(msgspec.Struct, gc=False):
+    """One result document (the JSON result's fields; written by a registry format's
+    serialiser)."""
+
+    camera_id: str
+    frame_no: int | None
+    top5: list[TopClass]
+    model: str
+    source: SourceCoordinates
 
 
 @dataclass(frozen=True)
@@ -162,12 +207,80 @@ class VideoWorkload(Workload):
     item_shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
     item_dtype = np.dtype(np.uint8)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
+    input_formats = ("json", "avro", "protobuf")  # json: the plain image value
+    avro_reader = SCHEMAS / "video.avsc"
+    avro_result = SCHEMAS / "video-result.avsc"
+    protobuf_input = video_pb2.Frame
+    protobuf_result = video_pb2.FrameResult
 
     def __init__(self) -> None:
         self.categories = imagenet_categories()
+        self.frames: AvroDecoder[FrameMessage] | ProtobufDecoder[FrameMessage] | None = None
+        self.results: Callable[[Any], bytes] | None = None
+
+    def use_input_format(self, name: str, writers: WriterSchemas | None) -> None:
+        """``json``: the plain image value (the default); ``avro`` / ``protobuf``: ``Frame``
+        records through the registry ``writers``.
+
+        Raises:
+            ConfigError: another format, or a registry format without a registry.
+        """
+        if name == "json":
+            self.frames = None
+            return
+        if name not in self.input_formats:
+            super().use_input_format(name, writers)
+        if writers is None:
+            raise ConfigError(f"pipelines.format: {name} needs schema_registry.url")
+        if name == "avro":
+            self.frames = AvroDecoder(FrameMessage, avro_schema(self.avro_reader), writers)
+        else:
+            self.frames = ProtobufDecoder(FrameMessage, self.protobuf_input, writers)
+
+    def result_schema(self) -> dict[str, Any]:
+        return avro_schema(self.avro_result)
+
+    def result_message(self) -> type[Any]:
+        return self.protobuf_result
+
+    def use_output_format(self, name: str, serializer: Callable[[Any], bytes] | None) -> None:
+        """``json`` (the default) or a registry format's ``serializer`` of
+        :class:`FrameResult` records (``avro``, ``protobuf``).
+
+        Raises:
+            ConfigError: another format.
+        """
+        if name == "json":
+            self.results = None
+        elif name in ("avro", "protobuf") and serializer is not None:
+            self.results = serializer
+        else:
+            raise ConfigError(
+                f"pipelines.output_format: workload {self.name!r} writes "
+                f"{list(self.input_formats)}, not {name!r}"
+            )
+
+    def protobuf_message(self, document: dict[str, Any]) -> Any:
+        """The ``Frame`` message of a replay document (:meth:`replay_document`)."""
+        return video_pb2.Frame(**document)
+
+    @staticmethod
+    def replay_document(key: bytes | None, value: bytes, headers: Headers) -> dict[str, Any]:
+        """A replayed frame (image value, metadata in the key and headers) as a ``Frame``
+        document: what ``streamproc produce video --format avro|protobuf`` writes."""
+        found = dict(headers)
+        return {
+            "camera_id": (key or b"").decode(),
+            "frame_no": int(found["frame_no"]),
+            "capture_ts_ms": int(found["capture_ts_ms"]),
+            "image": value,
+        }
 
     def decode(self, record: Record, out: np.ndarray) -> None:
-        value = require_value(record)
+        if self.frames is None:
+            value = require_value(record)
+        else:
+            value = self.frames.decode(record.value).image
         try:
             with Image.open(io.BytesIO(value)) as img:
                 preprocess_image(img, out)
@@ -195,6 +308,8 @@ class VideoWorkload(Workload):
         return run
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        if self.frames is not None or self.results is not None:
+            return self._encode_record(record, outputs)
         scores, ids = outputs
         frame_no = record.header("frame_no")
         value = orjson.dumps(
@@ -205,8 +320,34 @@ class VideoWorkload(Workload):
                     {"class_id": int(i), "label": self.categories[int(i)], "score": float(s)}
                     for s, i in zip(scores, ids, strict=True)
                 ],
-                "model": "efficientnet-lite0 (ImageNet)",
+                "model": MODEL_NAME,
                 "source": source_coordinates(record),
             }
         )
         return Encoded(value)
+
+    def _encode_record(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        """A result as a :class:`FrameResult`: its camera and frame from the ``Frame`` record
+        (schema-managed input) or the key and header, written by the output format's
+        serialiser (or as JSON)."""
+        scores, ids = outputs
+        frame_no: int | None
+        if self.frames is not None:
+            frame = self.frames.decode(record.value)
+            camera_id, frame_no = frame.camera_id, frame.frame_no
+        else:
+            header = record.header("frame_no")
+            camera_id = (record.key or b"").decode(errors="replace")
+            frame_no = int(header) if header and header.isdigit() else None
+        result = FrameResult(
+            camera_id,
+            frame_no,
+            [
+                TopClass(int(i), self.categories[int(i)], float(s))
+                for s, i in zip(scores, ids, strict=True)
+            ],
+            MODEL_NAME,
+            SourceCoordinates.of(record),
+        )
+        serialize = self.results or RESULT_ENCODER.encode
+        return Encoded(serialize(result))

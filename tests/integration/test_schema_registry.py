@@ -32,6 +32,7 @@ from streamproc.tools.replay import messages, produce
 from streamproc.tools.serializers import AvroValues, ProtobufValues, avro_schema_of
 from streamproc.tools.verify import read_topic, verify
 from streamproc.workloads.schemas.trades_pb2 import TradeResult
+from streamproc.workloads.schemas.video_pb2 import FrameResult
 from tests.integration.conftest import Topics, make_config, report, wait_for
 
 pytestmark = pytest.mark.integration
@@ -420,3 +421,36 @@ def test_the_demo_runs_trades_and_iot_schema_managed(
     assert "trades   protobuf" in rendered and "RESULT  PASS" in rendered
     # the example results were read back from Protobuf by the stock deserialiser
     assert all(doc["model"] for docs in report.examples.values() for doc in docs)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "protobuf"])
+def test_video_frames_round_trip_schema_managed(
+    bootstrap_servers: str, registry: LocalRegistry, fmt: str
+) -> None:
+    # the image and its metadata in one Frame record, results as FrameResult records
+    t = new_topics(bootstrap_servers, f"video-{fmt}")
+    replayed = {"value_format": fmt, "registry_url": registry.url, "progress": False}
+    assert produce("video", t.input, bootstrap_servers, 3, 12, **replayed) == 12
+    config = make_config(
+        bootstrap_servers,
+        t,
+        schema_registry={"url": registry.url},
+        pipelines=[pipeline_entry("frames", t, "video", fmt)],
+    )
+    summary = Pipeline(config).run(exit_when_idle_s=3)
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap_servers, t.input, t.output, t.dlq, t.group)
+    report(f"video {fmt}", verdict)
+    assert verdict.results == 12 and verdict.dead_lettered == 0 and verdict.missing == []
+    values = [v for _, v, _, _ in read_topic(bootstrap_servers, t.output).records.values()]
+    context = SerializationContext(t.output, MessageField.VALUE)
+    if fmt == "avro":
+        with SchemaRegistryClient({"url": registry.url}) as client:
+            stock = AvroDeserializer(client)
+            docs = [stock(v, context) for v in values]
+    else:
+        stock_protobuf = ProtobufDeserializer(FrameResult, {"use.deprecated.format": False})
+        as_fields = field_converter(FrameResult.DESCRIPTOR)
+        docs = [as_fields(stock_protobuf(v, context)) for v in values]
+    assert {doc["frame_no"] for doc in docs} == set(range(12))
+    assert all(len(doc["top5"]) == 5 and doc["camera_id"].startswith("bikes") for doc in docs)

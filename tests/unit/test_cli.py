@@ -282,10 +282,10 @@ def test_produce_in_avro_refuses_a_workload_without_an_avro_schema_and_a_missing
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("SCHEMA_REGISTRY_URL", raising=False)
-    result = invoke("produce", "video", "--topic", "t", "--bootstrap", "b:1", "--format", "avro",
-                    "--registry", "http://r:1")  # fmt: skip
+    result = invoke("produce", "video", "--topic", "t", "--bootstrap", "b:1", "--format",
+                    "jsonschema", "--registry", "http://r:1")  # fmt: skip
     assert result.exit_code == 2
-    assert "workload 'video' has no Avro schema; ['iot', 'trades'] do" in result.stderr
+    assert "--format jsonschema: workload 'video' has no JSON Schema" in result.stderr
     result = invoke("produce", "iot", "--topic", "t", "--bootstrap", "b:1", "--format", "avro")
     assert result.exit_code == 2 and "--format avro needs the registry" in result.stderr
     result = invoke("produce", "iot", "--topic", "t", "--bootstrap", "b:1", "--format", "xml")

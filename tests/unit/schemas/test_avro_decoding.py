@@ -186,8 +186,14 @@ def test_a_workload_without_avro_and_a_pipeline_without_a_registry_are_refused_a
     None
 ):
     video = load_workload("video")
-    with pytest.raises(ConfigError, match=r"workload 'video' reads \['json'\], not 'avro'"):
-        video.use_input_format("avro", None)
+    with pytest.raises(
+        ConfigError, match=r"workload 'video' reads \[.*'protobuf'\], not 'jsonschema'"
+    ):
+        video.use_input_format("jsonschema", None)
+    with pytest.raises(ConfigError, match=r"writes .*, not 'jsonschema'"):
+        video.use_output_format("jsonschema", None)
+    with pytest.raises(ConfigError, match="has no JSON Schema of its results"):
+        video.result_json_schema()
     with pytest.raises(ConfigError, match=r"avro needs schema_registry\.url"):
         TradesWorkload().use_input_format("avro", None)
     pipeline = {"name": "t", "input_topic": "i", "output_topic": "o", "workload": "trades"}

@@ -157,7 +157,14 @@ def test_the_generated_code_matches_the_proto_files(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     generated = sorted(p.name for p in tmp_path.iterdir())
-    assert generated == ["iot_pb2.py", "iot_pb2.pyi", "trades_pb2.py", "trades_pb2.pyi"]
+    assert generated == [
+        "iot_pb2.py",
+        "iot_pb2.pyi",
+        "trades_pb2.py",
+        "trades_pb2.pyi",
+        "video_pb2.py",
+        "video_pb2.pyi",
+    ]
     for name in generated:
         checked_in = ROOT / "streamproc" / "workloads" / "schemas" / name
         assert (tmp_path / name).read_text() == checked_in.read_text(), (
