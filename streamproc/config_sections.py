@@ -407,6 +407,15 @@ class SchemaRegistryConfig(_Section):
     retry_backoff_s: float = Field(default=0.1, gt=0)
     retry_backoff_max_s: float = Field(default=5.0, gt=0)
 
+    @model_validator(mode="after")
+    def _backoff_ordered(self) -> SchemaRegistryConfig:
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise ValueError(
+                f"schema_registry.retry_backoff_max_s ({self.retry_backoff_max_s}) must be at "
+                f"least schema_registry.retry_backoff_s ({self.retry_backoff_s})"
+            )
+        return self
+
     def client_settings(self) -> dict[str, Any]:
         """The ``SchemaRegistryClient`` configuration (holds the secret: never log it).
 

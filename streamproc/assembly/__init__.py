@@ -93,8 +93,10 @@ def assemble(
     metrics = Metrics()
     tracker = OffsetTracker(on_late=late_results_reporter(metrics))
     devices = select_devices(config.worker.device, config.worker.devices)
-    registry = config.schema_registry.client_settings() if config.schema_managed else None
-    decoding = build_decoding(config.worker, metrics, registry)
+    registry = config.schema_registry
+    settings = registry.client_settings() if config.schema_managed else None
+    backoff_s = (registry.retry_backoff_s, registry.retry_backoff_max_s)
+    decoding = build_decoding(config.worker, metrics, settings, backoff_s)
     guarantee, sink = build_output(config, tracker, metrics, on_fatal, producer_factory)
     admission = build_admission(config)
     schemas = build_writer_schemas(config)

@@ -48,13 +48,16 @@ class Decoding(Protocol):
 
 
 def build_decoding(
-    worker: WorkerConfig, metrics: Metrics, registry: dict[str, Any] | None = None
+    worker: WorkerConfig,
+    metrics: Metrics,
+    registry: dict[str, Any] | None = None,
+    registry_backoff_s: tuple[float, float] = (0.1, 5.0),
 ) -> Decoding:
     """The decode workers of ``worker.decode_mode``, ``decode_workers_start`` of them;
     ``registry``: the Schema Registry client settings decode processes build their own writer
     schemas from (None without a schema-managed pipeline)."""
     if worker.decode_mode == "process":
-        return ProcessDecoding(worker, metrics, registry or {})
+        return ProcessDecoding(worker, metrics, registry or {}, registry_backoff_s)
     return ThreadDecoding(worker, metrics)
 
 
@@ -109,9 +112,14 @@ class ProcessDecoding:
     shared_staging = True
 
     def __init__(
-        self, worker: WorkerConfig, metrics: Metrics, registry: dict[str, Any] | None = None
+        self,
+        worker: WorkerConfig,
+        metrics: Metrics,
+        registry: dict[str, Any] | None = None,
+        registry_backoff_s: tuple[float, float] = (0.1, 5.0),
     ) -> None:
         self._registry = registry or {}
+        self._registry_backoff_s = registry_backoff_s
         self.processes = DecodeProcesses(worker.decode_workers_start)
         self.sizer = _sizer(self.processes, worker, metrics)
         self._max_message_bytes = worker.max_message_bytes
@@ -128,6 +136,7 @@ class ProcessDecoding:
                 staging.dtype.str,
                 spec.format,
                 self._registry,
+                self._registry_backoff_s,
             ),
         )
         return ProcessDecoder(

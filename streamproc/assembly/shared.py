@@ -99,13 +99,20 @@ def build_output(
 
 def build_writer_schemas(config: Config) -> WriterSchemas | None:
     """The writer schemas of ``schema_registry`` (one cache for every pipeline's decode
-    threads); None when no pipeline reads a schema-managed format."""
+    threads), the registry probed; None when no pipeline reads a schema-managed format.
+
+    Raises:
+        ConfigError: the registry answered the probe with a client error (wrong URL path,
+            credentials).
+    """
     if not config.schema_managed:
         return None
     registry = config.schema_registry
-    return WriterSchemas(
+    schemas = WriterSchemas(
         registry.client_settings(), registry.retry_backoff_s, registry.retry_backoff_max_s
     )
+    schemas.probe()
+    return schemas
 
 
 def build_admission(config: Config) -> DeviceAdmission | None:

@@ -36,6 +36,8 @@ class LaneSpec:
         input_format: ``pipelines[].format``.
         registry: the ``SchemaRegistryClient`` settings (empty without a registry; holds the
             secret: never logged).
+        registry_backoff_s: the first and the longest wait between registry lookups, in seconds
+            (``schema_registry.retry_backoff_s``, ``retry_backoff_max_s``).
         slabs: shared-memory name of each slab, in pool index order.
         shape: shape of one slab, ``(rows, *item_shape)``.
         dtype: numpy dtype string of the rows.
@@ -48,6 +50,7 @@ class LaneSpec:
     dtype: str
     input_format: str = "json"
     registry: dict[str, Any] = field(default_factory=dict)
+    registry_backoff_s: tuple[float, float] = (0.1, 5.0)
 
 
 _LANES: dict[str, tuple[Workload, list[np.ndarray]]] = {}
@@ -71,17 +74,20 @@ def init_process(lanes: dict[str, LaneSpec], parent_pid: int) -> None:
             _ATTACHED.append(shm)  # keep the mapping alive; the parent owns (unlinks) it
             views.append(np.ndarray(spec.shape, dtype=np.dtype(spec.dtype), buffer=shm.buf))
         workload = load_workload(spec.workload, spec.options)
-        workload.use_input_format(spec.input_format, _writer_schemas(spec.registry))
+        writers = _writer_schemas(spec.registry, spec.registry_backoff_s)
+        workload.use_input_format(spec.input_format, writers)
         _LANES[name] = (workload, views)
 
 
-def _writer_schemas(settings: dict[str, Any]) -> WriterSchemas | None:
+def _writer_schemas(
+    settings: dict[str, Any], backoff_s: tuple[float, float]
+) -> WriterSchemas | None:
     """This process's writer schemas (one cache for its lanes), or None without a registry."""
     global _SCHEMAS
     if not settings:
         return None
     if _SCHEMAS is None:
-        _SCHEMAS = WriterSchemas(settings)
+        _SCHEMAS = WriterSchemas(settings, *backoff_s)
     return _SCHEMAS
 
 

@@ -17,7 +17,7 @@ from tenacity import Retrying, stop_after_attempt, wait_exponential
 
 from streamproc.config import PipelineConfig
 from streamproc.device import DeviceResult
-from streamproc.errors import RecordError
+from streamproc.errors import RecordError, RegistryUnavailable
 from streamproc.metrics import Metrics
 from streamproc.output.headers import ResultHeaders
 from streamproc.output.sink import Sink
@@ -79,6 +79,8 @@ class ResultHandler:
         extra: list[Headers] = []
         now_s = time.monotonic()
         for row, (record, value) in enumerate(zip(records, encoded, strict=True)):
+            if isinstance(value, RegistryUnavailable):
+                raise value  # not the record's fault: never dead-lettered (the lane stops)
             if not isinstance(value, Encoded):
                 if value is None:  # its decode failed
                     error = failed[row]
@@ -88,6 +90,8 @@ class ResultHandler:
                     value = self._retry_encode(
                         record, tuple(out[row] for out in result.outputs), value
                     )
+                except RegistryUnavailable:
+                    raise
                 except Exception as exc:
                     self._dead_letter(record, dlq, "encode", exc)
                     continue
@@ -118,6 +122,8 @@ class ResultHandler:
             encoded: list[Encoded | Exception] = list(self._workload.encode_many(records, outputs))
             if len(encoded) != len(records):
                 raise ValueError(f"encode_many returned {len(encoded)} results for {len(records)}")
+        except RegistryUnavailable:
+            raise
         except Exception as exc:
             encoded = [exc] * len(records)
         checked: list[Encoded | Exception | None] = [

@@ -95,7 +95,11 @@ class AvroDecoder(Generic[S]):
             refusal = f"schema: schema id {schema_id} is {registered.schema_type}, not Avro"
             return _Plan(None, None, refusal)
         try:
-            writer = fastavro.parse_schema(orjson.loads(registered.schema_str or ""))
+            raw = orjson.loads(registered.schema_str or "")
+            danger = unsafe(raw)
+            if danger:
+                return _Plan(None, None, f"schema: writer schema {schema_id} {danger}")
+            writer = fastavro.parse_schema(without_logical_types(raw))
         except Exception as exc:
             return _Plan(None, None, f"schema: writer schema {schema_id} does not parse: {exc}")
         return _Plan(writer, None if writer == self.reader else self.reader, None)
@@ -145,3 +149,76 @@ class AvroDecoder(Generic[S]):
         """:meth:`decode` of every record (the same answer as the JSON decoder's:
         :func:`~streamproc.schemas.wire.decode_each`)."""
         return decode_each(records, self.decode)
+
+
+def without_logical_types(schema: Any) -> Any:
+    """``schema`` with every ``logicalType`` left out: the reader schemas name plain types
+    (``ts_ms`` is a ``long``), so a writer's ``timestamp-millis`` must read as its long, not as
+    the ``datetime`` fastavro would make of it."""
+    if isinstance(schema, dict):
+        return {k: without_logical_types(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [without_logical_types(item) for item in schema]
+    return schema
+
+
+def unsafe(schema: Any) -> str | None:
+    """Why a writer schema must not be read, or None: a recursive named type (a deep value
+    overflows fastavro's compiled reader: the process dies) or an array or map of items that
+    take no bytes (a 48-byte value then holds 2**62 items: the reader spins). Neither is
+    needed by any workload's reader schema."""
+    defined: dict[str, Any] = {}
+
+    def named(node: dict[str, Any]) -> list[str]:
+        name = str(node.get("name", ""))
+        namespace = node.get("namespace")
+        return [name, f"{namespace}.{name}"] if namespace else [name]
+
+    def walk(node: Any, path: frozenset[str]) -> str | None:
+        if isinstance(node, str):
+            return f"is recursive (type {node} holds itself)" if node in path else None
+        if isinstance(node, list):
+            return next((r for r in (walk(branch, path) for branch in node) if r), None)
+        if not isinstance(node, dict):
+            return None
+        kind = node.get("type")
+        if kind in ("record", "error", "enum", "fixed"):
+            names = named(node)
+            for name in names:
+                defined[name] = node
+            if kind in ("record", "error"):
+                inner = path | frozenset(names)
+                fields = node.get("fields", [])
+                return next((r for r in (walk(f.get("type"), inner) for f in fields) if r), None)
+            return None
+        if kind in ("array", "map"):
+            items = node.get("items" if kind == "array" else "values")
+            if _takes_no_bytes(items, defined, frozenset()):
+                return f"has an {kind} of items that take no bytes"
+            return walk(items, path)
+        return walk(kind, path) if isinstance(kind, (dict, list)) else None
+
+    return walk(schema, frozenset())
+
+
+def _takes_no_bytes(node: Any, defined: dict[str, Any], seen: frozenset[str]) -> bool:
+    if node == "null":
+        return True
+    if isinstance(node, str):
+        if node in seen or node not in defined:
+            return False
+        return _takes_no_bytes(defined[node], defined, seen | {node})
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if kind in ("record", "error"):
+            return all(
+                _takes_no_bytes(f.get("type"), defined, seen) for f in node.get("fields", [])
+            )
+        if kind == "fixed":
+            return int(node.get("size", 1)) == 0
+        return (
+            _takes_no_bytes(kind, defined, seen)
+            if isinstance(kind, str) and kind not in ("array", "map", "enum")
+            else False
+        )
+    return False  # a union: its branch index takes a byte

@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from streamproc.errors import DecodeError, RegistryUnavailable
+from streamproc.errors import ConfigError, DecodeError, RegistryUnavailable
 from streamproc.logs import get_logger
 
 __all__ = ["RegistryUnavailable", "UnknownSchema", "WriterSchemas"]
@@ -26,6 +26,7 @@ __all__ = ["RegistryUnavailable", "UnknownSchema", "WriterSchemas"]
 log = get_logger(__name__)
 
 NOT_FOUND = 404
+SCHEMA_NOT_FOUND = 40403  # the registry's own "no schema with this id" (Confluent and Apicurio)
 
 
 class UnknownSchema(DecodeError):
@@ -77,6 +78,28 @@ class WriterSchemas:
                 self._cache[schema_id] = schema
         return schema
 
+    def probe(self) -> None:
+        """Check at start-up that ``url`` is a Schema Registry this client may read (lists the
+        subjects). A registry that does not answer is only logged: records wait for it.
+
+        Raises:
+            ConfigError: it answered with a client error (a wrong path, bad credentials, no
+                permission), naming ``schema_registry.url``.
+        """
+        try:
+            self._client.get_subjects()
+        except SchemaRegistryError as exc:
+            if 400 <= exc.http_status_code < 500:
+                raise ConfigError(
+                    f"schema_registry.url: {self._url} answered HTTP {exc.http_status_code} "
+                    f"({exc.error_message}); allowed: the URL of a Confluent-compatible API "
+                    "(Apicurio: .../apis/ccompat/v7) and credentials that may read it"
+                ) from exc
+            log.warning("schema registry not ready at start-up", registry=self._url, error=str(exc))
+        except Exception as exc:
+            log.warning("schema registry unreachable at start-up; records needing it will wait",
+                        registry=self._url, error=f"{type(exc).__name__}: {exc}"[:300])  # fmt: skip
+
     def cached(self, schema_id: int) -> bool:
         """True when ``schema_id`` needs no registry call."""
         return schema_id in self._cache
@@ -88,10 +111,12 @@ class WriterSchemas:
             try:
                 schema: Schema = self._client.get_schema(schema_id)
             except SchemaRegistryError as exc:
-                if exc.http_status_code == NOT_FOUND:
+                if exc.http_status_code == NOT_FOUND and exc.error_code == SCHEMA_NOT_FOUND:
                     raise UnknownSchema(
                         f"schema: unknown schema id {schema_id} (the registry has none)"
                     ) from exc
+                # any other answer (a 404 of a wrong path or a proxy, 401, 5xx) is the
+                # registry's state or its configuration: wait, never refuse the record
                 failure: Exception = exc
             except Exception as exc:  # connection refused, timeout, TLS: the registry's state
                 failure = exc

@@ -7,7 +7,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.config import PipelineConfig
 from streamproc.device import DeviceResult
-from streamproc.errors import DecodeError
+from streamproc.errors import DecodeError, RegistryUnavailable
 from streamproc.kafka.lag import LagMonitor
 from streamproc.metrics import Metrics
 from streamproc.output.results import ResultHandler
@@ -211,3 +211,26 @@ def test_rows_that_failed_decode_never_reach_the_encoder_and_bad_returns_are_ret
     assert workload.given == [1]  # the failed row 0 was not encoded
     assert sink.dead == [(0, "decode", "DecodeError")]
     assert sink.results == [(1, b"ok")]  # the bad return value counted as one failed try
+
+
+class RegistryGone(Flaky):
+    """A schema-managed workload whose echoed fields needed the registry, which was abandoned
+    (the process closing): in the batch's answer, and again when a row is tried alone."""
+
+    def encode_many(
+        self, records: Sequence[Record], outputs: tuple[np.ndarray, ...]
+    ) -> list[Encoded | Exception]:
+        return [Encoded(b"batch"), RegistryUnavailable("registry unavailable while closing")]
+
+    def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        raise RegistryUnavailable("registry unavailable while closing")
+
+
+def test_an_unavailable_registry_at_encode_stops_the_lane_and_dead_letters_nothing() -> None:
+    # It was retried and then dead-lettered with stage "encode": a valid record lost to the
+    # dead-letter topic for the registry's state. Raised instead, the results thread's fatal
+    # path stops the pipeline and nothing of the batch is produced or committed.
+    import pytest
+
+    with pytest.raises(RegistryUnavailable):
+        run(RegistryGone(failures=0))

@@ -219,3 +219,80 @@ def test_the_registry_password_is_never_in_the_config_repr() -> None:
     settings = config.schema_registry.client_settings()
     assert settings["basic.auth.user.info"] == "svc:s3cr3t-pw"
     assert settings["ssl.ca.location"] == "/etc/ca.pem"
+
+
+class WrongPathClient(FakeRegistryClient):
+    """A registry URL with a wrong path: every request answers 404 without the registry's own
+    error code (a proxy's or a web server's page), until ``fixed``."""
+
+    def __init__(self, schemas: dict[int, str]) -> None:
+        super().__init__(schemas)
+        self.fixed = threading.Event()
+
+    def get_schema(self, schema_id: int) -> Schema:
+        self.calls.append(schema_id)
+        if not self.fixed.is_set():
+            raise SchemaRegistryError(404, -1, "HTTP 404 Not Found")
+        return super().get_schema(schema_id)
+
+    def get_subjects(self) -> list[str]:
+        raise SchemaRegistryError(404, -1, "HTTP 404 Not Found")
+
+
+def test_a_404_that_is_not_the_registrys_unknown_id_waits_and_fails_the_start_up_probe() -> None:
+    client = WrongPathClient({1: orjson.dumps(trades_schema()).decode()})
+    writers = WriterSchemas({"url": "http://r:8081/wrong"}, backoff_s=0.001, client=client)
+    with pytest.raises(
+        ConfigError, match=r"schema_registry\.url: http://r:8081/wrong answered HTTP 404"
+    ):
+        writers.probe()
+    found: list[Schema] = []
+    lookup = threading.Thread(target=lambda: found.append(writers.get(1)))
+    lookup.start()
+    tick = threading.Event()
+    for _ in range(1000):
+        if len(client.calls) >= 3 or tick.wait(0.01):
+            break
+    assert not found and len(client.calls) >= 3  # waiting, not "unknown schema id"
+    client.fixed.set()
+    lookup.join(10)
+    assert found
+
+
+def test_writer_schemas_that_would_crash_or_spin_the_reader_are_refused() -> None:
+    base = trades_schema()
+    node = {
+        "type": "record",
+        "name": "Node",
+        "fields": [{"name": "next", "type": ["null", "Node"]}],
+    }
+    recursive = {**base, "fields": [*base["fields"], {"name": "pad", "type": ["null", node]}]}
+    nothing = {"type": "array", "items": "null"}
+    spinning = {**base, "fields": [*base["fields"], {"name": "pad", "type": nothing}]}
+    client = FakeRegistryClient(
+        {1: orjson.dumps(recursive).decode(), 2: orjson.dumps(spinning).decode()}
+    )
+    decoder = AvroDecoder(TradeMessage, base, WriterSchemas({}, client=client))
+    doc = trade_docs(1)[0]
+    payload = avro_payload(base, doc)
+    with pytest.raises(DecodeError, match="writer schema 1 is recursive"):
+        decoder.decode(frame(1, payload + b"\x02" * 50 + b"\x00"))
+    with pytest.raises(
+        DecodeError, match="writer schema 2 has an array of items that take no bytes"
+    ):
+        decoder.decode(frame(2, payload + b"\x02\x00"))
+
+
+def test_a_writer_timestamp_logical_type_reads_as_the_readers_long() -> None:
+    base = trades_schema()
+    timestamp = {"type": "long", "logicalType": "timestamp-millis"}
+    typed = {
+        **base,
+        "fields": [{**f, "type": timestamp} if f["name"] == "ts_ms" else f for f in base["fields"]],
+    }
+    client = FakeRegistryClient({3: orjson.dumps(typed).decode()})
+    decoder = AvroDecoder(TradeMessage, base, WriterSchemas({}, client=client))
+    doc = trade_docs(1)[0]
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(typed), {**doc, "ts_ms": doc["ts_ms"]})
+    assert decoder.decode(frame(3, out.getvalue())).ts_ms == doc["ts_ms"]
