@@ -30,10 +30,10 @@ import msgspec
 import orjson
 from fastavro.read import SchemaResolutionError
 
-from streamproc.errors import DecodeError, RecordError
+from streamproc.errors import DecodeError, RecordError, RegistryUnavailable
 from streamproc.records import Record
 from streamproc.schemas.wire import decode_each, split
-from streamproc.schemas.writers import WriterSchemas
+from streamproc.schemas.writers import UnknownSchema, WriterSchemas
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -99,7 +99,17 @@ class AvroDecoder(Generic[S]):
             danger = unsafe(raw)
             if danger:
                 return _Plan(None, None, f"schema: writer schema {schema_id} {danger}")
-            writer = fastavro.parse_schema(without_logical_types(raw))
+            named: dict[str, Any] = {}  # the types its schema references define
+            for reference in registered.references or []:
+                if reference.subject is None or reference.version is None:
+                    return _Plan(
+                        None, None, f"schema: writer schema {schema_id} has an empty reference"
+                    )
+                text = self.writers.reference(reference.subject, reference.version)
+                fastavro.parse_schema(without_logical_types(orjson.loads(text)), named)
+            writer = fastavro.parse_schema(without_logical_types(raw), named)
+        except (UnknownSchema, RegistryUnavailable):
+            raise
         except Exception as exc:
             return _Plan(None, None, f"schema: writer schema {schema_id} does not parse: {exc}")
         return _Plan(writer, None if writer == self.reader else self.reader, None)

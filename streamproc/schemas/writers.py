@@ -12,8 +12,8 @@ cached keep flowing.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -24,9 +24,11 @@ from streamproc.logs import get_logger
 __all__ = ["RegistryUnavailable", "UnknownSchema", "WriterSchemas"]
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 NOT_FOUND = 404
-SCHEMA_NOT_FOUND = 40403  # the registry's own "no schema with this id" (Confluent and Apicurio)
+# the registry's own "not found" codes: no schema with this id, no such subject or version
+NOT_FOUND_CODES = frozenset({40401, 40402, 40403})
 
 
 class UnknownSchema(DecodeError):
@@ -57,6 +59,7 @@ class WriterSchemas:
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._cache: dict[int, Schema] = {}
+        self._references: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.outages = 0  # lookups that had to wait for the registry (for tests and metrics)
@@ -105,16 +108,43 @@ class WriterSchemas:
         return schema_id in self._cache
 
     def _fetch(self, schema_id: int) -> Schema:
+        def lookup() -> Schema:
+            schema: Schema = self._client.get_schema(schema_id)
+            return schema
+
+        return self._ask(lookup, f"schema id {schema_id}", f"unknown schema id {schema_id}")
+
+    def reference(self, subject: str, version: int) -> str:
+        """The schema text of a reference (``subject``, ``version``) a writer schema names
+        (Confluent schema references), read once and cached.
+
+        Raises:
+            UnknownSchema: the registry has no such subject version.
+            RegistryUnavailable: the registry did not answer before :meth:`close`.
+        """
+        key = (subject, version)
+        text = self._references.get(key)
+        if text is None:
+
+            def lookup() -> str:
+                return str(self._client.get_version(subject, version).schema.schema_str or "")
+
+            what = f"reference {subject} version {version}"
+            text = self._ask(lookup, what, f"unknown {what}")
+            self._references[key] = text
+        return text
+
+    def _ask(self, call: Callable[[], T], what: str, unknown: str) -> T:
+        """``call()``, retried with backoff while the registry cannot be reached (any answer
+        but its own "not found", which raises :class:`UnknownSchema` with ``unknown``)."""
         wait_s = self._backoff_s
         waited = False
         while True:
             try:
-                schema: Schema = self._client.get_schema(schema_id)
+                answer = call()
             except SchemaRegistryError as exc:
-                if exc.http_status_code == NOT_FOUND and exc.error_code == SCHEMA_NOT_FOUND:
-                    raise UnknownSchema(
-                        f"schema: unknown schema id {schema_id} (the registry has none)"
-                    ) from exc
+                if exc.http_status_code == NOT_FOUND and exc.error_code in NOT_FOUND_CODES:
+                    raise UnknownSchema(f"schema: {unknown} (the registry has none)") from exc
                 # any other answer (a 404 of a wrong path or a proxy, 401, 5xx) is the
                 # registry's state or its configuration: wait, never refuse the record
                 failure: Exception = exc
@@ -122,20 +152,20 @@ class WriterSchemas:
                 failure = exc
             else:
                 if waited:
-                    log.info("schema registry reachable again", schema_id=schema_id)
-                return schema
+                    log.info("schema registry reachable again", looking_up=what)
+                return answer
             if not waited:
                 waited = True
                 self.outages += 1
                 log.warning(
                     "schema registry unavailable; retrying",
                     registry=self._url,
-                    schema_id=schema_id,
+                    looking_up=what,
                     error=f"{type(failure).__name__}: {failure}"[:300],
                 )
             if self._closed.wait(wait_s):
                 raise RegistryUnavailable(
-                    f"schema registry {self._url} unavailable while closing (schema id {schema_id})"
+                    f"schema registry {self._url} unavailable while closing ({what})"
                 ) from failure
             wait_s = min(wait_s * 2, self._max_backoff_s)
 

@@ -5,6 +5,7 @@ that stops answering for 20 s holds records back without losing or dead-letterin
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 import uuid
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import orjson
 import pytest
 from confluent_kafka import Producer
@@ -454,3 +456,51 @@ def test_video_frames_round_trip_schema_managed(
         docs = [as_fields(stock_protobuf(v, context)) for v in values]
     assert {doc["frame_no"] for doc in docs} == set(range(12))
     assert all(len(doc["top5"]) == 5 and doc["camera_id"].startswith("bikes") for doc in docs)
+
+
+def test_a_writer_schema_with_references_reads_through_the_registry(
+    bootstrap_servers: str, registry: LocalRegistry
+) -> None:
+    # Confluent schema references: a Venue record registered as a subject of its own, the
+    # trade writer schema naming it for an extra field (which the reader skips)
+    from confluent_kafka.schema_registry import SchemaReference
+
+    t = new_topics(bootstrap_servers, "trades-refs", partitions=1)
+    base = orjson.loads(avro_schema_of("trades").read_bytes())
+    venue = {
+        "type": "record",
+        "name": "Venue",
+        "namespace": "io.streamproc.refs",
+        "fields": [{"name": "mic", "type": "string"}],
+    }
+    venue_subject = f"venue-{t.input}"
+    with SchemaRegistryClient({"url": registry.url}) as client:
+        client.register_schema(venue_subject, Schema(orjson.dumps(venue).decode(), "AVRO"))
+        version = client.get_latest_version(venue_subject).version
+        referring = {
+            **base,
+            "fields": [*base["fields"], {"name": "venue", "type": "io.streamproc.refs.Venue"}],
+        }
+        reference = SchemaReference("io.streamproc.refs.Venue", venue_subject, version)
+        schema = Schema(orjson.dumps(referring).decode(), "AVRO", [reference])
+        schema_id = client.register_schema(f"{t.input}-value", schema)
+    parsed: dict[str, Any] = {}
+    fastavro.parse_schema(venue, parsed)
+    writer = fastavro.parse_schema(referring, parsed)
+    values = []
+    for doc in trade_documents(20):
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, writer, {**doc, "venue": {"mic": "XNAS"}})
+        values.append(frame(schema_id, out.getvalue()))
+    send(bootstrap_servers, t.input, values, partition=0)
+    config = make_config(
+        bootstrap_servers,
+        t,
+        schema_registry={"url": registry.url},
+        pipelines=[{**pipeline_entry("refs", t, "trades", "avro"), "output_format": "json"}],
+    )
+    summary = Pipeline(config).run(exit_when_idle_s=3)
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap_servers, t.input, t.output, t.dlq, t.group)
+    report("schema references", verdict)
+    assert verdict.results == 20 and verdict.dead_lettered == 0 and verdict.missing == []
