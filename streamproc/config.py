@@ -72,7 +72,8 @@ class Config(BaseSettings):
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    schema_registry: SchemaRegistryConfig = Field(default_factory=SchemaRegistryConfig)
+    # validated from {} (not built): $SCHEMA_REGISTRY_URL errors name schema_registry.url
+    schema_registry: SchemaRegistryConfig = Field(default_factory=dict, validate_default=True)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)
 

@@ -3,6 +3,7 @@ per top-level key, every field validated at start-up with its unit in its name."
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Any, Literal
 
@@ -395,6 +396,7 @@ class SchemaRegistryConfig(_Section):
     (``user:password``) is a secret: never logged, never in ``repr``; give it through
     ``STREAMPROC_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO`` rather than the file."""
 
+    # default: $SCHEMA_REGISTRY_URL (what `streamproc registry start` prints), as produce and demo
     url: str | None = Field(default=None, pattern=r"^https?://")
     basic_auth_user_info: SecretStr | None = None
     ssl_ca_location: str | None = None
@@ -406,6 +408,15 @@ class SchemaRegistryConfig(_Section):
     auto_register_schemas: bool = True
     retry_backoff_s: float = Field(default=0.1, gt=0)
     retry_backoff_max_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_from_environment(cls, data: Any) -> Any:
+        # $SCHEMA_REGISTRY_URL when it is a URL: a JSON-only config never fails on it
+        found = os.environ.get("SCHEMA_REGISTRY_URL", "")
+        if isinstance(data, dict) and data.get("url") is None and re.match(r"^https?://", found):
+            return {**data, "url": found}
+        return data
 
     @model_validator(mode="after")
     def _backoff_ordered(self) -> SchemaRegistryConfig:

@@ -32,7 +32,7 @@ from streamproc.assembly import Stages, admin_settings, assemble
 from streamproc.config import Config
 from streamproc.decode.sizing import DecodeSizer
 from streamproc.device import DeviceWorker, PoolLeak
-from streamproc.errors import FatalPipelineError
+from streamproc.errors import FatalPipelineError, RegistryUnavailable
 from streamproc.idle import IdleExit, Verdict, not_yet_fetched
 from streamproc.intake.source import Source
 from streamproc.kafka.admin import (
@@ -151,6 +151,12 @@ class Pipeline:
 
     # -- lifecycle -------------------------------------------------------------------------
     def _on_fatal(self, exc: BaseException) -> None:
+        if isinstance(exc, RegistryUnavailable) and self.state is State.DRAINING:
+            # the drain gave up a lookup waiting for an unreachable Schema Registry: those
+            # records stay uncommitted and are read again after a restart; not a failure
+            log.warning("draining: records waiting for the schema registry left uncommitted",
+                        error=str(exc))  # fmt: skip
+            return
         if self._fatal is None:
             self._fatal = exc
             log.error("fatal error; stopping", error=repr(exc))
@@ -361,6 +367,8 @@ class Pipeline:
 
         # Step 1
         stages.source.stop_fetching()
+        if stages.shared.schemas is not None:
+            stages.shared.schemas.abandon()  # lookups waiting for an unreachable registry end
         # Step 2
         for dispatcher in stages.dispatchers:
             dispatcher.stop(left_s())

@@ -103,7 +103,12 @@ def assemble(
     shared = Shared(
         config, metrics, tracker, devices, decoding, guarantee, sink, admission, on_fatal, schemas
     )
-    topics = tuple(build_topic_stages(spec, shared) for spec in config.pipelines)
+    try:
+        topics = tuple(build_topic_stages(spec, shared) for spec in config.pipelines)
+    except BaseException:
+        if schemas is not None:
+            schemas.close()  # its HTTP session: nothing else will close it
+        raise
     lanes = {stages.topic: stages.lane for stages in topics}
     source = Source(config, lanes, tracker, guarantee, metrics, on_fatal, consumer_factory)
     dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)

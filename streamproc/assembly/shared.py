@@ -111,7 +111,11 @@ def build_writer_schemas(config: Config) -> WriterSchemas | None:
     schemas = WriterSchemas(
         registry.client_settings(), registry.retry_backoff_s, registry.retry_backoff_max_s
     )
-    schemas.probe()
+    try:
+        schemas.probe()
+    except BaseException:
+        schemas.close()
+        raise
     return schemas
 
 

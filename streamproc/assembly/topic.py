@@ -120,13 +120,17 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
     """The stages of one pipeline (its dispatcher is built once the source exists).
 
     Raises:
-        ConfigError: a device or the workload refuses the pipeline's precision.
+        ConfigError: a device or the workload refuses the pipeline's precision, the workload
+            does not have its value formats, or the registry refused its result schema.
     """
     workload = load_workload(spec.workload, spec.options)
-    workload.use_input_format(spec.format, shared.schemas)
-    workload.use_output_format(
-        spec.result_format, results_serializer(spec, workload, shared.config)
-    )
+    try:
+        workload.use_input_format(spec.format, shared.schemas)
+        workload.use_output_format(
+            spec.result_format, results_serializer(spec, workload, shared.config)
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"pipelines[{spec.name!r}]: {exc}") from exc
     staging = build_staging_pool(workload, shared)
     decoder = shared.decoding.decoder(spec, workload, staging)
     topic, metrics, worker = spec.input_topic, shared.metrics, shared.config.worker

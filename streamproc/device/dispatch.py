@@ -186,4 +186,10 @@ class Dispatcher:
         slab = self._pool.lease(batch_id=batch.batch_id)
         assert slab is not None
         self._pool_in_use.set(self._pool.in_use)
-        return DeviceJob(batch, slab, self._decoder.decode(batch.records, slab))
+        try:
+            decoded = self._decoder.decode(batch.records, slab)
+        except BaseException:
+            self._pool.release(slab)  # e.g. the schema registry given up at close
+            self._pool_in_use.set(self._pool.in_use)
+            raise
+        return DeviceJob(batch, slab, decoded)

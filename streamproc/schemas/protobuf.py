@@ -147,7 +147,12 @@ class ProtobufDecoder(Generic[S]):
         self._refusals: dict[int, str | None] = {}
         self._lock = threading.Lock()
 
-    def _refusal(self, schema_id: int) -> str | None:
+    def refusal(self, schema_id: int) -> str | None:
+        """Why values of ``schema_id`` cannot be read (not Protobuf), or None (looked up once).
+
+        Raises:
+            UnknownSchema, RegistryUnavailable: as the registry lookup.
+        """
         if schema_id in self._refusals:
             return self._refusals[schema_id]
         with self._lock:
@@ -169,7 +174,7 @@ class ProtobufDecoder(Generic[S]):
             RegistryUnavailable: the registry did not answer before it was closed.
         """
         schema_id, payload = split(value)
-        refusal = self._refusal(schema_id)
+        refusal = self.refusal(schema_id)
         if refusal:
             raise DecodeError(refusal)
         _, start = read_indexes(payload)

@@ -90,6 +90,7 @@ def result_schema_id(
             the registry's answer), or was unreachable for ``startup_timeout_s`` seconds.
     """
     subject = subject_name(topic, full_name, strategy)
+    where = str(settings.get("url", "?")).split("@")[-1]  # no user info in messages
     deadline_s = time.monotonic() + startup_timeout_s
     wait_s = 0.2
     with SchemaRegistryClient(dict(settings)) as client:
@@ -99,6 +100,12 @@ def result_schema_id(
                     return int(client.register_schema(subject, registered))
                 return int(client.lookup_schema(subject, registered).schema_id)
             except SchemaRegistryError as exc:
+                if exc.http_status_code == 404 and exc.error_code not in (40401, 40402, 40403):
+                    raise ConfigError(
+                        f"schema_registry.url: {where} answered HTTP 404 ({exc.error_message}): "
+                        "not a Confluent-compatible API; allowed: its base URL (Apicurio: "
+                        ".../apis/ccompat/v7)"
+                    ) from exc
                 if exc.http_status_code < 500:
                     what = "refused" if auto_register else "not found"
                     raise ConfigError(
@@ -111,8 +118,9 @@ def result_schema_id(
                 failure = exc
             if time.monotonic() + wait_s > deadline_s:
                 raise ConfigError(
-                    f"schema_registry.url: no answer within {startup_timeout_s:.0f} s "
-                    f"registering the result schema of {topic!r}: {failure}"
+                    f"schema_registry.url: {where} did not answer within "
+                    f"{startup_timeout_s:.0f} s (registering the result schema of {topic!r}): "
+                    f"{failure}"
                 ) from failure
             log.warning("schema registry unavailable at start-up; retrying", error=str(failure))
             time.sleep(wait_s)  # backoff between attempts, not synchronisation

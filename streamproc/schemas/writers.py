@@ -169,8 +169,13 @@ class WriterSchemas:
                 ) from failure
             wait_s = min(wait_s * 2, self._max_backoff_s)
 
-    def close(self) -> None:
-        """Abandon lookups waiting for the registry (they raise :class:`RegistryUnavailable`)
-        and close the client's HTTP session. Idempotent."""
+    def abandon(self) -> None:
+        """Give up lookups that are waiting for an unreachable registry, now and from now on
+        (they raise :class:`RegistryUnavailable`); a lookup the registry is answering finishes.
+        Idempotent."""
         self._closed.set()
+
+    def close(self) -> None:
+        """:meth:`abandon`, and close the client's HTTP session. Idempotent."""
+        self.abandon()
         self._client.close()

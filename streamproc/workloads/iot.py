@@ -33,6 +33,9 @@ import torch
 
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Headers, Record
+from streamproc.schemas.avro import AvroDecoder
+from streamproc.schemas.protobuf import ProtobufDecoder
+from streamproc.schemas.writers import WriterSchemas
 from streamproc.workloads.base import Encoded
 from streamproc.workloads.codecs import (
     INT64,
@@ -43,6 +46,7 @@ from streamproc.workloads.codecs import (
     store_finite,
 )
 from streamproc.workloads.formats import StructFormats
+from streamproc.workloads.iot_windows import AvroWindows, ProtobufWindows
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 from streamproc.workloads.schemas import iot_pb2
@@ -166,6 +170,36 @@ class IotWorkload(StructFormats, CheckpointScorer):
     weights = WEIGHTS
     model_class = Autoencoder
 
+    avro_windows: AvroWindows | ProtobufWindows | None = None
+
+    def use_input_format(self, name: str, writers: WriterSchemas | None) -> None:
+        """As :meth:`StructFormats.use_input_format`; Avro and Protobuf windows are then read
+        straight from the value's bytes in their canonical layout (:mod:`.iot_windows`)."""
+        super().use_input_format(name, writers)
+        general = self.messages
+        self.avro_windows = None
+        if isinstance(general, AvroDecoder):
+            self.avro_windows = AvroWindows(general, WINDOW, CYCLING_CHANNELS, _window)
+        elif isinstance(general, ProtobufDecoder):
+            self.avro_windows = ProtobufWindows(general, WINDOW, CYCLING_CHANNELS, _window)
+
+    def _store(
+        self,
+        parsed: list[int],
+        windows: list[np.ndarray],
+        failed: dict[int, RecordError],
+        rows: np.ndarray,
+        count: int,
+    ) -> dict[int, RecordError]:
+        """Windows read as arrays (Avro) into the slab, as the general way stores them."""
+        _name_sample_lengths(failed)
+        if not windows:
+            return failed
+        with np.errstate(over="ignore"):
+            values = np.stack(windows).astype(rows.dtype)
+        reason = "schema: window holds a non-finite value"
+        return store_finite(rows, values, parsed, count, failed, reason)
+
     def protobuf_fields(self, message: Any) -> dict[str, Any]:
         """A ``SensorWindow`` message as the JSON message's values (``window``: one list of
         channel values per sample)."""
@@ -196,6 +230,8 @@ class IotWorkload(StructFormats, CheckpointScorer):
             ``schema: ...``, ``wrong window length: ...``, or a value beyond float32); its row
             is left unwritten.
         """
+        if self.avro_windows is not None:
+            return self._store(*self.avro_windows.decode_windows(records), rows, len(records))
         decoded, messages, failed = self.messages.decode_records(records)
         parsed: list[int] = []
         windows: list[list[Sample]] = []
@@ -206,12 +242,7 @@ class IotWorkload(StructFormats, CheckpointScorer):
                 failed[index] = exc
                 continue
             parsed.append(index)
-        for index, error in failed.items():
-            if _SAMPLE_LENGTH in str(error):  # msgspec checks the length of each sample tuple
-                where = str(error).removeprefix("schema: ")
-                failed[index] = DecodeError(
-                    f"schema: every sample needs {CHANNELS} values ({where})"
-                )
+        _name_sample_lengths(failed)
         if not windows:
             return failed
         flat = np.fromiter(
@@ -262,6 +293,15 @@ class IotWorkload(StructFormats, CheckpointScorer):
         return encode_results(
             records, zip(scores, flags, strict=True), self.read_head, build, self.encode_result
         )
+
+
+def _name_sample_lengths(failed: dict[int, RecordError]) -> None:
+    """Say a sample of the wrong length in the workload's words (msgspec checks the length of
+    each sample tuple)."""
+    for index, error in failed.items():
+        if _SAMPLE_LENGTH in str(error):
+            where = str(error).removeprefix("schema: ")
+            failed[index] = DecodeError(f"schema: every sample needs {CHANNELS} values ({where})")
 
 
 def _window(message: IotMessage) -> list[Sample]:

@@ -182,9 +182,10 @@ def test_a_workload_reading_avro_writes_the_rows_and_results_of_the_same_json() 
     assert as_json.encode_many(json_records, outputs) == as_avro.encode_many(avro_records, outputs)
 
 
-def test_a_workload_without_avro_and_a_pipeline_without_a_registry_are_refused_at_start_up() -> (
-    None
-):
+def test_a_workload_without_avro_and_a_pipeline_without_a_registry_are_refused_at_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SCHEMA_REGISTRY_URL", raising=False)
     video = load_workload("video")
     with pytest.raises(
         ConfigError, match=r"workload 'video' reads \[.*'protobuf'\], not 'jsonschema'"
@@ -296,3 +297,15 @@ def test_a_writer_timestamp_logical_type_reads_as_the_readers_long() -> None:
     out = io.BytesIO()
     fastavro.schemaless_writer(out, fastavro.parse_schema(typed), {**doc, "ts_ms": doc["ts_ms"]})
     assert decoder.decode(frame(3, out.getvalue())).ts_ms == doc["ts_ms"]
+
+
+def test_the_registry_url_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # what `streamproc registry start` prints, as produce and demo read it
+    pipeline = {"name": "t", "input_topic": "i", "output_topic": "o", "workload": "trades"}
+    monkeypatch.setenv("SCHEMA_REGISTRY_URL", "http://127.0.0.1:8081/apis/ccompat/v7")
+    config = load_config(overrides={"pipelines": [{**pipeline, "format": "avro"}]})
+    assert config.schema_registry.url == "http://127.0.0.1:8081/apis/ccompat/v7"
+    monkeypatch.setenv("SCHEMA_REGISTRY_URL", "registry:8081")  # not a URL: left alone
+    with pytest.raises(ConfigError, match=r"schema_registry\.url: pipelines \['t'\]"):
+        load_config(overrides={"pipelines": [{**pipeline, "format": "avro"}]})
+    assert load_config(overrides={"pipelines": [pipeline]}).schema_registry.url is None
