@@ -46,7 +46,7 @@ from streamproc.workloads.codecs import (
     store_finite,
 )
 from streamproc.workloads.formats import StructFormats
-from streamproc.workloads.iot_windows import AvroWindows, ProtobufWindows
+from streamproc.workloads.iot_windows import AvroWindows, ProtobufWindows, Windows
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 from streamproc.workloads.sampledata import CYCLING_CHANNELS, cycling
 from streamproc.workloads.schemas import iot_pb2
@@ -170,18 +170,18 @@ class IotWorkload(StructFormats, CheckpointScorer):
     weights = WEIGHTS
     model_class = Autoencoder
 
-    avro_windows: AvroWindows | ProtobufWindows | None = None
+    straight_windows: Windows | None = None
 
     def use_input_format(self, name: str, writers: WriterSchemas | None) -> None:
         """As :meth:`StructFormats.use_input_format`; Avro and Protobuf windows are then read
         straight from the value's bytes in their canonical layout (:mod:`.iot_windows`)."""
         super().use_input_format(name, writers)
         general = self.messages
-        self.avro_windows = None
+        self.straight_windows = None
         if isinstance(general, AvroDecoder):
-            self.avro_windows = AvroWindows(general, WINDOW, CYCLING_CHANNELS, _window)
+            self.straight_windows = AvroWindows(general, WINDOW, CYCLING_CHANNELS, _window)
         elif isinstance(general, ProtobufDecoder):
-            self.avro_windows = ProtobufWindows(general, WINDOW, CYCLING_CHANNELS, _window)
+            self.straight_windows = ProtobufWindows(general, WINDOW, CYCLING_CHANNELS, _window)
 
     def _store(
         self,
@@ -230,8 +230,8 @@ class IotWorkload(StructFormats, CheckpointScorer):
             ``schema: ...``, ``wrong window length: ...``, or a value beyond float32); its row
             is left unwritten.
         """
-        if self.avro_windows is not None:
-            return self._store(*self.avro_windows.decode_windows(records), rows, len(records))
+        if self.straight_windows is not None:
+            return self._store(*self.straight_windows.decode_windows(records), rows, len(records))
         decoded, messages, failed = self.messages.decode_records(records)
         parsed: list[int] = []
         windows: list[list[Sample]] = []

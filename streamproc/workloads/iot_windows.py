@@ -63,7 +63,47 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("varint longer than 10 bytes")
 
 
-class AvroWindows:
+class Windows:
+    """What both straight reads share: per record the straight read where its writer schema
+    allows it, else the general way (the pipeline's decoder and the JSON path's checks)."""
+
+    general: Any
+    to_window: Callable[[Any], Any]
+
+    def fast(self, schema_id: int) -> bool:
+        raise NotImplementedError
+
+    def read(self, payload: memoryview) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def decode_windows(
+        self, records: Sequence[Record]
+    ) -> tuple[list[int], list[np.ndarray], dict[int, RecordError]]:
+        """Per record its window: the indexes that decoded (ascending), their (window,
+        channels) float64 values, and per refused index its :class:`DecodeError`.
+
+        Raises:
+            RegistryUnavailable: the registry did not answer before it was closed.
+        """
+        parsed: list[int] = []
+        windows: list[np.ndarray] = []
+        failed: dict[int, RecordError] = {}
+        for index, record in enumerate(records):
+            try:
+                schema_id, payload = split(record.value)
+                values = self.read(payload) if self.fast(schema_id) else None
+                if values is None:
+                    message = self.general.decode(record.value)
+                    values = np.asarray(self.to_window(message), dtype=np.float64)
+            except DecodeError as exc:
+                failed[index] = exc
+                continue
+            parsed.append(index)
+            windows.append(values)
+        return parsed, windows, failed
+
+
+class AvroWindows(Windows):
     """The windows of framed iot Avro values (thread-safe: per-id answers are only read once
     made).
 
@@ -91,7 +131,8 @@ class AvroWindows:
         self._sample_count = _zigzag(len(channels))[0]
         self._fast: dict[int, bool] = {}
 
-    def _fast_for(self, schema_id: int) -> bool:
+    def fast(self, schema_id: int) -> bool:
+        """Whether values of ``schema_id`` may be read straight (the writer is the reader)."""
         fast = self._fast.get(schema_id)
         if fast is None:
             plan = self.general.plan(schema_id)
@@ -135,32 +176,6 @@ class AvroWindows:
         except (IndexError, ValueError, UnicodeDecodeError):
             return None
 
-    def decode_windows(
-        self, records: Sequence[Record]
-    ) -> tuple[list[int], list[np.ndarray], dict[int, RecordError]]:
-        """Per record its window: the indexes that decoded (ascending), their (window,
-        channels) float64 values, and per refused index its :class:`DecodeError`.
-
-        Raises:
-            RegistryUnavailable: the registry did not answer before it was closed.
-        """
-        parsed: list[int] = []
-        windows: list[np.ndarray] = []
-        failed: dict[int, RecordError] = {}
-        for index, record in enumerate(records):
-            try:
-                schema_id, payload = split(record.value)
-                values = self.read(payload) if self._fast_for(schema_id) else None
-                if values is None:
-                    message = self.general.decode(record.value)
-                    values = np.asarray(self.to_window(message), dtype=np.float64)
-            except DecodeError as exc:
-                failed[index] = exc
-                continue
-            parsed.append(index)
-            windows.append(values)
-        return parsed, windows, failed
-
 
 def _uvarint(data: memoryview, pos: int) -> tuple[int, int]:
     """A protobuf varint at ``pos`` as a signed 64-bit integer: (value, next position)."""
@@ -176,7 +191,7 @@ def _uvarint(data: memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("varint longer than 10 bytes")
 
 
-class ProtobufWindows:
+class ProtobufWindows(Windows):
     """The windows of framed iot Protobuf values (``SensorWindow``), as :class:`AvroWindows`
     for Avro (thread-safe)."""
 
@@ -234,23 +249,6 @@ class ProtobufWindows:
         except (IndexError, ValueError, UnicodeDecodeError, DecodeError):
             return None
 
-    def decode_windows(
-        self, records: Sequence[Record]
-    ) -> tuple[list[int], list[np.ndarray], dict[int, RecordError]]:
-        """As :meth:`AvroWindows.decode_windows`."""
-        parsed: list[int] = []
-        windows: list[np.ndarray] = []
-        failed: dict[int, RecordError] = {}
-        for index, record in enumerate(records):
-            try:
-                schema_id, payload = split(record.value)
-                values = None if self.general.refusal(schema_id) else self.read(payload)
-                if values is None:
-                    message = self.general.decode(record.value)
-                    values = np.asarray(self.to_window(message), dtype=np.float64)
-            except DecodeError as exc:
-                failed[index] = exc
-                continue
-            parsed.append(index)
-            windows.append(values)
-        return parsed, windows, failed
+    def fast(self, schema_id: int) -> bool:
+        """Whether values of ``schema_id`` may be read straight (a Protobuf writer schema)."""
+        return self.general.refusal(schema_id) is None

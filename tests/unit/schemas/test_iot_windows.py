@@ -68,7 +68,7 @@ def records(values: list[bytes]) -> list[Record]:
 @pytest.mark.parametrize("fmt", ["avro", "protobuf"])
 def test_every_recorded_window_is_read_straight_and_equals_the_json_row(fmt: str) -> None:
     as_avro, as_json, docs, values = setup(fmt, 400)
-    windows = as_avro.avro_windows
+    windows = as_avro.straight_windows
     assert windows is not None
     assert all(windows.read(split(v)[1]) is not None for v in values)  # the fast way, each
     rows_avro = np.zeros((400, 32, 4), np.float32)
@@ -81,7 +81,7 @@ def test_every_recorded_window_is_read_straight_and_equals_the_json_row(fmt: str
 @pytest.mark.parametrize("fmt", ["avro", "protobuf"])
 def test_the_straight_read_never_accepts_what_the_general_way_refuses(fmt: str) -> None:
     as_avro, _, _, values = setup(fmt, 40)
-    windows = as_avro.avro_windows
+    windows = as_avro.straight_windows
     assert windows is not None
     general = windows.general
     rng = random.Random(25)
