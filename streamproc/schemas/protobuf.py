@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 
 from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Record
-from streamproc.schemas.wire import decode_each, frame, split
+from streamproc.schemas.wire import decode_each, frame, read_zigzag, split, zigzag
 from streamproc.schemas.writers import WriterSchemas
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -45,49 +45,26 @@ def read_indexes(payload: memoryview) -> tuple[list[int], int]:
     Raises:
         DecodeError: truncated or implausible varints (``malformed Protobuf: ...``).
     """
-    position = 0
-
-    def varint() -> int:
-        nonlocal position
-        shift = result = 0
-        while True:
-            if position >= len(payload) or shift > 63:
-                raise DecodeError("malformed Protobuf: truncated message index path")
-            byte = payload[position]
-            position += 1
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return (result >> 1) ^ -(result & 1)  # zigzag
-            shift += 7
-
-    count = varint()
-    if count == 0:
-        return [0], position
-    if not 0 < count <= MAX_INDEXES:
-        raise DecodeError(f"malformed Protobuf: message index path of length {count}")
-    return [varint() for _ in range(count)], position
+    try:
+        count, position = read_zigzag(payload, 0)
+        if count == 0:
+            return [0], position
+        if not 0 < count <= MAX_INDEXES:
+            raise DecodeError(f"malformed Protobuf: message index path of length {count}")
+        indexes = []
+        for _ in range(count):
+            index, position = read_zigzag(payload, position)
+            indexes.append(index)
+    except (IndexError, ValueError) as exc:
+        raise DecodeError("malformed Protobuf: truncated message index path") from exc
+    return indexes, position
 
 
 def index_path(descriptor: Any) -> bytes:
     """The framed index path of ``descriptor`` (a message class's ``DESCRIPTOR``; a top-level
-    message of its file)."""
+    message of its file): ``0`` for the first message, else the count 1 and its index."""
     index = list(descriptor.file.message_types_by_name).index(descriptor.name)
-    if index == 0:
-        return b"\x00"
-    return bytes([2, 2 * index]) if index < 64 else _zigzag_path([index])
-
-
-def _zigzag_path(indexes: list[int]) -> bytes:
-    out = bytearray()
-    for value in (len(indexes), *indexes):
-        encoded = (value << 1) ^ (value >> 63)
-        while True:
-            byte = encoded & 0x7F
-            encoded >>= 7
-            out.append(byte | (0x80 if encoded else 0))
-            if not encoded:
-                break
-    return bytes(out)
+    return b"\x00" if index == 0 else zigzag(1) + zigzag(index)
 
 
 def field_converter(descriptor: Any) -> Callable[[Message], dict[str, Any]]:
@@ -215,8 +192,9 @@ class ProtobufResults:
         message_class: the generated class of the result message (a top-level message of its
             file); its fields match the Struct's by name.
         schema_id: the registered id of its schema file (:func:`result_schema_id`).
-        to_message: plain values -> keyword arguments of ``message_class`` (default: as they
-            are; nested dicts fill nested messages, None leaves a field unset).
+
+    The Struct's plain values are the message's keyword arguments: nested dicts fill nested
+    messages, a None leaves its field unset.
     """
 
     def __init__(self, message_class: type[Message], schema_id: int) -> None:

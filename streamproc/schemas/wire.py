@@ -69,3 +69,34 @@ def decode_each(
         indexes.append(index)
         messages.append(message)
     return indexes, messages, failed
+
+
+def zigzag(value: int) -> bytes:
+    """``value`` as a zigzag varint (Avro's long, Protobuf's ``sint64`` and index paths)."""
+    encoded = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = encoded & 0x7F
+        encoded >>= 7
+        out.append(byte | (0x80 if encoded else 0))
+        if not encoded:
+            return bytes(out)
+
+
+def read_zigzag(data: memoryview, pos: int) -> tuple[int, int]:
+    """The zigzag varint at ``pos``: (value, next position).
+
+    Raises:
+        IndexError: truncated.
+        ValueError: longer than a long's 10 bytes.
+    """
+    shift = result = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")

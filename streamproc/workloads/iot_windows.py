@@ -27,48 +27,24 @@ from streamproc.errors import DecodeError, RecordError
 from streamproc.records import Record
 from streamproc.schemas.avro import AvroDecoder
 from streamproc.schemas.protobuf import ProtobufDecoder, read_indexes
-from streamproc.schemas.wire import split
+from streamproc.schemas.wire import read_zigzag, split, zigzag
 
 INT64_MIN = -(2**63)  # a long the message Struct refuses (its bound is -(2**63 - 1))
 
 
 def _zigzag_string(text: str) -> bytes:
     data = text.encode()
-    return _zigzag(len(data)) + data
-
-
-def _zigzag(value: int) -> bytes:
-    encoded = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = encoded & 0x7F
-        encoded >>= 7
-        out.append(byte | (0x80 if encoded else 0))
-        if not encoded:
-            return bytes(out)
-
-
-def _varint(data: memoryview, pos: int) -> tuple[int, int]:
-    """A zigzag varint at ``pos``: (value, next position); IndexError when truncated,
-    ValueError when longer than a long's 10 bytes."""
-    shift = result = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
+    return zigzag(len(data)) + data
 
 
 class Windows:
     """What both straight reads share: per record the straight read where its writer schema
     allows it, else the general way (the pipeline's decoder and the JSON path's checks)."""
 
-    general: Any
-    to_window: Callable[[Any], Any]
+    def __init__(self, general: Any, window: int, to_window: Callable[[Any], Any]) -> None:
+        self.general = general
+        self.window = window
+        self.to_window = to_window
 
     def fast(self, schema_id: int) -> bool:
         raise NotImplementedError
@@ -121,14 +97,12 @@ class AvroWindows(Windows):
         channels: Sequence[str],
         to_window: Callable[[Any], Any],
     ) -> None:
-        self.general = general
-        self.window = window
-        self.to_window = to_window
-        count = _zigzag(len(channels))
+        super().__init__(general, window, to_window)
+        count = zigzag(len(channels))
         self._channels = count + b"".join(map(_zigzag_string, channels)) + b"\x00"
-        self._block = _zigzag(window)[0] if window < 64 else None
+        self._block = zigzag(window)[0] if window < 64 else None
         self._sample = np.dtype([("n", "u1"), ("v", "<f8", (len(channels),)), ("e", "u1")])
-        self._sample_count = _zigzag(len(channels))[0]
+        self._sample_count = count[0]
         self._fast: dict[int, bool] = {}
 
     def fast(self, schema_id: int) -> bool:
@@ -145,16 +119,16 @@ class AvroWindows(Windows):
         """The (window, channels) float64 values of one payload of the reader schema, or None
         where the general way must decide (anything but the canonical layout)."""
         try:
-            length, pos = _varint(payload, 0)  # device_id
+            length, pos = read_zigzag(payload, 0)  # device_id
             if length < 0 or pos + length > len(payload):
                 return None
             bytes(payload[pos : pos + length]).decode()  # valid UTF-8, as fastavro requires
             pos += length
-            ts_ms, pos = _varint(payload, pos)
+            ts_ms, pos = read_zigzag(payload, pos)
             branch = payload[pos]
             pos += 1
             if branch == 2:
-                window_id, pos = _varint(payload, pos)
+                window_id, pos = read_zigzag(payload, pos)
                 if window_id == INT64_MIN:
                     return None
             elif branch != 0:
@@ -202,9 +176,7 @@ class ProtobufWindows(Windows):
         channels: Sequence[str],
         to_window: Callable[[Any], Any],
     ) -> None:
-        self.general = general
-        self.window = window
-        self.to_window = to_window
+        super().__init__(general, window, to_window)
         self._channels = b"".join(b"\x22" + bytes([len(c)]) + c.encode() for c in channels)
         width = len(channels) * 8
         self._sample = np.dtype(
