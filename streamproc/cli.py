@@ -26,9 +26,19 @@ registry_app = typer.Typer(
     no_args_is_help=True, help="A local Schema Registry (Apicurio, Confluent-compatible API)."
 )
 app.add_typer(registry_app, name="registry")
+mlflow_app = typer.Typer(
+    no_args_is_help=True, help="A local MLflow tracking server with its model registry (SQLite)."
+)
+app.add_typer(mlflow_app, name="mlflow")
+model_app = typer.Typer(
+    no_args_is_help=True,
+    help="A running pipeline's model versions (its admin endpoint on the metrics port).",
+)
+app.add_typer(model_app, name="model")
 
 DEFAULT_BROKER_DIR = Path(".streamproc/kafka")
 DEFAULT_REGISTRY_DIR = Path(".streamproc/registry")
+DEFAULT_MLFLOW_DIR = Path(".streamproc/mlflow")
 Bootstrap = Annotated[
     str | None,
     typer.Option(
@@ -177,6 +187,131 @@ def registry_stop(
     terminate_pid(pid, 20.0)
     (directory / "registry.pid").unlink(missing_ok=True)
     typer.echo(f"stopped registry pid {pid}")
+
+
+@mlflow_app.command("start")
+def mlflow_start(
+    directory: Annotated[Path, typer.Option("--dir", help="MLflow state folder.")] = (
+        DEFAULT_MLFLOW_DIR
+    ),
+) -> None:
+    """Start a local MLflow tracking server in the background (loopback, SQLite store, artifacts
+    served by the server; installs MLflow into its own environment on first use); the last line
+    is export MLFLOW_TRACKING_URI=..."""
+    from streamproc.tools.kafka_local import alive, read_pid, terminate_pid
+    from streamproc.tools.mlflow_local import LocalMlflow, ensure_mlflow_server
+
+    directory = directory.resolve()
+    pid = read_pid(directory / "mlflow.pid")
+    uri_file = directory / "tracking_uri"
+    if pid is not None and alive(pid) and uri_file.exists():
+        typer.echo(
+            f"MLflow server already running (pid {pid}); stop it with "
+            f"`streamproc mlflow stop --dir {directory}`"
+        )
+        typer.echo(f"export MLFLOW_TRACKING_URI={uri_file.read_text().strip()}")
+        return
+    if pid is not None:
+        terminate_pid(pid, 20.0)
+    try:
+        server = LocalMlflow(directory, ensure_mlflow_server(), own_lifetime=False)
+        uri = server.start()
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
+    uri_file.write_text(uri)
+    typer.echo(f"MLflow log: {server.log_path}")
+    typer.echo(f"export MLFLOW_TRACKING_URI={uri}")
+
+
+@mlflow_app.command("stop")
+def mlflow_stop(
+    directory: Annotated[Path, typer.Option("--dir", help="MLflow state folder.")] = (
+        DEFAULT_MLFLOW_DIR
+    ),
+) -> None:
+    """Stop the MLflow server started with `mlflow start --dir DIR`; no process is left behind
+    (its database and artifacts stay in DIR)."""
+    from streamproc.tools.kafka_local import read_pid, terminate_pid
+
+    pid = read_pid(directory / "mlflow.pid")
+    if pid is None:
+        typer.echo(f"no MLflow server recorded in {directory}")
+        return
+    terminate_pid(pid, 20.0)
+    (directory / "mlflow.pid").unlink(missing_ok=True)
+    typer.echo(f"stopped MLflow server pid {pid}")
+
+
+AdminUrl = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="STREAMPROC_ADMIN_URL",
+        help="The process's metrics/admin endpoint (else $STREAMPROC_ADMIN_URL).",
+    ),
+]
+
+
+@model_app.command("use")
+def model_use(
+    pipeline: Annotated[str, typer.Argument(help="The pipeline's name (pipelines[].name).")],
+    version: Annotated[str, typer.Argument(help="A version name, latest, or an MLflow @alias.")],
+    url: AdminUrl = "http://127.0.0.1:9108",
+    token: Annotated[
+        str,
+        typer.Option(
+            "--token",
+            envvar="STREAMPROC_ADMIN_TOKEN",
+            help="admin.token (else $STREAMPROC_ADMIN_TOKEN).",
+        ),
+    ] = "",
+    shadow: Annotated[
+        bool, typer.Option("--shadow", help="Score it in shadow beside the serving version.")
+    ] = False,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", min=1)] = 600.0,
+) -> None:
+    """Load VERSION of PIPELINE's model beside the serving one and switch at the next batch
+    boundary (the process stays in its consumer group); exits 1 when the version is refused
+    (the serving one goes on), 2 when the endpoint refuses the call."""
+    from streamproc.tools.model_admin import AdminCallFailed, use_version
+
+    mode = "shadow" if shadow else "swap"
+    try:
+        answer = use_version(url, token, pipeline, version, mode, timeout_s)
+    except AdminCallFailed as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1 if exc.status in (409, 422, 504) else 2) from None
+    typer.echo(f"{answer['pipeline']}: version {answer['version']} {answer['done']}")
+
+
+@model_app.command("demo")
+def model_demo(bootstrap: Bootstrap = None) -> None:
+    """A model swap live: a local broker (unless --bootstrap), the iot pipeline serving
+    version 1 of a model repository, a replay of the real recording, a switch to version 2
+    (a fine-tuned retrain) through the admin endpoint mid-stream, and the report."""
+    from streamproc import logs
+    from streamproc.tools.model_demo import run_model_demo
+
+    logs.configure("warning", "console")
+    try:
+        report = run_model_demo(bootstrap)
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
+    typer.echo(report.render())
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@model_app.command("status")
+def model_status(url: AdminUrl = "http://127.0.0.1:9108") -> None:
+    """Print every versioned pipeline's versions and recent events (JSON)."""
+    import json
+
+    from streamproc.tools.model_admin import AdminCallFailed, models_state
+
+    try:
+        typer.echo(json.dumps(models_state(url), indent=2))
+    except AdminCallFailed as exc:
+        raise _fail(exc) from None
 
 
 @app.command("produce")

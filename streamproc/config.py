@@ -23,11 +23,13 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from streamproc.config_sections import (
+    AdminConfig,
     BatchingConfig,
     BuffersConfig,
     KafkaConfig,
     LoggingConfig,
     MetricsConfig,
+    ModelConfig,
     ModelPrecision,
     PipelineConfig,
     Scalar,
@@ -38,12 +40,14 @@ from streamproc.errors import ConfigError
 from streamproc.logs import SECRET_KEY as _SECRET_KEY
 
 __all__ = [
+    "AdminConfig",
     "BatchingConfig",
     "BuffersConfig",
     "Config",
     "KafkaConfig",
     "LoggingConfig",
     "MetricsConfig",
+    "ModelConfig",
     "ModelPrecision",
     "PipelineConfig",
     "Scalar",
@@ -74,6 +78,8 @@ class Config(BaseSettings):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     # validated from {} (not built): $SCHEMA_REGISTRY_URL errors name schema_registry.url
     schema_registry: SchemaRegistryConfig = Field(default_factory=dict, validate_default=True)
+    # validated from {} (not built): $STREAMPROC_ADMIN_TOKEN is read
+    admin: AdminConfig = Field(default_factory=dict, validate_default=True)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)
 
@@ -193,6 +199,9 @@ _NOT_CONFIG_ENV = {
     "STREAMPROC_CACHE_DIR",
     "STREAMPROC_INSTANCE_ID",
     "STREAMPROC_TEST_BROKER",
+    "STREAMPROC_MODEL_REPOSITORY",  # pipelines[].model.repository's default
+    "STREAMPROC_ADMIN_TOKEN",  # admin.token's default
+    "STREAMPROC_ADMIN_URL",  # `streamproc model use --url`
 }
 
 

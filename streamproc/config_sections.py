@@ -117,6 +117,101 @@ ModelPrecision = Literal["fp32", "bf16", "fp16", "int8"]
 start-up, that the device and the workload support it)."""
 
 
+class ShadowConfig(_Section):
+    """Shadow scoring of a candidate version (``pipelines[].model.mode: shadow``): the candidate
+    also scores ``sample`` of the live batches on the same device, after the serving version;
+    its results are compared, never produced. ``promote_after_batches`` shadowed batches
+    meeting both thresholds promote it (None: only ``streamproc model use`` promotes)."""
+
+    sample: float = Field(default=0.1, gt=0, le=1)  # share of batches the candidate scores
+    atol: float = Field(default=1e-4, ge=0)  # a row agrees when every output is isclose(...)
+    rtol: float = Field(default=1e-3, ge=0)
+    promote_after_batches: int | None = Field(default=None, ge=1)
+    promote_min_agreement: float = Field(default=0.99, ge=0, le=1)  # share of rows
+    promote_max_latency_ratio: float = Field(default=2.0, gt=0)  # candidate P99 / serving P99
+
+
+class RollbackConfig(_Section):
+    """Probation of a newly serving version: for ``window_batches`` batches its predecessor
+    stays resident; once ``min_batches`` ran, it is rolled back when more than
+    ``max_error_share`` of its batches raised; once ``latency_min_batches`` ran (a P99 of
+    fewer batches is their maximum: one slow batch on a busy host would decide), when its P99
+    batch time exceeds ``max_p99_ratio`` times its predecessor's over as many batches (a
+    window shorter than ``latency_min_batches`` never judges latency)."""
+
+    window_batches: int = Field(default=300, ge=1)
+    min_batches: int = Field(default=10, ge=1)
+    max_error_share: float = Field(default=0.05, ge=0, le=1)
+    latency_min_batches: int = Field(default=100, ge=1)
+    max_p99_ratio: float = Field(default=3.0, gt=1)
+
+    @model_validator(mode="after")
+    def _min_within_window(self) -> RollbackConfig:
+        if self.min_batches > self.window_batches:
+            raise ValueError(
+                f"rollback.min_batches ({self.min_batches}) must be at most "
+                f"rollback.window_batches ({self.window_batches})"
+            )
+        return self
+
+
+class ModelConfig(_Section):
+    """A pipeline's versioned model (``pipelines[].model``; without it the workload's own model
+    serves, version ``builtin``).
+
+    ``source: folder``: ``<repository>/<name>/<version>/`` holds a TorchScript (``*.pt``,
+    ``*.ts``) or ``torch.export`` (``*.pt2``) file, or a ``version.json`` naming a plug-in
+    (``{"plugin": "package.module:factory"}``); ``latest`` is the highest version (numeric
+    names by number). ``source: mlflow``: MLflow's model registry at ``tracking_uri``;
+    ``version`` is a number, ``@alias`` or ``latest``. ``poll_interval_s`` seconds between
+    looks at the source for a new version (0: only ``streamproc model use`` changes it);
+    ``mode`` says what a version found by polling does: ``swap`` (serve once loaded and warmed
+    up) or ``shadow`` (score beside the serving one first)."""
+
+    source: Literal["folder", "mlflow"] = "folder"
+    name: str = Field(min_length=1)
+    # folder: default $STREAMPROC_MODEL_REPOSITORY
+    repository: str | None = None
+    # mlflow: default $MLFLOW_TRACKING_URI
+    tracking_uri: str | None = None
+    version: str = Field(default="latest", min_length=1)
+    poll_interval_s: float = Field(default=30.0, ge=0)
+    mode: Literal["swap", "shadow"] = "swap"
+    memory_headroom: float = Field(default=1.5, ge=1)  # free memory needed / the new version's size
+    shadow: ShadowConfig = Field(default_factory=ShadowConfig)
+    rollback: RollbackConfig = Field(default_factory=RollbackConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _locations_from_environment(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        source = data.get("source", "folder")
+        if source == "folder" and data.get("repository") is None:
+            found = os.environ.get("STREAMPROC_MODEL_REPOSITORY")
+            if found:
+                data = {**data, "repository": found}
+        if source == "mlflow" and data.get("tracking_uri") is None:
+            found = os.environ.get("MLFLOW_TRACKING_URI")
+            if found:
+                data = {**data, "tracking_uri": found}
+        return data
+
+    @model_validator(mode="after")
+    def _location_given(self) -> ModelConfig:
+        if self.source == "folder" and not self.repository:
+            raise ValueError(
+                "model.repository: the model repository folder is needed with source: folder "
+                "(or $STREAMPROC_MODEL_REPOSITORY)"
+            )
+        if self.source == "mlflow" and not self.tracking_uri:
+            raise ValueError(
+                "model.tracking_uri: the MLflow tracking server URL is needed with source: "
+                "mlflow (or $MLFLOW_TRACKING_URI)"
+            )
+        return self
+
+
 class PipelineConfig(_Section):
     """One input topic bound to one workload and one output topic; ``precision`` overrides
     ``worker.precision`` for this pipeline's model."""
@@ -135,6 +230,8 @@ class PipelineConfig(_Section):
     # the results' value format; default: the input's (avro / protobuf / jsonschema: framed
     # with the id of a result schema registered at start-up)
     output_format: Literal["json", "avro", "protobuf", "jsonschema"] | None = None
+    # versioned model source; None: the workload's own model (version "builtin")
+    model: ModelConfig | None = None
 
     @field_validator("workload")
     @classmethod
@@ -388,6 +485,23 @@ class MetricsConfig(_Section):
     lag_interval_s: float = Field(default=5.0, gt=0)
     stall_timeout_s: float = Field(default=60.0, gt=0)
     liveness_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class AdminConfig(_Section):
+    """The admin endpoint on the metrics port (``POST /models/<pipeline>``, what ``streamproc
+    model use`` calls): every call must carry ``Authorization: Bearer <token>``. Without a token
+    (here or ``$STREAMPROC_ADMIN_TOKEN``) every admin call is refused (403). The token is a
+    secret: never logged, never in ``repr``."""
+
+    token: SecretStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_from_environment(cls, data: Any) -> Any:
+        found = os.environ.get("STREAMPROC_ADMIN_TOKEN")
+        if isinstance(data, dict) and data.get("token") is None and found:
+            return {**data, "token": found}
+        return data
 
 
 class SchemaRegistryConfig(_Section):

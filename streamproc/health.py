@@ -19,10 +19,24 @@ import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 Probe = Callable[[], tuple[bool, str]]
+Answer = tuple[int, bytes, str]
+
+
+class AdminRoutes(Protocol):
+    """Routes served beside the probes (the model admin endpoint): None for a path they do
+    not serve."""
+
+    def get(self, path: str) -> Answer | None: ...
+
+    def post(self, path: str, authorization: str | None, body: bytes) -> Answer | None: ...
+
+
+MAX_BODY_BYTES = 65536
 
 
 class HealthServer:
@@ -34,10 +48,17 @@ class HealthServer:
         registry: Prometheus registry to expose.
         live: returns (alive, reason).
         ready: returns (ready, reason).
+        admin: the admin routes (``GET /models``, ``POST /models/<pipeline>``), None: none.
     """
 
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, live: Probe, ready: Probe
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        live: Probe,
+        ready: Probe,
+        admin: AdminRoutes | None = None,
     ) -> None:
         routes: dict[str, Callable[[], tuple[int, bytes, str]]] = {
             "/metrics": lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST),
@@ -47,10 +68,30 @@ class HealthServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                route = routes.get(self.path.split("?", 1)[0])
-                status, body, content_type = (
-                    route() if route else (404, b"not found\n", "text/plain")
-                )
+                path = self.path.split("?", 1)[0]
+                route = routes.get(path)
+                answer = route() if route else None
+                if answer is None and admin is not None:
+                    answer = admin.get(path)
+                self._send(answer or (404, b"not found\n", "text/plain"))
+
+            def do_POST(self) -> None:
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_BODY_BYTES:
+                    self._send((413, b"body missing length or too large\n", "text/plain"))
+                    return
+                body = self.rfile.read(length)
+                path = self.path.split("?", 1)[0]
+                answer = None
+                if admin is not None:
+                    answer = admin.post(path, self.headers.get("Authorization"), body)
+                self._send(answer or (404, b"not found\n", "text/plain"))
+
+            def _send(self, answer: Answer) -> None:
+                status, body, content_type = answer
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))

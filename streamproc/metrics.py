@@ -55,6 +55,7 @@ class Metrics:
         self._add_staging_pools()
         self._add_devices()
         self._add_model_failures()
+        self._add_model_versions()
         self._add_decode()
         self._add_lag()
         self._add_gpu()
@@ -333,6 +334,80 @@ class Metrics:
         )
         self.gpu_memory_used = Gauge(
             "streamproc_gpu_memory_used_bytes", "GPU memory in use (NVML)", ("gpu",), registry=reg
+        )
+
+    def _add_model_versions(self) -> None:
+        """Versioned models (``pipelines[].model``): the serving version, batches per version,
+        swaps, refusals, rollbacks, the swap pause, and shadow scoring's agreement and
+        latency (labels: the pipeline's input topic and the version name; a pipeline keeps at
+        most two versions resident, so a handful of series)."""
+        reg = self.registry
+        self.model_serving = Gauge(
+            "streamproc_model_serving",
+            "1 for the model version serving the pipeline, 0 for versions that served before",
+            ("topic", "version"),
+            registry=reg,
+        )
+        self.model_batches = Counter(
+            "streamproc_model_batches",
+            "Batches whose results a model version made",
+            ("topic", "version"),
+            registry=reg,
+        )
+        self.model_fallbacks = Counter(
+            "streamproc_model_fallback_batches",
+            "Batches a version in probation raised on (its predecessor made the results)",
+            ("topic", "version"),
+            registry=reg,
+        )
+        self.model_swaps = Counter(
+            "streamproc_model_swaps",
+            "Version switches at a batch boundary, by why (new, promoted, rollback, operator)",
+            ("topic", "reason"),
+            registry=reg,
+        )
+        self.model_refused = Counter(
+            "streamproc_model_refused_versions",
+            "Versions refused before serving (load, warmup, memory, busy, source)",
+            ("topic", "reason"),
+            registry=reg,
+        )
+        self.model_rollbacks = Counter(
+            "streamproc_model_rollbacks",
+            "Automatic rollbacks of a version in probation, by reason (errors, latency)",
+            ("topic", "reason"),
+            registry=reg,
+        )
+        self.model_swap_pause = Histogram(
+            "streamproc_model_swap_pause_seconds",
+            "Time with no batch of the pipeline in flight around a version switch",
+            _TOPIC,
+            buckets=_LATENCY_BUCKETS_S,
+            registry=reg,
+        )
+        self.shadow_batches = Counter(
+            "streamproc_shadow_batches",
+            "Batches a shadow candidate also scored",
+            ("topic", "version"),
+            registry=reg,
+        )
+        self.shadow_errors = Counter(
+            "streamproc_shadow_errors",
+            "Shadowed batches the candidate raised on",
+            ("topic", "version"),
+            registry=reg,
+        )
+        self.shadow_agreement = Gauge(
+            "streamproc_shadow_agreement_ratio",
+            "Share of shadowed rows whose outputs agreed with the serving version's",
+            ("topic", "version"),
+            registry=reg,
+        )
+        self.shadow_latency_ratio = Gauge(
+            "streamproc_shadow_latency_ratio",
+            "Candidate P99 call time / serving P99 call time on the shadowed batches",
+            ("topic", "version"),
+            registry=reg,
         )
 
     def child(self, metric: MetricT, *labels: str) -> MetricT:

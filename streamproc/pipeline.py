@@ -185,6 +185,8 @@ class Pipeline:
         for dispatcher in stages.dispatchers:
             dispatcher.start()
         stages.source.start()
+        for manager in stages.managers:
+            manager.start()
         # Everything alive now (torch, the models, the clients) lives as long as the process:
         # move it out of the cyclic collector's reach, so a full collection scans only what the
         # stream allocates (a gen-2 collection pauses every thread; docs/benchmarks-history.md).
@@ -320,7 +322,8 @@ class Pipeline:
 
         Steps:
             1. stop fetching (pause all partitions; the consumer keeps polling);
-            2. stop the dispatchers (records still in rings stay uncommitted);
+            2. stop the model threads (no version is loaded from then on) and the dispatchers
+               (records still in rings stay uncommitted);
             3. let the device workers finish their in-flight batches, and the resequencers
                hand their results over in cut order (what waits behind a batch that never
                completed is dropped, uncommitted);
@@ -370,6 +373,8 @@ class Pipeline:
         if stages.shared.schemas is not None:
             stages.shared.schemas.abandon()  # lookups waiting for an unreachable registry end
         # Step 2
+        for manager in stages.managers:
+            manager.stop(left_s())  # no new version while draining
         for dispatcher in stages.dispatchers:
             dispatcher.stop(left_s())
         # Step 3

@@ -16,14 +16,16 @@ Build order (each step needs the ones before it)::
 
     metrics, offset tracker -> devices -> decode workers -> results producer, guarantee, sink
       -> device admission -> per pipeline: workload, staging pool, decoder, lane, placement
-         state, result handler and resequencer, one device worker per device (models built
-         and their precision checked here)
+         state, the serving model version (``pipelines[].model``), result handler and
+         resequencer, one device worker per device (models built and their precision checked
+         here)
       -> source (over the lanes) -> dispatchers (they hand resume decisions to the source)
       -> lag monitor -> health endpoint
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from streamproc.assembly.decoding import build_decoding
@@ -46,6 +48,8 @@ from streamproc.intake.source import Source
 from streamproc.kafka.lag import LagMonitor
 from streamproc.kafka.protocols import ConsumerFactory, ProducerFactory
 from streamproc.metrics import Metrics
+from streamproc.models.admin import AdminApi
+from streamproc.models.manager import ModelManager
 from streamproc.offsets.tracker import OffsetTracker
 
 __all__ = ["Shared", "Stages", "TopicStages", "admin_settings", "assemble"]
@@ -64,6 +68,11 @@ class Stages:
     lag: LagMonitor
     http: HealthServer | None
     """None with ``metrics.port: 0``."""
+
+    @property
+    def managers(self) -> list[ModelManager]:
+        """The model thread of every versioned pipeline."""
+        return [stages.model.manager for stages in self.topics if stages.model is not None]
 
     @property
     def workers(self) -> list[DeviceWorker]:
@@ -111,10 +120,21 @@ def assemble(
         raise
     lanes = {stages.topic: stages.lane for stages in topics}
     source = Source(config, lanes, tracker, guarantee, metrics, on_fatal, consumer_factory)
+    shared.commit_now.bind(source.request_commit)
     dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)
     lag = build_lag_monitor(config, source, tracker, metrics, topics)
+    managers = {
+        spec.name: stages.model.manager
+        for spec, stages in zip(config.pipelines, topics, strict=True)
+        if stages.model is not None
+    }
     return Stages(
-        shared, topics, source, dispatchers, lag, build_health(config, metrics, live, ready)
+        shared,
+        topics,
+        source,
+        dispatchers,
+        lag,
+        build_health(config, metrics, live, ready, managers),
     )
 
 
@@ -146,9 +166,17 @@ def build_lag_monitor(
 
 
 def build_health(
-    config: Config, metrics: Metrics, live: Probe, ready: Probe
+    config: Config,
+    metrics: Metrics,
+    live: Probe,
+    ready: Probe,
+    managers: Mapping[str, ModelManager],
 ) -> HealthServer | None:
-    """``/metrics``, ``/healthz`` and ``/readyz`` on ``metrics.port`` (None: ``port: 0``)."""
+    """``/metrics``, ``/healthz``, ``/readyz`` and the model admin routes (``GET /models``,
+    ``POST /models/<pipeline>``) on ``metrics.port`` (None: ``port: 0``)."""
     if not config.metrics.port:
         return None
-    return HealthServer(config.metrics.host, config.metrics.port, metrics.registry, live, ready)
+    admin = AdminApi(config.admin.token, managers)
+    return HealthServer(
+        config.metrics.host, config.metrics.port, metrics.registry, live, ready, admin
+    )

@@ -7,7 +7,7 @@ settings the admin clients connect with.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamproc.assembly.decoding import Decoding
 from streamproc.config import Config, Scalar
@@ -30,6 +30,22 @@ OnFatal = Callable[[BaseException], None]
 """Called by any stage, from any thread, when the process must stop."""
 
 
+class CommitNow:
+    """Asks the source thread to commit now (a model version switch under exactly-once closes
+    the open transaction); the source is built after the stages that ask, so it is bound
+    late (:meth:`bind`). Before that, a call does nothing."""
+
+    def __init__(self) -> None:
+        self._request: Callable[[], None] | None = None
+
+    def bind(self, request: Callable[[], None]) -> None:
+        self._request = request
+
+    def __call__(self) -> None:
+        if self._request is not None:
+            self._request()
+
+
 @dataclass(frozen=True)
 class Shared:
     """The stages every pipeline shares, with the config and the fatal-error hook."""
@@ -44,6 +60,7 @@ class Shared:
     admission: DeviceAdmission | None
     on_fatal: OnFatal
     schemas: WriterSchemas | None = None  # the Schema Registry's writer schemas, when one is set
+    commit_now: CommitNow = field(default_factory=CommitNow)
 
 
 def late_results_reporter(metrics: Metrics) -> LateHook:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from prometheus_client import Gauge
 
+from streamproc.assembly.models import VersionedModel, build_versioned_model, initial_version
 from streamproc.assembly.shared import Shared
 from streamproc.config import Config, PipelineConfig
 from streamproc.config_sections import fused_lane_refusal
@@ -60,6 +61,8 @@ class TopicStages:
     resequencer: Resequencer
     fused: FusedRun | None = None
     """The lane's fused route (one CPU device and ``worker.fused_lane`` not ``never``)."""
+    model: VersionedModel | None = None
+    """A versioned pipeline's resident versions and model thread (``pipelines[].model``)."""
 
     @property
     def topic(self) -> str:
@@ -141,7 +144,24 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
     load = DeviceLoad(
         topic, labels, worker.max_in_flight_batches, worker.device_stall_timeout_s, metrics
     )
-    handler = ResultHandler(spec, workload, shared.sink, metrics, observe=lane.observe)
+    model: VersionedModel | None = None
+    if spec.model is not None:
+        serving = initial_version(spec, workload, shared)
+        model = build_versioned_model(spec, workload, serving, shared)
+        fns = serving.fns
+    else:
+        fns = tuple(
+            build_device_model(spec, workload, device.device, shared.config)
+            for device in shared.devices
+        )
+    handler = ResultHandler(
+        spec,
+        workload,
+        shared.sink,
+        metrics,
+        observe=lane.observe,
+        version_of=None if model is None else model.versions.observe,
+    )
     resequencer = Resequencer(topic, handler, load.released, shared.on_fatal, metrics=metrics)
 
     def completed(result: DeviceResult, release: Release) -> None:
@@ -149,13 +169,13 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
         resequencer.put(result, release)
 
     workers = tuple(
-        build_device_worker(spec, workload, device, lane, staging, completed, shared)
-        for device in shared.devices
+        build_device_worker(spec, fn, device, lane, staging, completed, shared)
+        for device, fn in zip(shared.devices, fns, strict=True)
     )
     fused = None
     if fusable(shared.devices, shared.config.worker.fused_lane):
         fused = FusedRun(workers[0], resequencer, load, functools.partial(lane.observe, whole=True))
-    return TopicStages(lane, decoder, staging, workers, load, resequencer, fused)
+    return TopicStages(lane, decoder, staging, workers, load, resequencer, fused, model)
 
 
 def fusable(devices: Sequence[DeviceSpec], fused_lane: str) -> bool:
@@ -206,18 +226,19 @@ def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane
 
 def build_device_worker(
     spec: PipelineConfig,
-    workload: Workload,
+    model: ModelFn,
     device: DeviceSpec,
     lane: Lane,
     staging: StagingPool,
     completed: Callable[[DeviceResult, Release], None],
     shared: Shared,
 ) -> DeviceWorker:
-    """The pipeline's worker on ``device`` with its own model instance; ``completed`` gets each
-    batch it completes."""
+    """The pipeline's worker on ``device`` with its own model instance (``model``: the
+    workload's, or the serving version's on that device); ``completed`` gets each batch it
+    completes."""
     worker, topic, admission = shared.config.worker, spec.input_topic, shared.admission
     return DeviceWorker(
-        build_device_model(spec, workload, device.device, shared.config),
+        model,
         device.device,
         staging,
         worker.max_in_flight_batches,
@@ -319,4 +340,5 @@ def build_dispatcher(
         fused=stages.fused,
         route=route,
         on_route=lambda now: route_changed(stages.lane, gauge, now),
+        bind=None if stages.model is None else stages.model.versions.bind,
     )

@@ -65,6 +65,10 @@ class Dispatcher:
         route: ``"staged"``, ``"fused"`` (needs ``fused``), or a :class:`LaneRoutePolicy`
             that picks one per batch (needs ``fused``).
         on_route: called with the route the lane runs, at start and after each change.
+        bind: called with each decoded batch and the index of the device it goes to, before
+            it is handed over: binds it to the model version that serves it (a versioned
+            pipeline's :meth:`~streamproc.models.versions.ModelVersions.bind`); None: the
+            workers' own models.
 
     Raises:
         ValueError: ``workers`` and ``load`` disagree on the number of devices, or a fused
@@ -84,6 +88,7 @@ class Dispatcher:
         fused: FusedRun | None = None,
         route: LaneRoute | LaneRoutePolicy = "staged",
         on_route: Callable[[LaneRoute], None] | None = None,
+        bind: Callable[[DeviceJob, int], None] | None = None,
     ) -> None:
         if len(workers) != len(load.labels):
             raise ValueError(f"{len(workers)} workers for devices {load.labels}")
@@ -107,6 +112,7 @@ class Dispatcher:
         self._apply_flow = apply_flow
         self._metrics = metrics
         self._on_fatal = on_fatal
+        self._bind = bind
         self._batch_size = metrics.batch_size.labels(topic)
         self._queue_wait = metrics.queue_wait.labels(topic)
         self._pool_in_use = metrics.pool_in_use.labels(topic)
@@ -151,10 +157,15 @@ class Dispatcher:
                     return
                 if route == "fused":
                     assert self._fused is not None
-                    self._fused.run(self._decode(batch), batch.cut_at_s)
+                    job = self._decode(batch)
+                    if self._bind is not None:
+                        self._bind(job, 0)
+                    self._fused.run(job, batch.cut_at_s)
                 else:
                     job = self._decode(batch)
                     device = self._load.place(batch.batch_id, len(batch))
+                    if self._bind is not None:
+                        self._bind(job, device)
                     self._workers[device].submit(job)
                 now_s = time.monotonic()
                 router.done(route, len(batch), batch.reason in FULL_CUTS, now_s)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamproc.device.binding import ModelBinding, ShadowOutcome
 from streamproc.device.staging import Slab
 from streamproc.errors import ModelError, RecordError
 from streamproc.records import Batch
@@ -20,11 +21,14 @@ class DeviceJob:
 
     ``failed`` maps row index -> error for rows whose decode failed (their slab row holds
     whatever the slab held before; the model runs over it and those outputs are never encoded).
+    ``binding`` is the model version the batch runs on (bound by the dispatcher at the cut;
+    None: the worker's own model).
     """
 
     batch: Batch
     slab: Slab
     failed: dict[int, RecordError] = field(default_factory=dict)
+    binding: ModelBinding | None = None
 
 
 @dataclass
@@ -48,6 +52,13 @@ class DeviceResult:
     error: ModelError | None
     inference_s: float
     model_calls: int = 1
+    version: str = ""
+    """The model version that made the outputs (the ``streamproc.model.version`` header)."""
+    raised: bool = False
+    """The bound version raised on the batch and its fallback (the predecessor in
+    probation) made the outputs instead."""
+    shadow: ShadowOutcome | None = None
+    """The candidate's comparison on this batch (shadow scoring), None when not sampled."""
 
 
 Release = Callable[[], None]

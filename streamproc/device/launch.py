@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from streamproc.device.backend import DeviceBackend, Event
+from streamproc.device.binding import BoundCall
 from streamproc.device.jobs import DeviceJob
 from streamproc.device.outputs import OutputSets
 from streamproc.device.recovery import Outcome, PartRunner
@@ -43,6 +44,8 @@ class Launched:
         failed: row -> error for rows whose decode failed or that failed alone in the model.
         error: set when no row of the batch ran.
         model_calls: model calls the batch took (1 unless a call raised).
+        bound: the batch's bound model call (its version, fallback, shadow), None when it ran
+            on the worker's own model.
         slab_released: the slab is back in its pool.
     """
 
@@ -55,6 +58,7 @@ class Launched:
     failed: dict[int, RecordError]
     error: ModelError | None
     model_calls: int
+    bound: BoundCall | None = None
     slab_released: bool = False
 
 
@@ -81,14 +85,16 @@ class Launcher:
         self._on_outcome = on_outcome
 
     def launch(self, model: ModelFn, job: DeviceJob, slot: int) -> Launched:
-        """Launch ``job`` through ``model`` (the worker's at this launch: ``(n, *item_shape)``
-        on the device -> a tuple of ``(n, ...)`` tensors), its outputs going to output set
-        ``slot``.
+        """Launch ``job`` through its bound version (:class:`BoundCall`), else ``model`` (the
+        worker's at this launch: ``(n, *item_shape)`` on the device -> a tuple of ``(n, ...)``
+        tensors), its outputs going to output set ``slot``.
 
         Raises:
             FatalPipelineError: the pipeline must stop (see :class:`PartRunner`).
         """
-        ran = self.run(model, job.slab.tensor, len(job.batch), slot)
+        n = len(job.batch)
+        bound = None if job.binding is None else BoundCall(job.binding, n)
+        ran = self.run(model if bound is None else bound, job.slab.tensor, n, slot)
         if ran.outcome.calls > 1 and self._on_outcome is not None:
             self._on_outcome(ran.outcome)
         failed, error = _failures(job, ran.outcome)
@@ -102,6 +108,7 @@ class Launcher:
             failed,
             error,
             ran.outcome.calls,
+            bound,
         )
 
     def run(self, model: ModelFn, rows: torch.Tensor, n: int, slot: int) -> Ran:

@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -410,6 +410,7 @@ class DeviceWorker:
             error=item.error,
             inference_s=self._service_s(item),
             model_calls=item.model_calls,
+            **_version_of(item),
         )
 
     def _service_s(self, item: Launched) -> float:
@@ -469,3 +470,12 @@ class DeviceWorker:
             self.backend.close()
         except Exception as exc:  # a sticky device error: the rest of the close goes on
             log.warning("device backend close failed", device=self.label, error=repr(exc))
+
+
+def _version_of(item: Launched) -> dict[str, Any]:
+    """The version fields of a finished batch's :class:`DeviceResult` (none: the worker's own
+    model made it)."""
+    bound = item.bound
+    if bound is None:
+        return {}
+    return {"version": bound.version, "raised": bound.raised, "shadow": bound.shadow_outcome()}

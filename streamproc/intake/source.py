@@ -47,6 +47,7 @@ GAUGE_INTERVAL_S = 1.0
 """Ring fill gauges are refreshed at least this often (and at every pause and resume)."""
 
 _STOP_FETCHING = "stop_fetching"
+_COMMIT_NOW = "commit_now"
 
 
 def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
@@ -175,6 +176,11 @@ class Source:
         """Queue a flow-control change for the source thread (thread-safe)."""
         if flow:
             self._control.put(flow)
+
+    def request_commit(self) -> None:
+        """Commit now rather than at the next ``commit_interval_ms`` (thread-safe; under
+        exactly-once this closes the open transaction: a model version switch asks for it)."""
+        self._control.put(_COMMIT_NOW)
 
     def stop_fetching(self) -> None:
         """Pause every assigned partition; polling (and group membership) continues."""
@@ -349,6 +355,9 @@ class Source:
 
     def _control_item(self, item: FlowControl | str) -> None:
         state = self.assignment
+        if item == _COMMIT_NOW:
+            self._commit(synchronous=False)
+            return
         if item == _STOP_FETCHING:
             state.fetching = False
             if state.assigned:

@@ -125,6 +125,7 @@ class Transactions:
         # a fatal error the sink's poll raised (any thread sets it; the next commit acts)
         self.fatal_error: KafkaError | None = None
         self.lock = threading.RLock()
+        self._ended = threading.Condition(self.lock)  # notified when a transaction ends
         self._open = False
         self.commits = 0
         self.aborts = 0
@@ -209,7 +210,27 @@ class Transactions:
                 return False
             self._open = False
             self.commits += 1
+            self._ended.notify_all()
             return True
+
+    def wait_for_boundary(self, request_commit: Callable[[], None], timeout_s: float) -> bool:
+        """Return once the transaction open now (if any) has ended, committed or aborted:
+        what was produced before this call is in no transaction that later records join.
+        ``request_commit`` asks the committer's thread to close it now rather than at its
+        next interval.
+
+        Returns:
+            False when it was still open after ``timeout_s`` seconds.
+        """
+        with self.lock:
+            if not self._open:
+                return True
+            seen = self.commits + self.aborts
+        request_commit()
+        with self._ended:
+            return self._ended.wait_for(
+                lambda: not self._open or self.commits + self.aborts > seen, timeout_s
+            )
 
     def producer_error(self, err: KafkaError) -> None:
         """A fatal error the producer raised outside a transactional call (from ``poll``, on
@@ -281,6 +302,7 @@ class Transactions:
         self._open = False
         self.failed = self.must_abort = None
         self.aborts += 1
+        self._ended.notify_all()
         self.abort_error = err
         self._reason = reason
 
@@ -307,6 +329,7 @@ class Transactions:
         self._open = False
         self.failed = self.must_abort = self.fatal_error = None
         self.aborts += 1
+        self._ended.notify_all()
         self.abort_error = None
         self._reason = reason
 
@@ -346,3 +369,4 @@ class Transactions:
             self._open = False
             self.failed = self.must_abort = None
             self.aborts += 1
+            self._ended.notify_all()

@@ -2,8 +2,9 @@
 
 Every result and dead-letter record carries the source coordinates of its input:
 ``streamproc.source.topic``, ``streamproc.source.partition`` and ``streamproc.source.offset``
-(ASCII decimal). A result adds ``streamproc.timing`` (:data:`TIMING_FORMAT`), then the
-workload's own headers. A dead-letter record keeps the input's headers first, then adds the
+(ASCII decimal). A result adds ``streamproc.timing`` (:data:`TIMING_FORMAT`) and
+``streamproc.model.version`` (the version that made it), then the workload's own headers. A
+dead-letter record keeps the input's headers first, then adds the
 source coordinates and ``streamproc.error.stage`` (decode|model|encode|produce|callback),
 ``streamproc.error.class`` and ``streamproc.error.message`` (the Kafka Connect dead-letter
 convention, our prefix), and ``streamproc.error.value_omitted`` (the value's size in bytes) when
@@ -25,6 +26,8 @@ H_CLASS = "streamproc.error.class"
 H_MESSAGE = "streamproc.error.message"
 H_VALUE_OMITTED = "streamproc.error.value_omitted"
 H_TIMING = "streamproc.timing"
+H_MODEL_VERSION = "streamproc.model.version"
+"""The model version that made a result (``builtin``: the workload's own model)."""
 TIMING_FORMAT = b"queue_wait_ms=%.3f;inference_ms=%.3f;processing_ms=%.3f"
 """The value of the ``streamproc.timing`` header on every result: milliseconds the input
 waited in its ring (consumed -> batch cut), the batch's device time, and consumed -> result
@@ -99,9 +102,11 @@ class ResultHeaders:
         cut_at_s: float,
         inference_ms: float,
         now_s: float,
+        version: bytes = b"builtin",
     ) -> list[OutputHeaders]:
         """The headers of each record's result, in order: source coordinates,
-        ``streamproc.timing``, then that result's ``extra`` headers.
+        ``streamproc.timing``, ``streamproc.model.version``, then that result's ``extra``
+        headers.
 
         Args:
             records: the inputs (``consumed_at_s`` on the ``time.monotonic()`` clock).
@@ -109,11 +114,13 @@ class ResultHeaders:
             cut_at_s: when the batch was cut (``time.monotonic()``).
             inference_ms: the batch's device time, in milliseconds.
             now_s: the time the results are produced (``time.monotonic()``).
+            version: the model version that made the batch's results.
 
         Raises:
             ValueError: ``records`` and ``extra`` differ in length.
         """
         coordinates = self._coordinates
+        made_by = (H_MODEL_VERSION, version)
         built: list[OutputHeaders] = []
         for record, more in zip(records, extra, strict=True):
             partition = record.tp.partition
@@ -136,6 +143,7 @@ class ResultHeaders:
                         (now_s - consumed_at_s) * 1000,
                     ),
                 ),
+                made_by,
             ]
             if more:
                 headers.extend(more)

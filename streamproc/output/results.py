@@ -37,6 +37,9 @@ class ResultHandler:
             ``workload.encode`` alone with backoff 5 ms doubling, at most 100 ms) before the
             record is dead-lettered with stage ``encode``.
         observe: called with (batch size, device seconds) per batch (the adaptive batch size).
+        version_of: called with each batch before its results are produced; returns the
+            name of the model version that made them (a versioned pipeline's
+            :meth:`~streamproc.models.versions.ModelVersions.observe`; None: ``builtin``).
     """
 
     def __init__(
@@ -47,8 +50,11 @@ class ResultHandler:
         metrics: Metrics,
         attempts: int = 3,
         observe: Callable[[int, float], None] | None = None,
+        version_of: Callable[[DeviceResult], str] | None = None,
     ) -> None:
         self._attempts = attempts
+        self._version_of = version_of
+        self._versions: dict[str, bytes] = {}
         self._observe = observe
         self._pipeline = pipeline
         self._workload = workload
@@ -65,6 +71,7 @@ class ResultHandler:
         if self._observe is not None and result.error is None and result.model_calls == 1:
             self._observe(len(result.batch), result.inference_s)
         inference_ms = result.inference_s * 1000
+        version = self._version(result)
         cut_at_s = result.batch.cut_at_s
         records = result.batch.records
         failed = result.failed
@@ -98,8 +105,16 @@ class ResultHandler:
             kept.append(record)
             values.append(value.value)
             extra.append(value.headers)
-        headers = self._headers.build(kept, extra, cut_at_s, inference_ms, now_s)
+        headers = self._headers.build(kept, extra, cut_at_s, inference_ms, now_s, version)
         self._sink.send_results(self._pipeline.output_topic, kept, values, headers, dlq)
+
+    def _version(self, result: DeviceResult) -> bytes:
+        """The ``streamproc.model.version`` value of ``result``'s batch."""
+        name = "builtin" if self._version_of is None else self._version_of(result)
+        found = self._versions.get(name)
+        if found is None:
+            found = self._versions[name] = name.encode()
+        return found
 
     def _encode_many(
         self,

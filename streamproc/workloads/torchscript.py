@@ -67,20 +67,11 @@ class TorchScriptWorkload(Workload):
             )
         out[...] = values
 
-    def build_model(self, device: torch.device) -> ModelFn:
-        if self.path.suffix == ".pt2":  # torch.export program (the successor of TorchScript)
-            module = torch.export.load(str(self.path)).module().to(device)
-        else:
-            module = torch.jit.load(  # type: ignore[no-untyped-call]  # unannotated in torch
-                str(self.path), map_location=device
-            ).eval()
+    def load_module(self, device: torch.device) -> torch.nn.Module:
+        return load_model_file(self.path, device)
 
-        @torch.inference_mode()
-        def run(batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            result = module(batch)
-            return tuple(result) if isinstance(result, (tuple, list)) else (result,)
-
-        return run
+    def bind_model(self, module: torch.nn.Module, device: torch.device) -> ModelFn:
+        return generic_model(module)
 
     def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
         return Encoded(
@@ -91,3 +82,30 @@ class TorchScriptWorkload(Workload):
                 }
             )
         )
+
+
+def load_model_file(path: Path, device: torch.device) -> torch.nn.Module:
+    """A TorchScript (``*.pt``, ``*.ts``) or ``torch.export`` (``*.pt2``) file as an eval-mode
+    module on ``device``.
+
+    Raises:
+        Exception: whatever torch raises for an unreadable file (the caller names it).
+    """
+    if path.suffix == ".pt2":  # torch.export program (the successor of TorchScript)
+        return torch.export.load(str(path)).module().to(device)
+    module: torch.nn.Module = torch.jit.load(  # type: ignore[no-untyped-call]  # unannotated
+        str(path), map_location=device
+    )
+    return module.eval()
+
+
+def generic_model(module: torch.nn.Module) -> ModelFn:
+    """The batch function of a module that takes the batch and returns one tensor or a tuple
+    of tensors, each with the batch's rows."""
+
+    @torch.inference_mode()
+    def run(batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        result = module(batch)
+        return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+    return run

@@ -39,6 +39,7 @@ METRICS = {
     "streamproc_gpu_utilization_ratio",
     "streamproc_gpu_memory_used_bytes",
     "streamproc_device_stalled",
+    "streamproc_model_rollbacks_total",
 }
 
 
@@ -186,6 +187,7 @@ def test_prometheus_scrapes_streamproc() -> None:
         "StreamprocCommitFailures",
         "StreamprocPartitionsStalled",
         "StreamprocNotReady",
+        "StreamprocModelRolledBack",
     }
     for rule in rules:
         assert set(re.findall(r"streamproc_[a-z_]+", rule["expr"])) <= {

@@ -212,3 +212,17 @@ def ownership_events(log: Path) -> list[tuple[str, str, float]]:
             for partition in doc["partitions"]:
                 events.append((doc["event"].split()[1], partition, ts))
     return events
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server (SQLite store, loopback) for the module; yields its
+    tracking URI."""
+    from streamproc.tools.mlflow_local import LocalMlflow, ensure_mlflow_server
+
+    server = LocalMlflow(tmp_path_factory.mktemp("mlflow"), ensure_mlflow_server())
+    server.start()
+    try:
+        yield server.tracking_uri
+    finally:
+        server.stop()

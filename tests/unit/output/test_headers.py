@@ -27,7 +27,7 @@ def test_source_headers_are_ascii_decimal_coordinates() -> None:
     )
 
 
-def test_result_headers_per_partition_with_timings_then_the_workloads_own() -> None:
+def test_result_headers_per_partition_with_timings_and_version_then_the_workloads_own() -> None:
     headers = ResultHeaders("video.frames")
     built = headers.build(
         [record(0, 5, consumed_at_s=10.0), record(3, 9, consumed_at_s=10.5)],
@@ -35,6 +35,7 @@ def test_result_headers_per_partition_with_timings_then_the_workloads_own() -> N
         cut_at_s=10.75,
         inference_ms=2.0,
         now_s=11.0,
+        version=b"7",
     )
     assert built == [
         [
@@ -45,6 +46,7 @@ def test_result_headers_per_partition_with_timings_then_the_workloads_own() -> N
                 "streamproc.timing",
                 b"queue_wait_ms=750.000;inference_ms=2.000;processing_ms=1000.000",
             ),
+            ("streamproc.model.version", b"7"),
             ("label", b"cat"),
         ],
         [
@@ -55,6 +57,7 @@ def test_result_headers_per_partition_with_timings_then_the_workloads_own() -> N
                 "streamproc.timing",
                 b"queue_wait_ms=250.000;inference_ms=2.000;processing_ms=500.000",
             ),
+            ("streamproc.model.version", b"7"),
         ],
     ]
     assert parse_timing(built[1][3][1]) == {

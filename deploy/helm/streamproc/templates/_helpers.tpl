@@ -124,6 +124,16 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- if include "streamproc.secretsInConfig" . -}}/run/streamproc/config.yaml{{- else -}}/etc/streamproc/config.yaml{{- end -}}
 {{- end -}}
 
+{{/* The source of the model repository volume: existingClaim, nfs, hostPath, or empty. */}}
+{{- define "streamproc.modelRepository" -}}
+{{- $repo := default dict .Values.models.repository -}}
+{{- $nfs := default dict $repo.nfs -}}
+{{- if $repo.existingClaim -}}existingClaim
+{{- else if or $nfs.server $nfs.path -}}nfs
+{{- else if $repo.hostPath -}}hostPath
+{{- end -}}
+{{- end -}}
+
 {{- define "streamproc.metricsPort" -}}
 {{- $metrics := default dict .Values.config.metrics -}}
 {{- if and (hasKey $metrics "port") (not (kindIs "invalid" $metrics.port)) -}}
@@ -189,6 +199,61 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- if and .Values.keda.enabled (not $kafka.bootstrap_servers) -}}
 {{- fail "keda.enabled needs config.kafka.bootstrap_servers (the scaler connects to the brokers)" -}}
 {{- end -}}
+{{- include "streamproc.validateModels" . -}}
+{{- end -}}
+
+{{/* Refuses inconsistent models / admin values (part of streamproc.validate). */}}
+{{- define "streamproc.validateModels" -}}
+{{- $admin := default dict .Values.config.admin -}}
+{{- if and (hasKey $admin "token") (not (kindIs "invalid" $admin.token)) -}}
+{{- fail "config.admin.token: a secret in the ConfigMap; put the token in a Secret and name it in admin.existingSecret (the pod gets it as STREAMPROC_ADMIN_TOKEN)" -}}
+{{- end -}}
+{{- if and .Values.admin.existingSecret (not .Values.admin.secretKey) -}}
+{{- fail "admin.existingSecret needs admin.secretKey (the Secret's key holding the token)" -}}
+{{- end -}}
+{{- $repo := default dict .Values.models.repository -}}
+{{- $nfs := default dict $repo.nfs -}}
+{{- $sources := list -}}
+{{- if $repo.existingClaim -}}{{- $sources = append $sources "existingClaim" -}}{{- end -}}
+{{- if or $nfs.server $nfs.path -}}{{- $sources = append $sources "nfs" -}}{{- end -}}
+{{- if $repo.hostPath -}}{{- $sources = append $sources "hostPath" -}}{{- end -}}
+{{- if gt (len $sources) 1 -}}
+{{- fail (printf "models.repository: set only one of existingClaim, nfs, hostPath (got %s)" (join ", " $sources)) -}}
+{{- end -}}
+{{- if and (or $nfs.server $nfs.path) (not (and $nfs.server $nfs.path)) -}}
+{{- fail "models.repository.nfs needs both server and path" -}}
+{{- end -}}
+{{- $mlflow := default dict .Values.models.mlflow -}}
+{{- $anyKey := or $mlflow.tokenKey $mlflow.usernameKey $mlflow.passwordKey -}}
+{{- if and $mlflow.existingSecret (not $anyKey) -}}
+{{- fail "models.mlflow.existingSecret needs tokenKey, or usernameKey and passwordKey (the Secret's keys)" -}}
+{{- end -}}
+{{- if and $anyKey (not $mlflow.existingSecret) -}}
+{{- fail "models.mlflow.tokenKey / usernameKey / passwordKey need models.mlflow.existingSecret" -}}
+{{- end -}}
+{{- if and $mlflow.tokenKey (or $mlflow.usernameKey $mlflow.passwordKey) -}}
+{{- fail "models.mlflow: set tokenKey or usernameKey and passwordKey, not both" -}}
+{{- end -}}
+{{- if and (or $mlflow.usernameKey $mlflow.passwordKey) (not (and $mlflow.usernameKey $mlflow.passwordKey)) -}}
+{{- fail "models.mlflow.usernameKey and models.mlflow.passwordKey go together" -}}
+{{- end -}}
+{{- /* a pipeline's model needs its location: in its config, from the chart, or from extraEnv */ -}}
+{{- $env := list -}}
+{{- range .Values.extraEnv -}}{{- $env = append $env .name -}}{{- end -}}
+{{- $hasRepository := or (include "streamproc.modelRepository" .) (has "STREAMPROC_MODEL_REPOSITORY" $env) -}}
+{{- $hasTracking := or $mlflow.trackingUri (has "MLFLOW_TRACKING_URI" $env) -}}
+{{- range $i, $pipeline := .Values.config.pipelines -}}
+{{- $model := $pipeline.model -}}
+{{- if kindIs "map" $model -}}
+{{- $source := default "folder" $model.source -}}
+{{- if and (eq $source "folder") (not $model.repository) (not $hasRepository) -}}
+{{- fail (printf "config.pipelines[%d] (%s): model.source folder needs model.repository, or models.repository (a volume mounted at models.mountPath)" $i $pipeline.name) -}}
+{{- end -}}
+{{- if and (eq $source "mlflow") (not $model.tracking_uri) (not $hasTracking) -}}
+{{- fail (printf "config.pipelines[%d] (%s): model.source mlflow needs model.tracking_uri or models.mlflow.trackingUri" $i $pipeline.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The pod template shared by the Deployment and the StatefulSet. */}}
@@ -197,6 +262,8 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- $tls := .Values.kafkaAuth.tls -}}
 {{- $registryAuth := .Values.schemaRegistryAuth.basicAuth -}}
 {{- $gpu := .Values.gpu -}}
+{{- $modelRepository := include "streamproc.modelRepository" . -}}
+{{- $mlflow := default dict .Values.models.mlflow -}}
 metadata:
   labels:
     {{- include "streamproc.selectorLabels" . | nindent 4 }}
@@ -320,6 +387,35 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: metadata.namespace
+        {{- if $modelRepository }}
+        # The default repository of pipelines with model.source folder (read-only volume).
+        - name: STREAMPROC_MODEL_REPOSITORY
+          value: {{ .Values.models.mountPath | quote }}
+        {{- end }}
+        {{- with $mlflow.trackingUri }}
+        - name: MLFLOW_TRACKING_URI
+          value: {{ . | quote }}
+        {{- end }}
+        {{- if $mlflow.existingSecret }}
+        # The MLflow client reads its credentials from these variables only.
+        {{- range $name, $key := dict "MLFLOW_TRACKING_TOKEN" $mlflow.tokenKey "MLFLOW_TRACKING_USERNAME" $mlflow.usernameKey "MLFLOW_TRACKING_PASSWORD" $mlflow.passwordKey }}
+        {{- if $key }}
+        - name: {{ $name }}
+          valueFrom:
+            secretKeyRef:
+              name: {{ $mlflow.existingSecret }}
+              key: {{ $key }}
+        {{- end }}
+        {{- end }}
+        {{- end }}
+        {{- with .Values.admin.existingSecret }}
+        # Bearer token of the admin endpoint (POST /models/<pipeline> on the metrics port).
+        - name: STREAMPROC_ADMIN_TOKEN
+          valueFrom:
+            secretKeyRef:
+              name: {{ . }}
+              key: {{ $.Values.admin.secretKey }}
+        {{- end }}
         {{- with .Values.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -376,6 +472,12 @@ spec:
         {{- if .Values.schemaRegistryAuth.tls.enabled }}
         - name: registry-tls
           mountPath: /etc/streamproc/registry-tls
+          readOnly: true
+        {{- end }}
+        {{- if $modelRepository }}
+        # New versions appear here while the pod runs (no restart); the process never writes.
+        - name: model-repository
+          mountPath: {{ .Values.models.mountPath }}
           readOnly: true
         {{- end }}
         {{- with .Values.extraVolumeMounts }}
@@ -436,6 +538,25 @@ spec:
       secret:
         secretName: {{ .Values.schemaRegistryAuth.tls.existingSecret }}
         defaultMode: 0440
+    {{- end }}
+    {{- if $modelRepository }}
+    {{- $repo := .Values.models.repository }}
+    - name: model-repository
+      {{- if eq $modelRepository "existingClaim" }}
+      persistentVolumeClaim:
+        claimName: {{ $repo.existingClaim }}
+        readOnly: true
+      {{- else if eq $modelRepository "nfs" }}
+      nfs:
+        server: {{ $repo.nfs.server | quote }}
+        path: {{ $repo.nfs.path | quote }}
+        readOnly: true
+      {{- else }}
+      # single-node test clusters only
+      hostPath:
+        path: {{ $repo.hostPath | quote }}
+        type: Directory
+      {{- end }}
     {{- end }}
     {{- with .Values.extraVolumes }}
     {{- toYaml . | nindent 4 }}

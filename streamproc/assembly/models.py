@@ -1,0 +1,129 @@
+"""The versioned model of one pipeline (``pipelines[].model``): its source, the version serving
+at start-up (loaded and warmed up on every device), the resident versions
+(:class:`~streamproc.models.versions.ModelVersions`) and the ``models-<pipeline>`` thread."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streamproc.assembly.shared import Shared
+from streamproc.config import ModelConfig, PipelineConfig
+from streamproc.errors import ConfigError
+from streamproc.logs import get_logger
+from streamproc.models.loading import LoadedVersion, VersionRefused, load_version
+from streamproc.models.manager import ModelManager
+from streamproc.models.sources import (
+    FolderSource,
+    ModelSource,
+    ModelSourceError,
+    ModelVersionFiles,
+)
+from streamproc.models.versions import ModelVersions
+from streamproc.offsets.guarantees import ExactlyOnce
+from streamproc.workloads import Workload
+
+log = get_logger(__name__)
+
+BOUNDARY_TIMEOUT_S = 60.0
+"""Longest a version switch waits for the open transaction to end under exactly-once."""
+
+
+@dataclass(frozen=True)
+class VersionedModel:
+    """A versioned pipeline's model parts (nothing started)."""
+
+    versions: ModelVersions
+    manager: ModelManager
+
+
+def model_source(config: ModelConfig) -> ModelSource:
+    """The source ``config`` names (``folder`` or ``mlflow``)."""
+    if config.source == "mlflow":
+        from streamproc.models.mlflow_source import MlflowSource  # the MLflow client: on use
+
+        assert config.tracking_uri is not None  # validated
+        return MlflowSource(config.tracking_uri, config.name)
+    assert config.repository is not None  # validated
+    return FolderSource(config.repository, config.name)
+
+
+def version_loader(
+    spec: PipelineConfig, workload: Workload, shared: Shared
+) -> Callable[[ModelVersionFiles, LoadedVersion | None], LoadedVersion]:
+    """Loads a version of ``spec``'s model on every device at the pipeline's precision."""
+    config = shared.config
+    assert spec.model is not None
+    index = config.pipelines.index(spec)
+    precision = spec.precision or config.worker.precision
+    key = "worker.precision" if spec.precision is None else f"pipelines.{index}.precision"
+    devices = [d.device for d in shared.devices]
+    rows, headroom = config.batching.max_batch_size, spec.model.memory_headroom
+
+    def load(files: ModelVersionFiles, serving: LoadedVersion | None) -> LoadedVersion:
+        return load_version(files, workload, devices, precision, rows, serving, headroom, key)
+
+    return load
+
+
+def initial_version(spec: PipelineConfig, workload: Workload, shared: Shared) -> LoadedVersion:
+    """The version ``pipelines[].model.version`` names now, loaded on every device.
+
+    Raises:
+        ConfigError: it cannot be found or loaded (naming the pipeline and the key).
+    """
+    assert spec.model is not None
+    source = model_source(spec.model)
+    try:
+        name = source.resolve(spec.model.version)
+        files = source.fetch(name)
+        loaded = version_loader(spec, workload, shared)(files, None)
+    except (ModelSourceError, VersionRefused) as exc:
+        raise ConfigError(
+            f"pipelines[{spec.name!r}].model.version: {spec.model.version!r} from "
+            f"{source.describe()}: {exc}"
+        ) from exc
+    log.info(
+        "model version serving",
+        pipeline=spec.name,
+        version=loaded.name,
+        source=source.describe(),
+        seconds=round(loaded.loaded_s, 3),
+    )
+    return loaded
+
+
+def version_boundary(shared: Shared) -> Callable[[], None] | None:
+    """Under exactly-once, what a version switch waits for before the new version's first
+    results: the open transaction ended (the source thread asked to commit it now)."""
+    guarantee = shared.guarantee
+    if not isinstance(guarantee, ExactlyOnce):
+        return None
+    transactions = guarantee.transactions
+
+    def wait() -> None:
+        if not transactions.wait_for_boundary(shared.commit_now, BOUNDARY_TIMEOUT_S):
+            log.warning(
+                "model version switch: the open transaction did not end in time; going on",
+                timeout_s=BOUNDARY_TIMEOUT_S,
+            )
+
+    return wait
+
+
+def build_versioned_model(
+    spec: PipelineConfig, workload: Workload, serving: LoadedVersion, shared: Shared
+) -> VersionedModel:
+    """The resident versions and the model thread of a versioned pipeline."""
+    assert spec.model is not None
+    versions = ModelVersions(
+        spec.input_topic, serving, spec.model, shared.metrics, version_boundary(shared)
+    )
+    manager = ModelManager(
+        spec.name,
+        spec.model,
+        versions,
+        model_source(spec.model),
+        version_loader(spec, workload, shared),
+    )
+    return VersionedModel(versions, manager)

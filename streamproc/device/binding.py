@@ -1,0 +1,176 @@
+"""The model version a batch runs on, and what running it on that version tells.
+
+The dispatcher binds each cut batch to a :class:`ModelBinding` (the pipeline's
+:class:`~streamproc.models.versions.ModelVersions` decides which); the launcher runs it through
+a :class:`BoundCall`:
+
+* the bound version's batch function; where the binding has a ``fallback`` (the predecessor,
+  still resident while the new version is in probation) and the bound version raises, the
+  fallback runs the same rows instead and the batch carries the fallback's version (a valid
+  record never goes to the dead-letter topic for a new version's fault); once fallen back, the
+  rest of the batch's calls (its parts) go to the fallback too: one version per batch;
+* ``shadow`` (a candidate scoring this sampled batch): after the serving call on the whole
+  batch, on the same device and stream, the candidate runs on the same rows; the rows whose
+  outputs all agree (``torch.isclose``) are counted on the device; neither its outputs nor
+  its errors reach the results.
+
+Times are read once the batch is done (on CUDA from timing events recorded on the batch's
+stream; on a CPU from the clock around the synchronous calls).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from streamproc.workloads.base import ModelFn
+
+
+@dataclass(frozen=True)
+class ModelBinding:
+    """One batch's model version.
+
+    Attributes:
+        version: the version's name (``streamproc.model.version`` header).
+        fn: its batch function on the batch's device.
+        fallback: the predecessor on the same device (a new version in probation), None
+            otherwise.
+        shadow: a candidate that also scores this batch (sampled), None otherwise.
+        atol, rtol: a shadow row agrees when every output element is ``isclose`` with these.
+    """
+
+    version: str
+    fn: ModelFn
+    fallback: ModelBinding | None = None
+    shadow: ModelBinding | None = None
+    atol: float = 1e-4
+    rtol: float = 1e-3
+
+
+@dataclass(frozen=True)
+class ShadowOutcome:
+    """A candidate's comparison on one batch.
+
+    Attributes:
+        version: the candidate's version.
+        rows: rows compared (the batch's size).
+        agreed: rows whose outputs all agreed with the serving version's (0 when it raised).
+        serving_s: seconds of the serving version's call on the batch.
+        shadow_s: seconds of the candidate's call (0 when it raised).
+        error: the candidate's exception text, None when it ran.
+    """
+
+    version: str
+    rows: int
+    agreed: int
+    serving_s: float
+    shadow_s: float
+    error: str | None = None
+
+
+class _Clock:
+    """Elapsed seconds between two marks: CUDA timing events on a CUDA tensor's device (read
+    once the stream passed them), else the host clock (the CPU calls are synchronous)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._marks: list[object] = []
+
+    def mark(self) -> None:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def seconds(self, first: int, second: int) -> float:
+        a, b = self._marks[first], self._marks[second]
+        if self._cuda:
+            assert isinstance(a, torch.cuda.Event) and isinstance(b, torch.cuda.Event)
+            b.synchronize()
+            return float(a.elapsed_time(b)) / 1000.0
+        assert isinstance(a, float) and isinstance(b, float)
+        return b - a
+
+
+class BoundCall:
+    """The batch function of one launch of a bound batch (the launching thread only).
+
+    Args:
+        binding: the batch's binding.
+        rows: the batch's size (the shadow runs only on a call over all of them).
+    """
+
+    def __init__(self, binding: ModelBinding, rows: int) -> None:
+        self._binding = binding
+        self._rows = rows
+        self.version = binding.version
+        self.raised = False
+        self._active: ModelBinding = binding
+        self._shadow: tuple[_Clock, torch.Tensor | None, str | None] | None = None
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        active = self._active
+        shadow = active.shadow if self._shadow is None and x.shape[0] == self._rows else None
+        clock = _Clock(x.device) if shadow is not None else None
+        if clock is not None:
+            clock.mark()
+        try:
+            outputs = active.fn(x)
+        except Exception:
+            fallback = active.fallback
+            if fallback is None:
+                raise
+            self.raised = True
+            self._active = fallback  # this batch's later calls (its parts) too
+            self.version = fallback.version
+            return fallback.fn(x)
+        if shadow is not None and clock is not None:
+            self._shadow = (clock, *_compare(shadow, x, outputs, clock, active))
+        return outputs
+
+    def shadow_outcome(self) -> ShadowOutcome | None:
+        """The shadow's comparison, once the batch is done (None: not shadowed)."""
+        if self._shadow is None:
+            return None
+        clock, agreed, error = self._shadow
+        shadow = self._binding.shadow
+        assert shadow is not None
+        serving_s = clock.seconds(0, 1)
+        if error is not None or agreed is None:
+            return ShadowOutcome(shadow.version, self._rows, 0, serving_s, 0.0, error)
+        return ShadowOutcome(
+            shadow.version, self._rows, int(agreed.item()), serving_s, clock.seconds(1, 2)
+        )
+
+
+def _compare(
+    shadow: ModelBinding,
+    x: torch.Tensor,
+    outputs: tuple[torch.Tensor, ...],
+    clock: _Clock,
+    serving: ModelBinding,
+) -> tuple[torch.Tensor | None, str | None]:
+    """Run the candidate on ``x`` after the serving call; the count of rows whose outputs
+    all agree (a device tensor) or the candidate's error."""
+    clock.mark()
+    try:
+        candidate = shadow.fn(x)
+        clock.mark()
+        if len(candidate) != len(outputs):
+            return None, f"{len(candidate)} outputs, serving has {len(outputs)}"
+        n = x.shape[0]
+        agree = torch.ones(n, dtype=torch.bool, device=x.device)
+        for mine, theirs in zip(outputs, candidate, strict=True):
+            if theirs.shape != mine.shape:
+                return None, f"output shape {tuple(theirs.shape)}, serving {tuple(mine.shape)}"
+            close = torch.isclose(
+                theirs.float(), mine.float(), rtol=serving.rtol, atol=serving.atol
+            )
+            agree &= close.reshape(n, -1).all(dim=1)
+        return agree.sum(), None
+    except Exception as exc:  # the candidate's failure never reaches the results
+        return None, f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,176 @@
+"""The ``models-<pipeline>`` thread: looks at the pipeline's model source every
+``model.poll_interval_s`` and serves the operator's requests (the admin endpoint's
+``POST /models/<pipeline>``); loads and warms a new version up beside the serving one and
+offers it to :class:`~streamproc.models.versions.ModelVersions`, which switches at the next
+batch boundary. A version that fails to be fetched, loaded or warmed up is refused; the
+serving one never stops serving meanwhile."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from streamproc.config_sections import ModelConfig
+from streamproc.logs import get_logger
+from streamproc.models.loading import LoadedVersion, VersionRefused
+from streamproc.models.sources import ModelSource, ModelSourceError, ModelVersionFiles
+from streamproc.models.versions import ModelVersions
+
+log = get_logger(__name__)
+
+Loader = Callable[[ModelVersionFiles, LoadedVersion], LoadedVersion]
+"""Loads a version's files on every device of the pipeline, checked against the serving
+version (:func:`~streamproc.models.loading.load_version` with the pipeline's settings)."""
+Mode = Literal["swap", "shadow"]
+
+
+@dataclass(frozen=True)
+class _Request:
+    reference: str
+    mode: Mode
+    answer: Future[dict[str, Any]]
+
+
+class ModelManager:
+    """One versioned pipeline's model thread.
+
+    Args:
+        pipeline: the pipeline's name (thread name, answers).
+        config: its ``model`` section.
+        versions: its resident versions.
+        source: where its versions come from.
+        load: see :data:`Loader`.
+    """
+
+    def __init__(
+        self,
+        pipeline: str,
+        config: ModelConfig,
+        versions: ModelVersions,
+        source: ModelSource,
+        load: Loader,
+    ) -> None:
+        self.pipeline = pipeline
+        self.versions = versions
+        self._config = config
+        self._source = source
+        self._load = load
+        self._requests: queue.Queue[_Request | None] = queue.Queue()
+        self._last_error: str | None = None
+        # the operator asked for a version other than model.version's: polling waits until
+        # they ask for model.version's reference again (a poll would undo their choice)
+        self.pinned: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"models-{pipeline}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop after the request or load in progress (idempotent)."""
+        self._requests.put(None)
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+
+    def request(self, reference: str, mode: Mode = "swap") -> Future[dict[str, Any]]:
+        """Ask for version ``reference`` (a name, ``latest``, MLflow's ``@alias``): served from
+        the next batch boundary (``swap``) or scored in shadow (``shadow``). The future's
+        result says what was done; it raises :class:`VersionRefused` for a refused version
+        (the serving one goes on)."""
+        answer: Future[dict[str, Any]] = Future()
+        self._requests.put(_Request(reference, mode, answer))
+        return answer
+
+    def _run(self) -> None:
+        interval = self._config.poll_interval_s or None
+        while True:
+            try:
+                item = self._requests.get(timeout=interval)
+            except queue.Empty:
+                self._poll()
+                continue
+            if item is None:
+                return
+            try:
+                item.answer.set_result(self._serve(item))
+            except Exception as exc:
+                item.answer.set_exception(exc)
+
+    def _poll(self) -> None:
+        """A new version in the source (one not resident and never refused) is loaded and
+        offered in ``model.mode``; not while the operator's choice holds (:attr:`pinned`)."""
+        if self.pinned is not None:
+            return
+        try:
+            name = self._source.resolve(self._config.version)
+        except ModelSourceError as exc:
+            if str(exc) != self._last_error:  # one line per distinct error, not per poll
+                log.warning("model source", pipeline=self.pipeline, error=str(exc))
+            self._last_error = str(exc)
+            return
+        self._last_error = None
+        versions = self.versions
+        if name in versions.resident() or name in versions.refused:
+            return
+        try:
+            self._load_and_offer(name, self._config.mode, "new")
+        except VersionRefused as exc:
+            if exc.reason != "busy":  # busy: tried again at the next poll
+                versions.refuse(name, exc)
+
+    def _serve(self, request: _Request) -> dict[str, Any]:
+        answer = self._serve_request(request)
+        following = request.reference == self._config.version or request.mode == "shadow"
+        if following:
+            self.pinned = None
+        else:
+            self.pinned = answer["version"]
+            log.info(
+                "model polling paused: the operator chose a version",
+                pipeline=self.pipeline,
+                version=answer["version"],
+                resume=f"streamproc model use {self.pipeline} {self._config.version}",
+            )
+        return answer
+
+    def _serve_request(self, request: _Request) -> dict[str, Any]:
+        versions = self.versions
+        try:
+            name = self._source.resolve(request.reference)
+        except ModelSourceError as exc:
+            raise VersionRefused("source", str(exc)) from exc
+        if request.mode == "swap":
+            done = versions.use(name)
+            if done is not None:
+                return {"pipeline": self.pipeline, "version": name, "done": done}
+        try:
+            self._load_and_offer(name, request.mode, "operator")
+        except VersionRefused as exc:
+            if exc.reason != "busy":
+                versions.refuse(name, exc)
+            raise
+        versions.refused.discard(name)
+        done = "shadowing" if request.mode == "shadow" else "pending"
+        return {"pipeline": self.pipeline, "version": name, "done": done}
+
+    def _load_and_offer(self, name: str, mode: Mode, reason: Literal["new", "operator"]) -> None:
+        versions = self.versions
+        if name in versions.resident():
+            raise VersionRefused("busy", f"version {name} is resident already")
+        versions.check_room(name)  # before loading: at most two versions resident
+        try:
+            files = self._source.fetch(name)
+        except ModelSourceError as exc:
+            raise VersionRefused("source", str(exc)) from exc
+        log.info("loading model version", pipeline=self.pipeline, version=name, mode=mode)
+        loaded = self._load(files, versions.serving_version())
+        log.info(
+            "model version loaded",
+            pipeline=self.pipeline,
+            version=name,
+            seconds=round(loaded.loaded_s, 3),
+        )
+        versions.offer(loaded, mode, reason)

@@ -1,0 +1,402 @@
+"""Versioned models against the real broker: a live swap during a replay, a refused version, an
+automatic rollback, shadow scoring, and the admin endpoint.
+
+The pipeline runs the iot workload on the packaged recording; its versions are TorchScript files
+of the packaged autoencoder in a model repository folder (``tests/support/model_versions.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamproc.config import Config, load_config
+from streamproc.output.headers import H_MODEL_VERSION, H_OFFSET, H_PARTITION
+from streamproc.output.sink import Sink
+from streamproc.pipeline import Pipeline, RunSummary
+from streamproc.tools.model_admin import AdminCallFailed, models_state, use_version
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import TopicDump, read_topic, verify
+from tests.integration.conftest import Topics, report, wait_for
+from tests.support.model_versions import iot_module, write_version
+
+TOKEN = "s3cret-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    write_version(root, "1", iot_module())
+    return root
+
+
+def versioned_config(
+    bootstrap: str, t: Topics, repository: Path | None, port: int = 0, **model: Any
+) -> Config:
+    guarantee = model.pop("guarantee", "at_least_once")
+    location = {} if repository is None else {"source": "folder", "repository": str(repository)}
+    return load_config(
+        overrides={
+            "kafka": {
+                "bootstrap_servers": bootstrap,
+                "group_id": t.group,
+                "commit_interval_ms": 200,
+            },
+            "processing_guarantee": guarantee,
+            "pipelines": [
+                {
+                    "name": "iot",
+                    "input_topic": t.input,
+                    "output_topic": t.output,
+                    "dlq_topic": t.dlq,
+                    "workload": "iot",
+                    "model": {
+                        **location,
+                        "name": "iot",
+                        "version": "1",
+                        "poll_interval_s": 0,
+                        **model,
+                    },
+                }
+            ],
+            "metrics": {"port": port, "host": "127.0.0.1"},
+            "admin": {"token": TOKEN},
+            "worker": {"device": "cpu"},
+            "batching": {"max_batch_size": 32, "max_wait_ms": 20},
+        }
+    )
+
+
+class Running:
+    """A pipeline running on a thread until idle."""
+
+    def __init__(self, pipeline: Pipeline, idle_s: float = 4.0) -> None:
+        self.pipeline = pipeline
+        self.summary: list[RunSummary] = []
+        self._thread = threading.Thread(
+            target=lambda: self.summary.append(pipeline.run(exit_when_idle_s=idle_s))
+        )
+        self._thread.start()
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.pipeline.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    def join(self, timeout_s: float = 180.0) -> RunSummary:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the pipeline did not stop"
+        return self.summary[0]
+
+
+def replay(bootstrap: str, topic: str, limit: int, rate: float | None = None) -> threading.Thread:
+    thread = threading.Thread(
+        target=produce,
+        args=("iot", topic, bootstrap),
+        kwargs={"limit": limit, "rate": rate, "progress": False, "partitions": 3},
+    )
+    thread.start()
+    return thread
+
+
+def versions_by_partition(dump: TopicDump) -> dict[int, list[tuple[int, str]]]:
+    """Per input partition, (input offset, model version) of each result in offset order."""
+    found: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for _, _, headers, _ in dump.records.values():
+        found[int(headers[H_PARTITION])].append(
+            (int(headers[H_OFFSET]), headers[H_MODEL_VERSION].decode())
+        )
+    return {p: sorted(v) for p, v in found.items()}
+
+
+@pytest.fixture
+def versions_per_transaction(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[int, set[str]]]:
+    """Per transaction (its index: commits + aborts before it), the model versions of the
+    results produced in it (instruments the sink and the transactions)."""
+    from streamproc.offsets.transactions import Transactions
+
+    seen: dict[int, set[str]] = defaultdict(set)
+    current = threading.local()
+    send_results, produce_many = Sink.send_results, Transactions.produce_many
+
+    def send(self: Sink, topic: str, records: Any, values: Any, headers: Any, dlq: str) -> Any:
+        current.versions = {dict(h)[H_MODEL_VERSION].decode() for h in headers}
+        try:
+            return send_results(self, topic, records, values, headers, dlq)
+        finally:
+            current.versions = set()
+
+    def produce_rows(self: Transactions, produce_fn: Any, rows: Any) -> Any:
+        with self.lock:
+            seen[self.commits + self.aborts].update(getattr(current, "versions", set()))
+            return produce_many(self, produce_fn, rows)
+
+    monkeypatch.setattr(Sink, "send_results", send)
+    monkeypatch.setattr(Transactions, "produce_many", produce_rows)
+    yield seen
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_a_swap_during_a_replay_loses_nothing_and_changes_version_once_per_partition(
+    bootstrap_servers: str,
+    topics: Topics,
+    repository: Path,
+    guarantee: str,
+    versions_per_transaction: dict[int, set[str]],
+) -> None:
+    write_version(repository, "2", iot_module(scale=1.2))
+    port = free_port()
+    config = versioned_config(bootstrap_servers, topics, repository, port, guarantee=guarantee)
+    running = Running(Pipeline(config))
+    total = 3000
+    producer = replay(bootstrap_servers, topics.input, total, rate=500)
+    topic = topics.input
+    wait_for(
+        lambda: running.metric("streamproc_model_batches_total", topic=topic, version="1") >= 10,
+        120,
+        "batches of version 1",
+    )
+    source = running.pipeline.stages.source
+    generations = dict(source.assignment.generations)
+    answer = use_version(f"http://127.0.0.1:{port}", TOKEN, "iot", "2")
+    assert answer == {"pipeline": "iot", "version": "2", "done": "pending"}
+    wait_for(
+        lambda: running.metric("streamproc_model_batches_total", topic=topic, version="2") >= 5,
+        120,
+        "batches of version 2",
+    )
+    state = models_state(f"http://127.0.0.1:{port}")["iot"]
+    assert state["serving"] == "2" and state["previous"] == "1"  # in probation
+    assert dict(source.assignment.generations) == generations  # no rebalance, no rewind
+    producer.join(120)
+    summary = running.join()
+    assert summary.exit_code == 0, summary.error
+    outputs = read_topic(bootstrap_servers, topics.output)
+    verdict = verify(
+        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
+    )
+    report(f"swap during a replay, {guarantee}", verdict)
+    assert verdict.inputs == total and verdict.dead_lettered == 0 and verdict.missing == []
+    assert verdict.committed_equals_end
+    if guarantee == "exactly_once":
+        assert verdict.duplicates == 0
+    events = running.pipeline.stages.managers[0].versions.state()["events"]
+    assert not any(e["kind"] == "rolled_back" for e in events), events
+    for partition, seq in versions_by_partition(outputs).items():
+        names = [version for _, version in seq]
+        assert set(names) <= {"1", "2"}
+        changes = sum(a != b for a, b in itertools.pairwise(names))
+        assert changes == 1 and names[0] == "1" and names[-1] == "2", (partition, changes)
+    assert running.metric("streamproc_model_swaps_total", topic=topic, reason="operator") == 1
+    assert running.metric("streamproc_model_swap_pause_seconds_count", topic=topic) == 1
+    pause = running.metric("streamproc_model_swap_pause_seconds_sum", topic=topic)
+    print(
+        f"\n[swap pause, {guarantee}] {pause * 1000:.1f} ms between the last result of 1 "
+        "and the first of 2"
+    )
+    if guarantee == "exactly_once":
+        mixed = {index: v for index, v in versions_per_transaction.items() if len(v) > 1}
+        assert not mixed, f"transactions holding two versions: {mixed}"
+        assert len(versions_per_transaction) > 1
+
+
+def test_a_broken_version_is_refused_and_the_serving_one_goes_on(
+    bootstrap_servers: str, topics: Topics, repository: Path
+) -> None:
+    write_version(repository, "2", None)  # not a TorchScript file
+    write_version(repository, "3", "tests.support.model_versions:raises_always")
+    port = free_port()
+    config = versioned_config(bootstrap_servers, topics, repository, port)
+    running = Running(Pipeline(config))
+    total = 600
+    producer = replay(bootstrap_servers, topics.input, total, rate=200)
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(AdminCallFailed) as refused:
+        use_version(url, TOKEN, "iot", "2")
+    assert refused.value.status == 422 and "does not load" in str(refused.value)
+    with pytest.raises(AdminCallFailed) as refused_warmup:
+        use_version(url, TOKEN, "iot", "3")
+    assert refused_warmup.value.status == 422 and "warm-up" in str(refused_warmup.value)
+    with pytest.raises(AdminCallFailed) as unauthorised:
+        use_version(url, "wrong", "iot", "1")
+    assert unauthorised.value.status == 401
+    producer.join(120)
+    summary = running.join()
+    assert summary.exit_code == 0, summary.error
+    outputs = read_topic(bootstrap_servers, topics.output)
+    verdict = verify(
+        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
+    )
+    assert verdict.results == total and verdict.missing == [] and verdict.dead_lettered == 0
+    assert {v for seq in versions_by_partition(outputs).values() for _, v in seq} == {"1"}
+    topic = topics.input
+    assert (
+        running.metric("streamproc_model_refused_versions_total", topic=topic, reason="load") == 1
+    )
+    assert (
+        running.metric("streamproc_model_refused_versions_total", topic=topic, reason="warmup") == 1
+    )
+    assert running.metric("streamproc_model_serving", topic=topic, version="1") == 1
+
+
+def test_a_version_that_raises_once_serving_is_rolled_back_automatically(
+    bootstrap_servers: str, topics: Topics, repository: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_version(repository, "3", "tests.support.model_versions:fails_on_live")
+    total = 1500
+    produce(
+        "iot", topics.input, bootstrap_servers, partitions=3, limit=total, progress=False
+    )  # a backlog: full batches from the start
+    config = versioned_config(
+        bootstrap_servers,
+        topics,
+        repository,
+        rollback={"min_batches": 3, "max_error_share": 0.2, "window_batches": 50},
+    )
+    pipeline = Pipeline(config)
+    pipeline.start()
+    manager = pipeline.stages.managers[0]
+    assert manager.request("3").result(120) == {
+        "pipeline": "iot",
+        "version": "3",
+        "done": "pending",
+    }
+    topic = topics.input
+    summary_holder: list[RunSummary] = []
+    runner = threading.Thread(
+        target=lambda: summary_holder.append(pipeline.run(exit_when_idle_s=3))
+    )
+    runner.start()
+    runner.join(180)
+    assert summary_holder and summary_holder[0].exit_code == 0, summary_holder
+    registry = pipeline.metrics.registry
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, {"topic": topic, **labels}) or 0.0
+
+    outputs = read_topic(bootstrap_servers, topics.output)
+    verdict = verify(
+        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
+    )
+    report("rollback on errors", verdict)
+    # every batch version 3 raised on ran on version 1 instead: nothing dead-lettered
+    assert verdict.results == total and verdict.missing == [] and verdict.dead_lettered == 0
+    assert {v for seq in versions_by_partition(outputs).values() for _, v in seq} == {"1"}
+    assert value("streamproc_model_rollbacks_total", reason="errors") == 1
+    assert value("streamproc_model_fallback_batches_total", version="1") >= 3
+    assert value("streamproc_model_serving", version="1") == 1
+    assert value("streamproc_model_serving", version="3") == 0
+    state = manager.versions.state()
+    assert state["serving"] == "1" and "3" in state["refused"]
+    assert any(e["kind"] == "rolled_back" and e["version"] == "3" for e in state["events"])
+
+
+@pytest.mark.parametrize("same_weights", [False, True])
+def test_shadow_scoring_produces_nothing_and_measures_agreement(
+    bootstrap_servers: str, topics: Topics, repository: Path, same_weights: bool
+) -> None:
+    config = versioned_config(
+        bootstrap_servers,
+        topics,
+        repository,
+        poll_interval_s=0.2,
+        version="latest",
+        mode="shadow",
+        shadow={"sample": 1.0, "promote_after_batches": 20, "promote_max_latency_ratio": 100.0},
+    )
+    running = Running(Pipeline(config))
+    topic = topics.input
+    write_version(repository, "2", iot_module(scale=1.0 if same_weights else 1.2))
+    total = 2000
+    producer = replay(bootstrap_servers, topics.input, total, rate=400)
+    wait_for(
+        lambda: running.metric("streamproc_shadow_batches_total", topic=topic, version="2") >= 20,
+        120,
+        "shadowed batches",
+    )
+    producer.join(120)
+    summary = running.join()
+    assert summary.exit_code == 0, summary.error
+    outputs = read_topic(bootstrap_servers, topics.output)
+    verdict = verify(
+        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
+    )
+    assert verdict.results == total and verdict.missing == []
+    agreement = running.metric("streamproc_shadow_agreement_ratio", topic=topic, version="2")
+    made_by = [v for seq in versions_by_partition(outputs).values() for _, v in seq]
+    print(
+        f"\n[shadow, same weights {same_weights}] agreement {agreement:.4f}, "
+        f"results by version {dict((v, made_by.count(v)) for v in set(made_by))}"
+    )
+    if same_weights:
+        assert agreement == 1.0
+        # promoted once 20 shadowed batches all agreed: later results come from version 2
+        assert running.metric("streamproc_model_swaps_total", topic=topic, reason="promoted") == 1
+        assert made_by.count("2") > 0
+    else:
+        assert agreement < 0.99  # other weights: the candidate disagrees, never promoted
+        assert set(made_by) == {"1"}  # the candidate's results never reached the output topic
+        assert running.metric("streamproc_model_swaps_total", topic=topic, reason="promoted") == 0
+
+
+def test_an_mlflow_alias_moved_during_a_replay_swaps_the_version_live(
+    bootstrap_servers: str, topics: Topics, mlflow_server: str, tmp_path: Path
+) -> None:
+    from streamproc.models.mlflow_source import register_version
+
+    name = f"iot-{topics.group}"
+    files = tmp_path / "files"
+    for version, scale in (("1", 1.0), ("2", 1.2)):
+        write_version(files, version, iot_module(scale))
+    first = register_version(mlflow_server, name, files / "iot" / "1" / "model.pt2", "champion")
+    config = versioned_config(
+        bootstrap_servers,
+        topics,
+        None,
+        source="mlflow",
+        tracking_uri=mlflow_server,
+        name=name,
+        version="@champion",
+        poll_interval_s=0.5,
+    )
+    running = Running(Pipeline(config))
+    topic = topics.input
+    total = 2400
+    producer = replay(bootstrap_servers, topics.input, total, rate=400)
+    wait_for(
+        lambda: running.metric("streamproc_model_batches_total", topic=topic, version=first) >= 5,
+        120,
+        "batches of the first version",
+    )
+    second = register_version(mlflow_server, name, files / "iot" / "2" / "model.pt2", "champion")
+    wait_for(
+        lambda: running.metric("streamproc_model_batches_total", topic=topic, version=second) >= 5,
+        120,
+        "batches of the version the alias moved to",
+    )
+    producer.join(120)
+    summary = running.join()
+    assert summary.exit_code == 0, summary.error
+    outputs = read_topic(bootstrap_servers, topics.output)
+    verdict = verify(
+        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
+    )
+    report("mlflow alias moved", verdict)
+    assert verdict.inputs == total and verdict.missing == [] and verdict.dead_lettered == 0
+    for seq in versions_by_partition(outputs).values():
+        names = [v for _, v in seq]
+        assert names[0] == first and names[-1] == second
+        assert sum(a != b for a, b in itertools.pairwise(names)) == 1
+    assert running.metric("streamproc_model_swaps_total", topic=topic, reason="new") == 1

@@ -1,0 +1,172 @@
+"""A pipeline's resident versions: the switch at a batch boundary, probation and rollback,
+shadow promotion, at most two resident, the transaction boundary."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from streamproc.config_sections import ModelConfig
+from streamproc.device.binding import ShadowOutcome
+from streamproc.device.jobs import DeviceJob, DeviceResult
+from streamproc.metrics import Metrics
+from streamproc.models.loading import LoadedVersion, VersionRefused
+from streamproc.models.versions import ModelVersions
+from streamproc.records import Batch, Record, TopicPartition
+
+TOPIC = "iot"
+
+
+def version(name: str, devices: int = 1) -> LoadedVersion:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x,)
+
+    return LoadedVersion(name, tuple(fn for _ in range(devices)))
+
+
+def config(**overrides: Any) -> ModelConfig:
+    return ModelConfig.model_validate(
+        {"name": "iot", "repository": "/models", "poll_interval_s": 0, **overrides}
+    )
+
+
+def job(batch_id: int) -> DeviceJob:
+    record = Record(TopicPartition(TOPIC, 0), batch_id, None, b"x", (), 0, 0.0)
+    return DeviceJob(Batch(batch_id, (record,), 0.0), slab=None)  # type: ignore[arg-type]
+
+
+def result(
+    name: str, raised: bool = False, seconds: float = 0.01, shadow: ShadowOutcome | None = None
+) -> DeviceResult:
+    return DeviceResult(
+        job(1).batch, (np.zeros(1),), {}, None, seconds, version=name, raised=raised, shadow=shadow
+    )
+
+
+def metric(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, {"topic": TOPIC, **labels}) or 0.0
+
+
+def bound(versions: ModelVersions, batch_id: int = 1, device: int = 0) -> DeviceJob:
+    made = job(batch_id)
+    versions.bind(made, device)
+    return made
+
+
+def test_a_pending_version_serves_from_the_next_batch_and_its_predecessor_is_the_fallback() -> None:
+    metrics = Metrics()
+    versions = ModelVersions(TOPIC, version("1"), config(), metrics)
+    before = bound(versions, 1)
+    versions.offer(version("2"), "swap", "new")
+    assert before.binding is not None and before.binding.version == "1"  # bound before: stays
+    after = bound(versions, 2)
+    assert after.binding is not None and after.binding.version == "2"
+    assert after.binding.fallback is not None and after.binding.fallback.version == "1"
+    assert versions.resident() == ("2", "1")
+    assert metric(metrics, "streamproc_model_swaps_total", reason="new") == 1
+    assert metric(metrics, "streamproc_model_serving", version="2") == 1
+    assert metric(metrics, "streamproc_model_serving", version="1") == 0
+
+
+def test_at_most_two_versions_resident() -> None:
+    versions = ModelVersions(TOPIC, version("1"), config(), Metrics())
+    versions.offer(version("2"), "swap", "new")
+    with pytest.raises(VersionRefused) as pending:
+        versions.offer(version("3"), "swap", "new")
+    assert pending.value.reason == "busy"
+    assert "at most two versions are resident; 2 waits for the next batch" in str(pending.value)
+    bound(versions)  # switched: 2 serves, 1 in probation
+    with pytest.raises(VersionRefused, match="in probation"):
+        versions.check_room("3")
+
+
+def test_errors_in_probation_roll_back_at_the_next_boundary() -> None:
+    metrics = Metrics()
+    rules = {"min_batches": 2, "max_error_share": 0.4, "window_batches": 10}
+    versions = ModelVersions(TOPIC, version("1"), config(rollback=rules), metrics)
+    versions.offer(version("2"), "swap", "operator")
+    bound(versions, 1)
+    assert versions.observe(result("2")) == "2"
+    assert versions.observe(result("1", raised=True)) == "1"  # 2 raised; 1 made the results
+    assert versions.serving == "2"  # the switch back waits for the next batch
+    assert bound(versions, 2).binding.version == "1"  # type: ignore[union-attr]
+    assert versions.serving == "1" and versions.resident() == ("1",)
+    assert "2" in versions.refused
+    assert metric(metrics, "streamproc_model_rollbacks_total", reason="errors") == 1
+    assert metric(metrics, "streamproc_model_fallback_batches_total", version="1") == 1
+    assert [e.kind for e in versions.events][-2:] == ["rolled_back", "switched"]
+
+
+def test_probation_passed_lets_the_predecessor_go() -> None:
+    rules = {"min_batches": 1, "window_batches": 3}
+    versions = ModelVersions(TOPIC, version("1"), config(rollback=rules), Metrics())
+    versions.offer(version("2"), "swap", "new")
+    bound(versions)
+    for _ in range(3):
+        versions.observe(result("2"))
+    assert versions.resident() == ("2",)
+    binding = bound(versions, 2).binding
+    assert binding is not None and binding.fallback is None
+    versions.offer(version("3"), "swap", "new")  # room again
+
+
+def test_the_operator_rolls_back_to_the_predecessor_or_promotes_the_candidate() -> None:
+    versions = ModelVersions(TOPIC, version("1"), config(), Metrics())
+    versions.offer(version("2"), "swap", "operator")
+    bound(versions)
+    assert versions.use("1") == "rolled_back"
+    bound(versions, 2)
+    assert versions.serving == "1" and "2" in versions.refused
+    assert versions.use("1") == "serving"
+    versions.offer(version("3"), "shadow", "new")
+    assert versions.use("3") == "promoted"
+    bound(versions, 3)
+    assert versions.serving == "3"
+    with pytest.raises(VersionRefused, match="3 is in probation"):
+        versions.use("4")  # not resident, and no room to load it
+
+
+def test_shadow_binds_a_sample_and_promotes_on_its_record() -> None:
+    metrics = Metrics()
+    cfg = config(shadow={"sample": 0.5, "promote_after_batches": 2})
+    versions = ModelVersions(TOPIC, version("1"), cfg, metrics, rng=random.Random(7))
+    versions.offer(version("2"), "shadow", "new")
+    shadowed = [bound(versions, i).binding for i in range(1, 201)]
+    share = sum(b is not None and b.shadow is not None for b in shadowed) / len(shadowed)
+    assert 0.35 < share < 0.65
+    assert all(b is not None and b.version == "1" for b in shadowed)
+    outcome = ShadowOutcome("2", rows=10, agreed=10, serving_s=0.01, shadow_s=0.012)
+    versions.observe(result("1", shadow=outcome))
+    versions.observe(result("1", shadow=outcome))
+    assert metric(metrics, "streamproc_shadow_agreement_ratio", version="2") == 1.0
+    assert metric(metrics, "streamproc_shadow_batches_total", version="2") == 2
+    bound(versions, 300)
+    assert versions.serving == "2"
+    assert metric(metrics, "streamproc_model_swaps_total", reason="promoted") == 1
+
+
+def test_the_transaction_boundary_is_asked_for_where_the_version_changes() -> None:
+    asked: list[str] = []
+    versions = ModelVersions(
+        TOPIC, version("1"), config(), Metrics(), boundary=lambda: asked.append("boundary")
+    )
+    versions.observe(result("1"))
+    versions.observe(result("1"))
+    assert asked == []
+    versions.observe(result("2"))
+    assert asked == ["boundary"]
+    versions.observe(result("2"))
+    assert asked == ["boundary"]
+
+
+def test_a_refusal_is_remembered_counted_and_logged() -> None:
+    metrics = Metrics()
+    versions = ModelVersions(TOPIC, version("1"), config(), metrics)
+    versions.refuse("5", VersionRefused("warmup", "raised on zeros"))
+    assert "5" in versions.refused
+    assert metric(metrics, "streamproc_model_refused_versions_total", reason="warmup") == 1
+    assert versions.state()["events"][-1]["kind"] == "refused"
