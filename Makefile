@@ -135,6 +135,10 @@ rebalance-gaps: venv kafka-jars
 bench-formats: venv
 	$(PY) benchmarks/formats.py
 
+.PHONY: bench-models
+bench-models: venv kafka-jars
+	$(PY) benchmarks/model_swap.py
+
 # A 5-minute paced soak: consumer RSS must stay within +-5 % (benchmarks/soak.py).
 soak: venv kafka-jars
 	$(PY) benchmarks/soak.py

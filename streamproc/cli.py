@@ -146,28 +146,27 @@ def registry_start(
 ) -> None:
     """Start a local Schema Registry in the background (loopback, in-memory, BACKWARD
     compatibility); the last line is SCHEMA_REGISTRY_URL=..."""
-    from streamproc.tools.kafka_local import alive, read_pid, terminate_pid
+    from streamproc.tools.local_service import start_recorded
     from streamproc.tools.registry_local import LocalRegistry, ensure_registry_app
 
     directory = directory.resolve()
-    pid = read_pid(directory / "registry.pid")
-    url_file = directory / "url"
-    if pid is not None and alive(pid) and url_file.exists():
-        typer.echo(
-            f"registry already running (pid {pid}); stop it with "
-            f"`streamproc registry stop --dir {directory}`"
-        )
-        typer.echo(f"SCHEMA_REGISTRY_URL={url_file.read_text().strip()}")
-        return
-    if pid is not None:
-        terminate_pid(pid, 20.0)
     try:
-        registry = LocalRegistry(directory, ensure_registry_app(), own_lifetime=False)
-        url = registry.start()
+        url, registry, running = start_recorded(
+            directory,
+            "registry",
+            "url",
+            lambda: LocalRegistry(directory, ensure_registry_app(), own_lifetime=False),
+        )
     except StreamprocError as exc:
         raise _fail(exc) from exc
-    url_file.write_text(url)
-    typer.echo(f"registry log: {registry.log_path}")
+    if running is not None:
+        typer.echo(
+            f"registry already running (pid {running}); stop it with "
+            f"`streamproc registry stop --dir {directory}`"
+        )
+    else:
+        assert registry is not None
+        typer.echo(f"registry log: {registry.log_path}")
     typer.echo(f"SCHEMA_REGISTRY_URL={url}")
 
 
@@ -178,15 +177,12 @@ def registry_stop(
     ),
 ) -> None:
     """Stop the registry started with `registry start --dir DIR`; no process is left behind."""
-    from streamproc.tools.kafka_local import read_pid, terminate_pid
+    from streamproc.tools.local_service import stop_recorded
 
-    pid = read_pid(directory / "registry.pid")
-    if pid is None:
-        typer.echo(f"no registry recorded in {directory}")
-        return
-    terminate_pid(pid, 20.0)
-    (directory / "registry.pid").unlink(missing_ok=True)
-    typer.echo(f"stopped registry pid {pid}")
+    pid = stop_recorded(directory, "registry")
+    typer.echo(
+        f"no registry recorded in {directory}" if pid is None else f"stopped registry pid {pid}"
+    )
 
 
 @mlflow_app.command("start")
@@ -198,28 +194,27 @@ def mlflow_start(
     """Start a local MLflow tracking server in the background (loopback, SQLite store, artifacts
     served by the server; installs MLflow into its own environment on first use); the last line
     is export MLFLOW_TRACKING_URI=..."""
-    from streamproc.tools.kafka_local import alive, read_pid, terminate_pid
+    from streamproc.tools.local_service import start_recorded
     from streamproc.tools.mlflow_local import LocalMlflow, ensure_mlflow_server
 
     directory = directory.resolve()
-    pid = read_pid(directory / "mlflow.pid")
-    uri_file = directory / "tracking_uri"
-    if pid is not None and alive(pid) and uri_file.exists():
-        typer.echo(
-            f"MLflow server already running (pid {pid}); stop it with "
-            f"`streamproc mlflow stop --dir {directory}`"
-        )
-        typer.echo(f"export MLFLOW_TRACKING_URI={uri_file.read_text().strip()}")
-        return
-    if pid is not None:
-        terminate_pid(pid, 20.0)
     try:
-        server = LocalMlflow(directory, ensure_mlflow_server(), own_lifetime=False)
-        uri = server.start()
+        uri, server, running = start_recorded(
+            directory,
+            "mlflow",
+            "tracking_uri",
+            lambda: LocalMlflow(directory, ensure_mlflow_server(), own_lifetime=False),
+        )
     except StreamprocError as exc:
         raise _fail(exc) from exc
-    uri_file.write_text(uri)
-    typer.echo(f"MLflow log: {server.log_path}")
+    if running is not None:
+        typer.echo(
+            f"MLflow server already running (pid {running}); stop it with "
+            f"`streamproc mlflow stop --dir {directory}`"
+        )
+    else:
+        assert server is not None
+        typer.echo(f"MLflow log: {server.log_path}")
     typer.echo(f"export MLFLOW_TRACKING_URI={uri}")
 
 
@@ -231,15 +226,14 @@ def mlflow_stop(
 ) -> None:
     """Stop the MLflow server started with `mlflow start --dir DIR`; no process is left behind
     (its database and artifacts stay in DIR)."""
-    from streamproc.tools.kafka_local import read_pid, terminate_pid
+    from streamproc.tools.local_service import stop_recorded
 
-    pid = read_pid(directory / "mlflow.pid")
-    if pid is None:
-        typer.echo(f"no MLflow server recorded in {directory}")
-        return
-    terminate_pid(pid, 20.0)
-    (directory / "mlflow.pid").unlink(missing_ok=True)
-    typer.echo(f"stopped MLflow server pid {pid}")
+    pid = stop_recorded(directory, "mlflow")
+    typer.echo(
+        f"no MLflow server recorded in {directory}"
+        if pid is None
+        else f"stopped MLflow server pid {pid}"
+    )
 
 
 AdminUrl = Annotated[

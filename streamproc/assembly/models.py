@@ -66,14 +66,16 @@ def version_loader(
     return load
 
 
-def initial_version(spec: PipelineConfig, workload: Workload, shared: Shared) -> LoadedVersion:
-    """The version ``pipelines[].model.version`` names now, loaded on every device.
+def initial_version(
+    spec: PipelineConfig, workload: Workload, source: ModelSource, shared: Shared
+) -> LoadedVersion:
+    """The version ``pipelines[].model.version`` names now in ``source``, loaded on every
+    device.
 
     Raises:
         ConfigError: it cannot be found or loaded (naming the pipeline and the key).
     """
     assert spec.model is not None
-    source = model_source(spec.model)
     try:
         name = source.resolve(spec.model.version)
         files = source.fetch(name)
@@ -112,10 +114,17 @@ def version_boundary(shared: Shared) -> Callable[[], None] | None:
 
 
 def build_versioned_model(
-    spec: PipelineConfig, workload: Workload, serving: LoadedVersion, shared: Shared
+    spec: PipelineConfig, workload: Workload, shared: Shared
 ) -> VersionedModel:
-    """The resident versions and the model thread of a versioned pipeline."""
+    """The serving version (loaded now), the resident versions and the model thread of a
+    versioned pipeline.
+
+    Raises:
+        ConfigError: the version ``pipelines[].model.version`` names cannot be found or loaded.
+    """
     assert spec.model is not None
+    source = model_source(spec.model)
+    serving = initial_version(spec, workload, source, shared)
     versions = ModelVersions(
         spec.input_topic, serving, spec.model, shared.metrics, version_boundary(shared)
     )
@@ -123,7 +132,7 @@ def build_versioned_model(
         spec.name,
         spec.model,
         versions,
-        model_source(spec.model),
+        source,
         version_loader(spec, workload, shared),
     )
     return VersionedModel(versions, manager)

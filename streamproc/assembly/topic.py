@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from prometheus_client import Gauge
 
-from streamproc.assembly.models import VersionedModel, build_versioned_model, initial_version
+from streamproc.assembly.models import VersionedModel, build_versioned_model
 from streamproc.assembly.shared import Shared
 from streamproc.config import Config, PipelineConfig
 from streamproc.config_sections import fused_lane_refusal
@@ -146,9 +146,8 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
     )
     model: VersionedModel | None = None
     if spec.model is not None:
-        serving = initial_version(spec, workload, shared)
-        model = build_versioned_model(spec, workload, serving, shared)
-        fns = serving.fns
+        model = build_versioned_model(spec, workload, shared)
+        fns = model.versions.serving_version().fns
     else:
         fns = tuple(
             build_device_model(spec, workload, device.device, shared.config)

@@ -86,9 +86,14 @@ class Probation:
         return self.batches >= self.rules.window_batches
 
     def describe(self) -> str:
+        before = (
+            f"against {self.baseline_p99_s * 1000:.2f} ms before"
+            if self.baseline_p99_s > 0
+            else "(the predecessor ran too few batches for a baseline: latency not judged)"
+        )
         return (
-            f"{self.errors} of {self.batches} batches raised; P99 {p99(self.times) * 1000:.2f} "
-            f"ms against {self.baseline_p99_s * 1000:.2f} ms before"
+            f"{self.errors} of {self.batches} batches raised; P99 "
+            f"{p99(self.times) * 1000:.2f} ms {before}"
         )
 
 

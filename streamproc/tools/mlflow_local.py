@@ -24,27 +24,17 @@ survive a stop: a server started again on the same folder serves the same models
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamproc.errors import BrokerError
-from streamproc.tools.kafka_local import (
-    _die_with_parent,
-    cache_dir,
-    free_port,
-    read_pid,
-    terminate_pid,
-)
+from streamproc.tools.kafka_local import cache_dir
+from streamproc.tools.local_service import LocalService
 
 MLFLOW_VERSION = "3.17.2"
-MARKER = ".streamproc-mlflow"
 PYTHON = "python3.11"
 # The server's environment: no usage telemetry (no traffic beyond loopback), and no job runner
 # (a huey consumer per job queue, ~300 MB, for GenAI jobs a model registry never starts).
@@ -94,7 +84,7 @@ def ensure_mlflow_server(root: Path | None = None) -> Path:
 
 
 @dataclass
-class LocalMlflow:
+class LocalMlflow(LocalService):
     """One MLflow tracking server on 127.0.0.1: SQLite backend store, proxied artifacts.
 
     Args:
@@ -111,53 +101,22 @@ class LocalMlflow:
     port: int = 0
     _proc: subprocess.Popen[bytes] | None = None
 
+    NAME = "mlflow"
+    LABEL = "the local MLflow server"
+    HEALTH_PATH = "/health"
+
     @property
     def tracking_uri(self) -> str:
         """``http://127.0.0.1:PORT``: what ``MLFLOW_TRACKING_URI`` takes."""
-        return f"http://127.0.0.1:{self.port}"
+        return self.base_url
 
     @property
-    def pid(self) -> int | None:
-        """The server's process id while this object started it, else None."""
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def pid_path(self) -> Path:
-        return self.run_dir / "mlflow.pid"
-
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir / "mlflow.log"
-
-    @property
-    def running(self) -> bool:
-        """True while the server process started by this object runs."""
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self, timeout_s: float = 120.0) -> str:
-        """Start the server on a free loopback port and wait until ``/health`` answers.
-
-        Returns:
-            :attr:`tracking_uri`.
-
-        Raises:
-            BrokerError: the process exited, or did not answer within ``timeout_s`` seconds
-                (the message holds the end of the log).
-        """
-        self._claim_run_dir()
-        self.port = self.port or free_port()
-        self.spawn()
-        try:
-            self.wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+    def address(self) -> str:
         return self.tracking_uri
 
-    def spawn(self) -> None:
-        """Start ``mlflow server`` (does not wait)."""
+    def command(self) -> tuple[list[str], dict[str, str]]:
         store = self.run_dir / "mlflow.db"
-        args = [
+        return [
             str(self.env / "bin" / "python"), "-m", "mlflow", "server",
             "--backend-store-uri", f"sqlite:///{store}",
             "--artifacts-destination", str(self.run_dir / "artifacts"),
@@ -166,71 +125,4 @@ class LocalMlflow:
             "--port", str(self.port),
             "--allowed-hosts", f"127.0.0.1:{self.port},localhost:{self.port}",
             "--workers", "1",
-        ]  # fmt: skip
-        log = self.log_path.open("ab")
-        self._proc = subprocess.Popen(
-            args,
-            cwd=self.run_dir,
-            env={**os.environ, **SERVER_ENV},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if self.own_lifetime else None,
-        )
-        log.close()
-        self.pid_path.write_text(str(self._proc.pid))
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Wait until ``/health`` answers 200.
-
-        Raises:
-            BrokerError: the process exited, or no answer within ``timeout_s`` seconds.
-        """
-        deadline_s = time.monotonic() + timeout_s
-        while time.monotonic() < deadline_s:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise BrokerError(
-                    f"the MLflow server exited with code {self._proc.returncode}; "
-                    f"{self.log_path} ends with:\n{self._log_tail()}"
-                )
-            if self.ready():
-                return
-            time.sleep(0.2)
-        raise BrokerError(
-            f"the MLflow server did not answer on {self.tracking_uri}/health within "
-            f"{timeout_s:.0f} s; {self.log_path} ends with:\n{self._log_tail()}"
-        )
-
-    def ready(self) -> bool:
-        """True when ``/health`` answers 200 now."""
-        url = self.tracking_uri + "/health"
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as reply:
-            return bool(reply.status == 200)
-        return False
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """Stop the server and its workers (SIGTERM to the process group, SIGKILL after
-        ``timeout_s`` seconds); idempotent."""
-        pid = self._proc.pid if self._proc is not None else read_pid(self.pid_path)
-        if pid is not None:
-            terminate_pid(pid, timeout_s, self._proc)
-        if self._proc is not None:
-            self._proc.wait()
-        self._proc = None
-        self.pid_path.unlink(missing_ok=True)
-
-    def _log_tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
-
-    def _claim_run_dir(self) -> None:
-        marker = self.run_dir / MARKER
-        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not marker.exists():
-            raise BrokerError(
-                f"{self.run_dir} is not empty and was not created by streamproc; "
-                "choose a new folder for the MLflow server"
-            )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text("state folder of a local MLflow server started by streamproc\n")
+        ], SERVER_ENV  # fmt: skip

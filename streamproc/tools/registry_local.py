@@ -24,31 +24,20 @@ a fixed address would.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import subprocess
 import tarfile
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamproc.errors import BrokerError
-from streamproc.tools.kafka_local import (
-    _die_with_parent,
-    cache_dir,
-    free_port,
-    read_pid,
-    terminate_pid,
-)
+from streamproc.tools.kafka_local import cache_dir
+from streamproc.tools.local_service import LocalService
 
 REGISTRY_VERSION = "2.6.13.Final"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all"
 RUNNER = f"apicurio-registry-app-{REGISTRY_VERSION}-runner.jar"
 CCOMPAT_PATH = "/apis/ccompat/v7"
-MARKER = ".streamproc-registry"
 
 
 def ensure_registry_app(root: Path | None = None) -> Path:
@@ -96,7 +85,7 @@ def ensure_registry_app(root: Path | None = None) -> Path:
 
 
 @dataclass
-class LocalRegistry:
+class LocalRegistry(LocalService):
     """One Apicurio Registry on 127.0.0.1, in-memory storage, BACKWARD compatibility by default.
 
     Args:
@@ -118,10 +107,9 @@ class LocalRegistry:
     port: int = 0
     _proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT``: the server's root (health under ``/health``)."""
-        return f"http://127.0.0.1:{self.port}"
+    NAME = "registry"
+    LABEL = "the local Schema Registry"
+    HEALTH_PATH = "/health/ready"
 
     @property
     def url(self) -> str:
@@ -129,128 +117,23 @@ class LocalRegistry:
         return self.base_url + CCOMPAT_PATH
 
     @property
-    def pid(self) -> int | None:
-        """The java process's id while this object started it, else None."""
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def pid_path(self) -> Path:
-        return self.run_dir / "registry.pid"
-
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir / "registry.log"
-
-    def start(self, timeout_s: float = 90.0) -> str:
-        """Start the registry on a free loopback port and wait until it is ready.
-
-        Returns:
-            :attr:`url`.
-
-        Raises:
-            BrokerError: the process exited, or was not ready within ``timeout_s`` seconds
-                (the message names the log file).
-        """
-        self._claim_run_dir()
-        self.port = self.port or free_port()
-        self.spawn()
-        try:
-            self.wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+    def address(self) -> str:
         return self.url
 
-    def restart(self, timeout_s: float = 90.0) -> str:
-        """:meth:`stop`, then start again on the same port (schemas are lost: in-memory)."""
-        self.stop()
-        return self.start(timeout_s)
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        return [
+            "java",
+            f"-Xmx{self.heap_mb}m",
+            "-XX:+UseSerialGC",
+            "-Djava.awt.headless=true",
+            "-Dquarkus.http.host=127.0.0.1",
+            f"-Dquarkus.http.port={self.port}",
+            f"-Dregistry.rules.global.compatibility={self.compatibility}",
+            "-jar",
+            str(self.app / RUNNER),
+        ], {}
 
-    def spawn(self) -> None:
-        """Start the java process (does not wait)."""
-        log = self.log_path.open("ab")
-        self._proc = subprocess.Popen(
-            [
-                "java",
-                f"-Xmx{self.heap_mb}m",
-                "-XX:+UseSerialGC",
-                "-Djava.awt.headless=true",
-                "-Dquarkus.http.host=127.0.0.1",
-                f"-Dquarkus.http.port={self.port}",
-                f"-Dregistry.rules.global.compatibility={self.compatibility}",
-                "-jar",
-                str(self.app / RUNNER),
-            ],
-            cwd=self.run_dir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if self.own_lifetime else None,
-        )
-        log.close()
-        self.pid_path.write_text(str(self._proc.pid))
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Wait until ``/health/ready`` answers 200.
-
-        Raises:
-            BrokerError: the process exited, or not ready within ``timeout_s`` seconds.
-        """
-        deadline_s = time.monotonic() + timeout_s
-        while time.monotonic() < deadline_s:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise BrokerError(
-                    f"the registry exited with code {self._proc.returncode}; see {self.log_path}"
-                )
-            if self.ready():
-                return
-            time.sleep(0.2)
-        raise BrokerError(
-            f"the registry was not ready within {timeout_s:.0f} s; see {self.log_path}"
-        )
-
-    def pause(self) -> None:
-        """SIGSTOP the registry (a hung server: connections open, no answers) until
-        :meth:`resume`; its schemas stay."""
-        if self._proc is not None and self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT the registry (idempotent)."""
-        if self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGCONT)
-
-    def ready(self) -> bool:
-        """True when ``/health/ready`` answers 200 now."""
-        url = self.base_url + "/health/ready"
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as reply:
-            return bool(reply.status == 200)
-        return False
-
-    @property
-    def running(self) -> bool:
-        """True while the java process started by this object runs."""
-        return self._proc is not None and self._proc.poll() is None
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """Stop the registry (SIGTERM, then SIGKILL after ``timeout_s``); idempotent."""
-        pid = self._proc.pid if self._proc is not None else read_pid(self.pid_path)
-        if pid is not None:
-            self.resume()  # a stopped process only dies once continued
-            terminate_pid(pid, timeout_s, self._proc)
-        if self._proc is not None:
-            self._proc.wait()
-        self._proc = None
-        self.pid_path.unlink(missing_ok=True)
-
-    def _claim_run_dir(self) -> None:
-        marker = self.run_dir / MARKER
-        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not marker.exists():
-            raise BrokerError(
-                f"{self.run_dir} is not empty and was not created by streamproc; "
-                "choose a new folder for the registry"
-            )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text("state folder of a local Schema Registry started by streamproc\n")
+    def start(self, timeout_s: float = 90.0) -> str:
+        """Start the registry on a free loopback port and wait until it is ready; returns
+        :attr:`url` (see :meth:`LocalService.start`)."""
+        return super().start(timeout_s)

@@ -23,7 +23,7 @@ from streamproc.output.sink import Sink
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.model_admin import AdminCallFailed, models_state, use_version
 from streamproc.tools.replay import produce
-from streamproc.tools.verify import TopicDump, read_topic, verify
+from streamproc.tools.verify import TopicDump, Verdict, read_topic, verify
 from tests.integration.conftest import Topics, report, wait_for
 from tests.support.model_versions import iot_module, write_version
 
@@ -111,6 +111,12 @@ def replay(bootstrap: str, topic: str, limit: int, rate: float | None = None) ->
     return thread
 
 
+def verified(bootstrap: str, t: Topics) -> tuple[TopicDump, Verdict]:
+    """The output topic and the verifier's counts (missing, duplicates, committed offsets)."""
+    outputs = read_topic(bootstrap, t.output)
+    return outputs, verify(bootstrap, t.input, t.output, t.dlq, t.group, outputs=outputs)
+
+
 def versions_by_partition(dump: TopicDump) -> dict[int, list[tuple[int, str]]]:
     """Per input partition, (input offset, model version) of each result in offset order."""
     found: dict[int, list[tuple[int, str]]] = defaultdict(list)
@@ -183,10 +189,7 @@ def test_a_swap_during_a_replay_loses_nothing_and_changes_version_once_per_parti
     producer.join(120)
     summary = running.join()
     assert summary.exit_code == 0, summary.error
-    outputs = read_topic(bootstrap_servers, topics.output)
-    verdict = verify(
-        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
-    )
+    outputs, verdict = verified(bootstrap_servers, topics)
     report(f"swap during a replay, {guarantee}", verdict)
     assert verdict.inputs == total and verdict.dead_lettered == 0 and verdict.missing == []
     assert verdict.committed_equals_end
@@ -235,10 +238,7 @@ def test_a_broken_version_is_refused_and_the_serving_one_goes_on(
     producer.join(120)
     summary = running.join()
     assert summary.exit_code == 0, summary.error
-    outputs = read_topic(bootstrap_servers, topics.output)
-    verdict = verify(
-        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
-    )
+    outputs, verdict = verified(bootstrap_servers, topics)
     assert verdict.results == total and verdict.missing == [] and verdict.dead_lettered == 0
     assert {v for seq in versions_by_partition(outputs).values() for _, v in seq} == {"1"}
     topic = topics.input
@@ -286,10 +286,7 @@ def test_a_version_that_raises_once_serving_is_rolled_back_automatically(
     def value(name: str, **labels: str) -> float:
         return registry.get_sample_value(name, {"topic": topic, **labels}) or 0.0
 
-    outputs = read_topic(bootstrap_servers, topics.output)
-    verdict = verify(
-        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
-    )
+    outputs, verdict = verified(bootstrap_servers, topics)
     report("rollback on errors", verdict)
     # every batch version 3 raised on ran on version 1 instead: nothing dead-lettered
     assert verdict.results == total and verdict.missing == [] and verdict.dead_lettered == 0
@@ -329,10 +326,7 @@ def test_shadow_scoring_produces_nothing_and_measures_agreement(
     producer.join(120)
     summary = running.join()
     assert summary.exit_code == 0, summary.error
-    outputs = read_topic(bootstrap_servers, topics.output)
-    verdict = verify(
-        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
-    )
+    outputs, verdict = verified(bootstrap_servers, topics)
     assert verdict.results == total and verdict.missing == []
     agreement = running.metric("streamproc_shadow_agreement_ratio", topic=topic, version="2")
     made_by = [v for seq in versions_by_partition(outputs).values() for _, v in seq]
@@ -389,10 +383,7 @@ def test_an_mlflow_alias_moved_during_a_replay_swaps_the_version_live(
     producer.join(120)
     summary = running.join()
     assert summary.exit_code == 0, summary.error
-    outputs = read_topic(bootstrap_servers, topics.output)
-    verdict = verify(
-        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
-    )
+    outputs, verdict = verified(bootstrap_servers, topics)
     report("mlflow alias moved", verdict)
     assert verdict.inputs == total and verdict.missing == [] and verdict.dead_lettered == 0
     for seq in versions_by_partition(outputs).values():

@@ -272,3 +272,56 @@ def test_the_group_protocol_and_static_membership_reach_the_consumer(
     new = consumer_settings(config, guarantee)
     assert new["group.protocol"] == "consumer" and new["group.instance.id"] == "streamproc-1"
     assert not {"partition.assignment.strategy", "session.timeout.ms"} & new.keys()
+
+
+def test_model_section_takes_its_locations_and_the_admin_token_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STREAMPROC_MODEL_REPOSITORY", "/models")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    monkeypatch.setenv("STREAMPROC_ADMIN_TOKEN", "t0k3n")
+    monkeypatch.setenv("STREAMPROC_ADMIN_URL", "http://127.0.0.1:9108")  # the CLI's, not config
+    folder = {**PIPELINE, "name": "a", "model": {"name": "iot"}}
+    mlflow = {
+        **PIPELINE,
+        "name": "b",
+        "input_topic": "j",
+        "model": {"source": "mlflow", "name": "x"},
+    }
+    cfg = load_config(overrides={"pipelines": [folder, mlflow]})
+    assert cfg.pipelines[0].model is not None and cfg.pipelines[0].model.repository == "/models"
+    assert cfg.pipelines[0].model.version == "latest" and cfg.pipelines[0].model.mode == "swap"
+    assert cfg.pipelines[1].model is not None
+    assert cfg.pipelines[1].model.tracking_uri == "http://127.0.0.1:5000"
+    assert cfg.admin.token is not None and cfg.admin.token.get_secret_value() == "t0k3n"
+    assert "t0k3n" not in repr(cfg)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"name": "iot"}, r"model\.repository.*STREAMPROC_MODEL_REPOSITORY"),
+        ({"name": "iot", "source": "mlflow"}, r"model\.tracking_uri.*MLFLOW_TRACKING_URI"),
+        (
+            {"name": "iot", "repository": "/m", "source": "s3"},
+            r"model\.source.*'folder' or 'mlflow'",
+        ),
+        ({"name": "iot", "repository": "/m", "mode": "canary"}, r"model\.mode.*'swap' or 'shadow'"),
+        (
+            {
+                "name": "iot",
+                "repository": "/m",
+                "rollback": {"min_batches": 9, "window_batches": 5},
+            },
+            r"rollback\.min_batches \(9\) must be at most rollback\.window_batches \(5\)",
+        ),
+        ({"name": "iot", "repository": "/m", "shadow": {"sample": 0}}, r"model\.shadow\.sample"),
+    ],
+)
+def test_a_bad_model_section_fails_at_start_naming_the_key(
+    model: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STREAMPROC_MODEL_REPOSITORY", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides={"pipelines": [{**PIPELINE, "model": model}]})
