@@ -278,6 +278,32 @@ def model_use(
     typer.echo(f"{answer['pipeline']}: version {answer['version']} {answer['done']}")
 
 
+@model_app.command("drop")
+def model_drop(
+    pipeline: Annotated[str, typer.Argument(help="The pipeline's name (pipelines[].name).")],
+    version: Annotated[str, typer.Argument(help="The shadow candidate's version.")],
+    url: AdminUrl = "http://127.0.0.1:9108",
+    token: Annotated[
+        str,
+        typer.Option(
+            "--token",
+            envvar="STREAMPROC_ADMIN_TOKEN",
+            help="admin.token (else $STREAMPROC_ADMIN_TOKEN).",
+        ),
+    ] = "",
+) -> None:
+    """Stop scoring VERSION of PIPELINE's model in shadow and let it go (polling does not load
+    it again); exits 1 when it is not the shadow candidate."""
+    from streamproc.tools.model_admin import AdminCallFailed, use_version
+
+    try:
+        answer = use_version(url, token, pipeline, version, "drop")
+    except AdminCallFailed as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1 if exc.status in (409, 422) else 2) from None
+    typer.echo(f"{answer['pipeline']}: version {answer['version']} {answer['done']}")
+
+
 @model_app.command("demo")
 def model_demo(bootstrap: Bootstrap = None) -> None:
     """A model swap live: a local broker (unless --bootstrap), the iot pipeline serving

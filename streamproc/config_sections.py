@@ -487,6 +487,10 @@ class MetricsConfig(_Section):
     liveness_timeout_s: float = Field(default=30.0, gt=0)
 
 
+MIN_TOKEN_CHARS = 16
+"""``admin.token``'s least length: a guessable token would open the admin endpoint."""
+
+
 class AdminConfig(_Section):
     """The admin endpoint on the metrics port (``POST /models/<pipeline>``, what ``streamproc
     model use`` calls): every call must carry ``Authorization: Bearer <token>``. Without a token
@@ -494,6 +498,16 @@ class AdminConfig(_Section):
     secret: never logged, never in ``repr``."""
 
     token: SecretStr | None = None
+
+    @field_validator("token")
+    @classmethod
+    def _strong_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"admin.token: at least {MIN_TOKEN_CHARS} characters (not blank), e.g. from "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`"
+            )
+        return value
 
     @model_validator(mode="before")
     @classmethod

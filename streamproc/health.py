@@ -37,6 +37,7 @@ class AdminRoutes(Protocol):
 
 
 MAX_BODY_BYTES = 65536
+CLIENT_TIMEOUT_S = 30.0
 
 
 class HealthServer:
@@ -67,6 +68,8 @@ class HealthServer:
         }
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = CLIENT_TIMEOUT_S  # a client that sends nothing does not hold a thread
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 route = routes.get(path)

@@ -51,6 +51,9 @@ log = get_logger(__name__)
 
 
 LAG_WAKE_INTERVAL_S = 1.0
+MODEL_THREAD_JOIN_S = 5.0
+"""Longest a drain waits for a model thread's load in progress (it is a daemon: a load that
+takes longer ends with the process; what it would offer is never switched to)."""
 """While ``--exit-when-idle-s`` waits for the lag monitor to measure partitions that delivered
 nothing, it wakes the monitor at most this often (each refresh is two admin requests)."""
 
@@ -374,7 +377,7 @@ class Pipeline:
             stages.shared.schemas.abandon()  # lookups waiting for an unreachable registry end
         # Step 2
         for manager in stages.managers:
-            manager.stop(left_s())  # no new version while draining
+            manager.stop(min(left_s(), MODEL_THREAD_JOIN_S))  # no new version while draining
         for dispatcher in stages.dispatchers:
             dispatcher.stop(left_s())
         # Step 3

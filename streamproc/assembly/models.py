@@ -103,11 +103,14 @@ def version_boundary(shared: Shared) -> Callable[[], None] | None:
         return None
     transactions = guarantee.transactions
 
+    # never longer than a drain may take (a switch while stopping, the source thread gone)
+    timeout_s = min(BOUNDARY_TIMEOUT_S, shared.config.shutdown_timeout_s / 2)
+
     def wait() -> None:
-        if not transactions.wait_for_boundary(shared.commit_now, BOUNDARY_TIMEOUT_S):
+        if not transactions.wait_for_boundary(shared.commit_now, timeout_s):
             log.warning(
                 "model version switch: the open transaction did not end in time; going on",
-                timeout_s=BOUNDARY_TIMEOUT_S,
+                timeout_s=timeout_s,
             )
 
     return wait

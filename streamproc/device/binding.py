@@ -5,10 +5,14 @@ The dispatcher binds each cut batch to a :class:`ModelBinding` (the pipeline's
 a :class:`BoundCall`:
 
 * the bound version's batch function; where the binding has a ``fallback`` (the predecessor,
-  still resident while the new version is in probation) and the bound version raises, the
-  fallback runs the same rows instead and the batch carries the fallback's version (a valid
-  record never goes to the dead-letter topic for a new version's fault); once fallen back, the
-  rest of the batch's calls (its parts) go to the fallback too: one version per batch;
+  still resident while the new version is in probation) and the bound version raises (or
+  returns other than one tensor per output with the batch's rows), the fallback runs the same
+  rows instead and the batch carries the fallback's version (a valid record never goes to the
+  dead-letter topic for a new version's fault); once fallen back, the rest of the batch's calls
+  (its parts) go to the fallback too. Where the fallback raises as well, the rows are at fault
+  (poison rows), not the new version: the error goes to the part runner and the batch does
+  not count as one the new version raised on. An out-of-memory error goes to the part runner
+  at once (smaller parts, not another model);
 * ``shadow`` (a candidate scoring this sampled batch): after the serving call on the whole
   batch, on the same device and stream, the candidate runs on the same rows; the rows whose
   outputs all agree (``torch.isclose``) are counted on the device; neither its outputs nor
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from streamproc.device.recovery import is_out_of_memory
+from streamproc.errors import ModelError
 from streamproc.workloads.base import ModelFn
 
 
@@ -119,18 +125,27 @@ class BoundCall:
         if clock is not None:
             clock.mark()
         try:
-            outputs = active.fn(x)
-        except Exception:
+            outputs = _checked(active.fn(x), x.shape[0])
+        except Exception as exc:
             fallback = active.fallback
-            if fallback is None:
-                raise
+            if fallback is None or is_out_of_memory(exc):
+                raise  # the part runner's: poison rows, or smaller parts for the memory
+            try:
+                outputs = _checked(fallback.fn(x), x.shape[0])
+            except Exception:
+                raise exc from None  # the predecessor fails on these rows too: the input's fault
             self.raised = True
             self._active = fallback  # this batch's later calls (its parts) too
             self.version = fallback.version
-            return fallback.fn(x)
+            return outputs
         if shadow is not None and clock is not None:
             self._shadow = (clock, *_compare(shadow, x, outputs, clock, active))
         return outputs
+
+    @property
+    def bound_version(self) -> str:
+        """The version the batch was bound to (``version`` is the one that made it)."""
+        return self._binding.version
 
     def shadow_outcome(self) -> ShadowOutcome | None:
         """The shadow's comparison, once the batch is done (None: not shadowed)."""
@@ -145,6 +160,21 @@ class BoundCall:
         return ShadowOutcome(
             shadow.version, self._rows, int(agreed.item()), serving_s, clock.seconds(1, 2)
         )
+
+
+def _checked(outputs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """``outputs`` when each is a tensor of ``rows`` rows.
+
+    Raises:
+        ModelError: otherwise (a version that breaks the row contract on some batch sizes is
+            caught here, where its predecessor can still run the batch).
+    """
+    if not all(isinstance(out, torch.Tensor) and out.shape[0] == rows for out in outputs):
+        described = [
+            tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__ for o in outputs
+        ]
+        raise ModelError(f"model returned {described} for {rows} rows")
+    return outputs
 
 
 def _compare(

@@ -43,7 +43,8 @@ class DeviceResult:
     ``inference_s`` then covers them all). ``inference_s`` is the batch's device time in
     seconds: copy in, model, copy out (between the backend's ``start`` and ``done`` events:
     timing events on its stream on CUDA, the synchronous call on CPU), not the time it then
-    waited to be completed (that would bias the adaptive batch size towards large batches).
+    waited to be completed (that would bias the adaptive batch size towards large batches),
+    nor a shadow candidate's call on it.
     """
 
     batch: Batch
@@ -54,6 +55,9 @@ class DeviceResult:
     model_calls: int = 1
     version: str = ""
     """The model version that made the outputs (the ``streamproc.model.version`` header)."""
+    bound_version: str = ""
+    """The version the batch was bound to at the cut (``version`` differs where it raised and
+    its predecessor made the outputs)."""
     raised: bool = False
     """The bound version raised on the batch and its fallback (the predecessor in
     probation) made the outputs instead."""

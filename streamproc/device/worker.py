@@ -403,14 +403,18 @@ class DeviceWorker:
     def _result(self, item: Launched) -> DeviceResult:
         """A finished batch's result: numpy views of its rows in its output buffer set."""
         n = len(item.job.batch)
+        versioned = _version_of(item)
+        shadow = versioned.get("shadow")
+        # a shadow candidate's call ran inside the launch: not the serving version's time
+        shadow_s = 0.0 if shadow is None else shadow.shadow_s
         return DeviceResult(
             batch=item.job.batch,
             outputs=self.outputs.views(item.out_slot, n) if item.has_outputs else (),
             failed=item.failed,
             error=item.error,
-            inference_s=self._service_s(item),
+            inference_s=max(0.0, self._service_s(item) - shadow_s),
             model_calls=item.model_calls,
-            **_version_of(item),
+            **versioned,
         )
 
     def _service_s(self, item: Launched) -> float:
@@ -478,4 +482,9 @@ def _version_of(item: Launched) -> dict[str, Any]:
     bound = item.bound
     if bound is None:
         return {}
-    return {"version": bound.version, "raised": bound.raised, "shadow": bound.shadow_outcome()}
+    return {
+        "version": bound.version,
+        "bound_version": bound.bound_version,
+        "raised": bound.raised,
+        "shadow": bound.shadow_outcome(),
+    }

@@ -3,12 +3,13 @@ metrics port:
 
 * ``GET /models``: per pipeline, its versions (serving, predecessor in probation, shadow
   candidate, pending), refused ones and the recent events (JSON);
-* ``POST /models/<pipeline>`` with ``{"version": "<name|latest|@alias>", "mode": "swap"|"shadow"}``
-  and ``Authorization: Bearer <admin.token>``: load that version beside the serving one and
-  switch at the next batch boundary (or score it in shadow); answers once it is loaded and
-  warmed up (200), or refused (422, the reason; the serving version goes on), with no room
-  (409: two versions resident), unknown pipeline (404), no token configured (403), a wrong or
-  missing token (401), a malformed body (400). ``streamproc model use`` calls it.
+* ``POST /models/<pipeline>`` with ``{"version": "<name|latest|@alias>", "mode":
+  "swap"|"shadow"|"drop"}`` and ``Authorization: Bearer <admin.token>``: load that version
+  beside the serving one and switch at the next batch boundary (or score it in shadow; or stop
+  scoring a shadow candidate); answers once it is loaded and warmed up (200), or refused (422,
+  the reason; the serving version goes on), with no room (409: two versions resident),
+  stopping (503), unknown pipeline (404), no token configured (403), a wrong or missing token
+  (401), a malformed body (400). ``streamproc model use`` and ``drop`` call it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from streamproc.models.manager import ModelManager
 
 Answer = tuple[int, bytes, str]
 JSON = "application/json"
+MODES = ("swap", "shadow", "drop")
+STATUS = {"busy": 409, "stopped": 503}
+"""HTTP status of a refusal by reason; any other reason (the version's own fault) is 422."""
 
 
 def _answer(status: int, body: object) -> Answer:
@@ -79,16 +83,20 @@ class AdminApi:
             request = orjson.loads(body)
             version = request["version"]
             mode = request.get("mode", "swap")
-            if not isinstance(version, str) or not version or mode not in ("swap", "shadow"):
+            if not isinstance(version, str) or not version or mode not in MODES:
                 raise ValueError(mode)
         except (ValueError, KeyError, TypeError):
             return _answer(
-                400, {"error": 'body: {"version": "<name|latest|@alias>", "mode": "swap"|"shadow"}'}
+                400,
+                {
+                    "error": 'body: {"version": "<name|latest|@alias>", '
+                    '"mode": "swap"|"shadow"|"drop"}'
+                },
             )
         try:
             done = manager.request(version, mode).result(self._timeout_s)
         except VersionRefused as exc:
-            status = 409 if exc.reason == "busy" else 422
+            status = STATUS.get(exc.reason, 422)
             return _answer(status, {"error": str(exc), "reason": exc.reason})
         except FutureTimeout:
             return _answer(

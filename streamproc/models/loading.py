@@ -44,7 +44,8 @@ class LoadedVersion:
     Attributes:
         name: the version's name.
         fns: its batch function per device, in the order of the pipeline's devices.
-        size_bytes: its model file's size in bytes (the memory check's estimate; 0 unknown).
+        size_bytes: its size in bytes: the larger of its model file and its module's
+            parameters and buffers (the memory check's estimate for the next version).
         signature: per output, one row's shape and its dtype (on zeros).
         loaded_s: seconds the load and warm-up took.
     """
@@ -65,8 +66,14 @@ class _VersionModel:
         self._files = files
         self.name = workload.name
         self.refused_precisions = workload.refused_precisions
+        self.module_bytes = 0  # parameters and buffers of the loaded module, measured
 
     def load_module(self, device: torch.device) -> torch.nn.Module:
+        module = self._load_module(device)
+        self.module_bytes = max(self.module_bytes, module_bytes(module))
+        return module
+
+    def _load_module(self, device: torch.device) -> torch.nn.Module:
         files = self._files
         if files.model_file is not None:
             return load_model_file(files.model_file, device)
@@ -86,6 +93,12 @@ class _VersionModel:
 
     def build_model(self, device: torch.device) -> ModelFn:
         return self.bind_model(self.load_module(device), device)
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes of ``module``'s parameters and buffers."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -151,11 +164,11 @@ def warm_up(fn: ModelFn, workload: Workload, device: torch.device, rows: int) ->
             raise VersionRefused(
                 "warmup", f"warm-up on {size} zero rows raised {type(exc).__name__}: {exc}"
             ) from exc
-        if not isinstance(outputs, tuple) or any(o.shape[0] != size for o in outputs):
+        if not isinstance(outputs, tuple) or any(
+            not isinstance(o, torch.Tensor) or o.shape[0] != size for o in outputs
+        ):
             raise VersionRefused(
-                "warmup",
-                f"warm-up on {size} rows returned "
-                f"{[tuple(o.shape) for o in outputs] if isinstance(outputs, tuple) else outputs}",
+                "warmup", f"warm-up on {size} rows returned {_shapes(outputs)}, not {size} rows"
             )
         signature = signature_of(outputs)
     return signature
@@ -192,7 +205,8 @@ def load_version(
     """
     started = time.perf_counter()
     check_memory(files, devices, headroom, 0 if serving is None else serving.size_bytes)
-    view = cast(Workload, _VersionModel(workload, files))
+    model = _VersionModel(workload, files)
+    view = cast(Workload, model)
     fns: list[ModelFn] = []
     signature: OutputSignature = ()
     for device in devices:
@@ -210,17 +224,15 @@ def load_version(
             f"version {files.version} returns {_described(signature)}, the serving version "
             f"{serving.name} {_described(serving.signature)}",
         )
-    return LoadedVersion(
-        files.version, tuple(fns), files.size_bytes, signature, time.perf_counter() - started
-    )
+    size = max(files.size_bytes, model.module_bytes)  # a plug-in has no file: measured
+    return LoadedVersion(files.version, tuple(fns), size, signature, time.perf_counter() - started)
 
 
-def builtin_version(
-    fns: Sequence[ModelFn], workload: Workload, devices: Sequence[torch.device], rows: int
-) -> LoadedVersion:
-    """The workload's own model (an unversioned pipeline's), with its output signature."""
-    signature = warm_up(fns[0], workload, devices[0], min(rows, 2))
-    return LoadedVersion("builtin", tuple(fns), 0, signature)
+def _shapes(outputs: object) -> object:
+    """What a model returned, for messages: tensor shapes, other values' type names."""
+    if not isinstance(outputs, tuple):
+        return type(outputs).__name__
+    return [tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__ for o in outputs]
 
 
 def _described(signature: OutputSignature) -> str:

@@ -25,7 +25,10 @@ log = get_logger(__name__)
 Loader = Callable[[ModelVersionFiles, LoadedVersion], LoadedVersion]
 """Loads a version's files on every device of the pipeline, checked against the serving
 version (:func:`~streamproc.models.loading.load_version` with the pipeline's settings)."""
-Mode = Literal["swap", "shadow"]
+Mode = Literal["swap", "shadow", "drop"]
+TRANSIENT = frozenset({"busy", "source"})
+"""Refusal reasons polling tries again (no room yet; the source unreachable or a download
+failed): the others (memory, load, warmup, contract) refuse the version for good."""
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,16 @@ class ModelManager:
         # the operator asked for a version other than model.version's: polling waits until
         # they ask for model.version's reference again (a poll would undo their choice)
         self.pinned: str | None = None
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"models-{pipeline}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:
-        """Stop after the request or load in progress (idempotent)."""
+        """Stop after the load in progress, if any (idempotent); requests still queued, and
+        any made from now on, are refused at once (reason ``stopped``)."""
+        self._stopping.set()
         self._requests.put(None)
         if self._thread.ident is not None:
             self._thread.join(timeout_s)
@@ -81,6 +87,10 @@ class ModelManager:
         result says what was done; it raises :class:`VersionRefused` for a refused version
         (the serving one goes on)."""
         answer: Future[dict[str, Any]] = Future()
+        ended = self._thread.ident is not None and not self._thread.is_alive()
+        if self._stopping.is_set() or ended:  # (before the start, requests wait for it)
+            answer.set_exception(VersionRefused("stopped", "the pipeline's model thread stopped"))
+            return answer
         self._requests.put(_Request(reference, mode, answer))
         return answer
 
@@ -90,14 +100,30 @@ class ModelManager:
             try:
                 item = self._requests.get(timeout=interval)
             except queue.Empty:
-                self._poll()
+                try:
+                    self._poll()
+                except Exception as exc:  # the thread outlives any one poll
+                    log.error("model poll failed", pipeline=self.pipeline, error=repr(exc))
                 continue
             if item is None:
+                self._refuse_queued()
                 return
+            if self._stopping.is_set():
+                item.answer.set_exception(VersionRefused("stopped", "the pipeline is stopping"))
+                continue
             try:
                 item.answer.set_result(self._serve(item))
             except Exception as exc:
                 item.answer.set_exception(exc)
+
+    def _refuse_queued(self) -> None:
+        while True:
+            try:
+                item = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item.answer.set_exception(VersionRefused("stopped", "the pipeline is stopping"))
 
     def _poll(self) -> None:
         """A new version in the source (one not resident and never refused) is loaded and
@@ -118,12 +144,15 @@ class ModelManager:
         try:
             self._load_and_offer(name, self._config.mode, "new")
         except VersionRefused as exc:
-            if exc.reason != "busy":  # busy: tried again at the next poll
+            if exc.reason not in TRANSIENT:
                 versions.refuse(name, exc)
+            elif str(exc) != self._last_error:  # tried again at the next poll
+                log.warning("model version not loaded yet", pipeline=self.pipeline, error=str(exc))
+                self._last_error = str(exc)
 
     def _serve(self, request: _Request) -> dict[str, Any]:
         answer = self._serve_request(request)
-        following = request.reference == self._config.version or request.mode == "shadow"
+        following = request.reference == self._config.version or request.mode != "swap"
         if following:
             self.pinned = None
         else:
@@ -142,6 +171,11 @@ class ModelManager:
             name = self._source.resolve(request.reference)
         except ModelSourceError as exc:
             raise VersionRefused("source", str(exc)) from exc
+        if request.mode == "drop":
+            dropped = versions.drop_candidate(name)
+            if dropped is None:
+                raise VersionRefused("busy", f"version {name} is not scoring in shadow")
+            return {"pipeline": self.pipeline, "version": name, "done": "dropped"}
         if request.mode == "swap":
             done = versions.use(name)
             if done is not None:
@@ -156,7 +190,9 @@ class ModelManager:
         done = "shadowing" if request.mode == "shadow" else "pending"
         return {"pipeline": self.pipeline, "version": name, "done": done}
 
-    def _load_and_offer(self, name: str, mode: Mode, reason: Literal["new", "operator"]) -> None:
+    def _load_and_offer(
+        self, name: str, mode: Literal["swap", "shadow"], reason: Literal["new", "operator"]
+    ) -> None:
         versions = self.versions
         if name in versions.resident():
             raise VersionRefused("busy", f"version {name} is resident already")
@@ -166,7 +202,14 @@ class ModelManager:
         except ModelSourceError as exc:
             raise VersionRefused("source", str(exc)) from exc
         log.info("loading model version", pipeline=self.pipeline, version=name, mode=mode)
-        loaded = self._load(files, versions.serving_version())
+        try:
+            loaded = self._load(files, versions.serving_version())
+        except VersionRefused:
+            raise
+        except Exception as exc:  # whatever loading a foreign file raises: that version's fault
+            raise VersionRefused(
+                "load", f"version {name} does not load: {type(exc).__name__}: {exc}"
+            ) from exc
         log.info(
             "model version loaded",
             pipeline=self.pipeline,

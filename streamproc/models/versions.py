@@ -104,6 +104,7 @@ class ModelVersions:
         # the last batch produced and when; the gaps between batches (the switch's pause is
         # judged against them)
         self._last_version: str | None = None
+        self._last_bound: str | None = None
         self._last_sent_s = 0.0
         self._gaps_s: deque[float] = deque(maxlen=1000)
         self.last_pause_s: float | None = None
@@ -208,7 +209,10 @@ class ModelVersions:
         """One batch about to be produced: its version's name (for the header), after the
         bookkeeping (see the module docstring)."""
         version = result.version or self._serving.name
+        bound = result.bound_version or version
         topic, metrics = self.topic, self._metrics
+        # under exactly-once every change of the results' version is a transaction boundary
+        # (a probation batch its predecessor made too); a switch is a change of the bound one
         changed = self._last_version is not None and version != self._last_version
         if changed and self._boundary is not None:
             self._boundary()  # never under the lock: it waits for the source thread
@@ -217,33 +221,32 @@ class ModelVersions:
         if result.raised:
             metrics.model_fallbacks.labels(topic, result.version).inc()
         with self._lock:
-            if changed:
+            if self._last_bound is not None and bound != self._last_bound:
                 self.last_pause_s = now_s - self._last_sent_s
                 metrics.model_swap_pause.labels(topic).observe(self.last_pause_s)
-            elif self._last_version is not None:
+            elif self._last_bound is not None:
                 self._gaps_s.append(now_s - self._last_sent_s)
-            self._last_version, self._last_sent_s = version, now_s
+            self._last_version, self._last_bound, self._last_sent_s = version, bound, now_s
             if self._config is not None:
-                self._judge(result, version)
+                self._judge(result, bound)
         return version
 
-    def _judge(self, result: DeviceResult, version: str) -> None:
-        """Probation, shadow record, promotion (the caller holds the lock)."""
+    def _judge(self, result: DeviceResult, bound: str) -> None:
+        """Probation, recent times, shadow record, promotion (the caller holds the lock).
+        Only batches bound to the serving version count for it: a batch bound before the
+        switch (still in flight) is its predecessor's; a batch that failed on both versions
+        (poison rows) is the input's fault, not a raise of the new version."""
         serving = self._serving
-        raised = result.raised or result.error is not None
         probation = self._probation
-        if probation is not None and version in (
-            serving.name,
-            getattr(self._previous, "name", None),
-        ):
-            if raised or version == serving.name:
-                why = probation.observe(result.inference_s, raised)
+        if bound == serving.name:
+            if probation is not None:
+                why = probation.observe(result.inference_s, result.raised)
                 if why is not None and self._previous is not None and self._pending is None:
                     self._roll_back(why, probation)
                 elif probation.passed and self._pending is None:
                     self._end_probation()
-        elif version == serving.name and not raised:
-            self._recent.add(result.inference_s)
+            elif not result.raised and result.error is None:
+                self._recent.add(result.inference_s)
         shadow = result.shadow
         candidate, record = self._candidate, self._shadow
         if (
@@ -354,6 +357,9 @@ class ModelVersions:
             if self._pending is not None and self._pending[0].name == name:
                 return "pending"
             if self._serving.name == name:
+                if self._pending is not None:  # the operator keeps it: no switch after all
+                    self._event("cancelled", self._pending[0].name, f"the operator kept {name}")
+                    self._pending = None
                 return "serving"
             if (
                 self._candidate is not None
@@ -371,13 +377,20 @@ class ModelVersions:
             self._room_for(name)
             return None
 
-    def drop_candidate(self) -> str | None:
-        """Stop shadow scoring; the candidate's name, or None when there was none."""
+    def drop_candidate(self, name: str) -> str | None:
+        """Stop scoring ``name`` in shadow and let it go (polling does not load it again);
+        its name, or None when it is not the candidate (nor waiting for its promotion)."""
         with self._lock:
             candidate = self._candidate
+            if candidate is None or candidate.name != name:
+                return None
+            if self._pending is not None and self._pending[0] is candidate:
+                self._pending = None
             self._candidate, self._shadow = None, None
             self._bindings = self._make_bindings()
-            return None if candidate is None else candidate.name
+            self.refused.add(name)
+            self._event("dropped", name, "shadow scoring stopped by the operator")
+            return name
 
     def refuse(self, name: str, error: VersionRefused) -> None:
         """Version ``name`` could not be loaded: remembered (polling skips it), counted,

@@ -279,7 +279,7 @@ def test_model_section_takes_its_locations_and_the_admin_token_from_the_environm
 ) -> None:
     monkeypatch.setenv("STREAMPROC_MODEL_REPOSITORY", "/models")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    monkeypatch.setenv("STREAMPROC_ADMIN_TOKEN", "t0k3n")
+    monkeypatch.setenv("STREAMPROC_ADMIN_TOKEN", "t0k3n-0123456789abc")
     monkeypatch.setenv("STREAMPROC_ADMIN_URL", "http://127.0.0.1:9108")  # the CLI's, not config
     folder = {**PIPELINE, "name": "a", "model": {"name": "iot"}}
     mlflow = {
@@ -293,8 +293,10 @@ def test_model_section_takes_its_locations_and_the_admin_token_from_the_environm
     assert cfg.pipelines[0].model.version == "latest" and cfg.pipelines[0].model.mode == "swap"
     assert cfg.pipelines[1].model is not None
     assert cfg.pipelines[1].model.tracking_uri == "http://127.0.0.1:5000"
-    assert cfg.admin.token is not None and cfg.admin.token.get_secret_value() == "t0k3n"
-    assert "t0k3n" not in repr(cfg)
+    assert (
+        cfg.admin.token is not None and cfg.admin.token.get_secret_value() == "t0k3n-0123456789abc"
+    )
+    assert "t0k3n-0123456789abc" not in repr(cfg)
 
 
 @pytest.mark.parametrize(

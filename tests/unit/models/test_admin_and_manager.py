@@ -92,9 +92,8 @@ def test_polling_offers_a_new_version_once(tmp_path: Path) -> None:
     manager.start()
     try:
         assert loads.called.wait(10)
-        manager.request("1").result(10)  # queued behind the poll that loaded 2: it ran
     finally:
-        manager.stop(5)
+        manager.stop(10)  # joins the thread: the poll that loaded 2 has offered it
     assert loads.loaded == ["2"] and versions.resident() == ("1", "2")
 
 

@@ -40,10 +40,23 @@ def job(batch_id: int) -> DeviceJob:
 
 
 def result(
-    name: str, raised: bool = False, seconds: float = 0.01, shadow: ShadowOutcome | None = None
+    name: str,
+    raised: bool = False,
+    seconds: float = 0.01,
+    shadow: ShadowOutcome | None = None,
+    bound: str | None = None,
 ) -> DeviceResult:
+    """A batch's result made by ``name``, bound to ``bound`` (default: ``name``)."""
     return DeviceResult(
-        job(1).batch, (np.zeros(1),), {}, None, seconds, version=name, raised=raised, shadow=shadow
+        job(1).batch,
+        (np.zeros(1),),
+        {},
+        None,
+        seconds,
+        version=name,
+        bound_version=bound or name,
+        raised=raised,
+        shadow=shadow,
     )
 
 
@@ -91,7 +104,8 @@ def test_errors_in_probation_roll_back_at_the_next_boundary() -> None:
     versions.offer(version("2"), "swap", "operator")
     bound(versions, 1)
     assert versions.observe(result("2")) == "2"
-    assert versions.observe(result("1", raised=True)) == "1"  # 2 raised; 1 made the results
+    # 2 raised; 1 made the results
+    assert versions.observe(result("1", raised=True, bound="2")) == "1"
     assert versions.serving == "2"  # the switch back waits for the next batch
     assert bound(versions, 2).binding.version == "1"  # type: ignore[union-attr]
     assert versions.serving == "1" and versions.resident() == ("1",)
