@@ -467,7 +467,7 @@ def test_rendered_config_is_valid_for_the_package(
     for name in [n for n in os.environ if n.upper().startswith("STREAMPROC_")]:
         monkeypatch.delenv(name)
     for item in container(manifests)["env"]:
-        monkeypatch.setenv(item["name"], item.get("value", "ci-streamproc-0"))
+        monkeypatch.setenv(item["name"], item.get("value", "ci-streamproc-0-from-a-secret"))
     config = rendered_config(manifests)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
