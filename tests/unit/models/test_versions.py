@@ -184,3 +184,20 @@ def test_a_refusal_is_remembered_counted_and_logged() -> None:
     assert "5" in versions.refused
     assert metric(metrics, "streamproc_model_refused_versions_total", reason="warmup") == 1
     assert versions.state()["events"][-1]["kind"] == "refused"
+
+
+def test_a_slower_version_is_rolled_back_on_its_p99_against_its_predecessors() -> None:
+    metrics = Metrics()
+    rules = {"min_batches": 5, "latency_min_batches": 20, "window_batches": 100}
+    versions = ModelVersions(TOPIC, version("1"), config(rollback=rules), metrics)
+    for _ in range(20):  # the baseline: version 1's last 20 batches, 10 ms each
+        versions.observe(result("1", seconds=0.010))
+    versions.offer(version("2"), "swap", "new")
+    bound(versions)
+    for _ in range(19):
+        versions.observe(result("2", seconds=0.040))  # 4x slower: judged from the 20th batch
+    assert versions.state()["pending"] is None
+    versions.observe(result("2", seconds=0.040))
+    assert versions.state()["pending"] == "1"
+    assert metric(metrics, "streamproc_model_rollbacks_total", reason="latency") == 1
+    assert "P99 40.00 ms against 10.00 ms before" in versions.events[-1].detail
