@@ -16,8 +16,8 @@
 # KEEP=1 leaves the cluster up (deploy/k8s/cluster.sh down removes it). PYTEST_ARGS passes on.
 # K8S_CHECKS=all (default) runs every check; K8S_CHECKS=ci (what .ci/run uses) runs the subset
 # CI has time for on a fresh machine and builds no KEDA: install + replay of the three workloads,
-# securityContext, a pod force-deleted mid-stream, liveness, exactly-once with kills, helm test,
-# uninstall (the others are deselected, not skipped). K8S_CHECKS=gaps runs the rebalance-gap
+# securityContext, a pod force-deleted mid-stream, liveness, a model update without a restart,
+# exactly-once with kills, helm test, uninstall (the others are deselected, not skipped). K8S_CHECKS=gaps runs the rebalance-gap
 # table alone (per group protocol, with and without static membership; about 25 min, no KEDA).
 set -euo pipefail
 

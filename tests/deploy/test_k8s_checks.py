@@ -61,6 +61,7 @@ def test_the_ci_subset_runs_no_check_that_needs_keda() -> None:
         "test_security_context_holds_inside_the_pod",
         "test_force_deleted_pod_mid_stream_loses_nothing",
         "test_liveness_restarts_a_wedged_process",
+        "test_a_model_update_needs_no_pod_restart",
         "test_exactly_once_statefulset_killed_mid_stream_no_duplicates",
         "test_helm_test_passes",
         "test_uninstall_leaves_nothing",

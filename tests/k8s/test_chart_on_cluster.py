@@ -48,6 +48,14 @@ from tests.k8s.kube import (
     wait_for,
     wedge,
 )
+from tests.k8s.models import (
+    first_result_ms,
+    iot_version,
+    node_repository,
+    publish,
+    version_runs,
+    versions_by_partition,
+)
 
 # Each test waits on a real cluster, on 2 shared cores: bounded by its own named deadlines.
 pytestmark = pytest.mark.timeout(1800)
@@ -68,6 +76,11 @@ EOS_RELEASE = "eos"
 EOS_GROUP = "streamproc-eos"
 EOS_TOPICS = ("eos.trades", "eos.trades.scores", "eos.trades.dlq")
 EOS_SELECTOR = f"app.kubernetes.io/instance={EOS_RELEASE},app.kubernetes.io/name=streamproc"
+MODELS_RELEASE = "models"
+MODELS_GROUP = "streamproc-models"
+# values/model-versions.yaml: one iot pipeline serving the model repository's latest version
+MODELS_PIPELINE = ("iot", "models.iot.windows", "models.iot.scores", "models.iot.windows.dlq")
+MODELS_SELECTOR = f"app.kubernetes.io/instance={MODELS_RELEASE},app.kubernetes.io/name=streamproc"
 START_S = 420  # a pod on 2 shared cores: image start, torch import, three models
 
 
@@ -310,6 +323,96 @@ def test_helm_test_passes() -> None:
     out = helm("test", RELEASE, "--namespace", NS, "--timeout", "180s")
     print(out[out.index("TEST SUITE") :])
     assert " ".join(out.split()).count("Phase: Succeeded") == 1, out
+
+
+@pytest.mark.k8s_ci
+def test_a_model_update_needs_no_pod_restart() -> None:
+    # Issue 26: version 2 renamed into the model repository volume of a running pod (a hostPath:
+    # the node is this machine) is polled, loaded, warmed up and switched to at a batch
+    # boundary: the same pod, never restarted; per input partition results of version 1, then
+    # of version 2; nothing missing. A release of its own (one pipeline: a short start),
+    # uninstalled at the end.
+    pipeline = [MODELS_PIPELINE]
+    source, output = MODELS_PIPELINE[1:3]
+    ensure_topics(BOOTSTRAP, dict.fromkeys(MODELS_PIPELINE[1:], PARTITIONS))
+    second = iot_version(scale=0.5)  # exported beforehand: the timing starts at its rename
+    # this run's inputs only (the topics outlive a release: a second run on the same cluster)
+    before = read_topic(BOOTSTRAP, source).end_offsets
+
+    def this_run() -> dict[int, list[tuple[int, str]]]:
+        return versions_by_partition(read_topic(BOOTSTRAP, output), before)
+
+    def on_every_partition(version: str, at_least: int) -> bool:
+        found = this_run()
+        counts = [sum(v == version for _, v in found.get(p, [])) for p in range(PARTITIONS)]
+        return min(counts) >= at_least
+
+    with node_repository() as repository:
+        publish(repository, "1", iot_version())
+        try:
+            install(
+                MODELS_RELEASE, "at-least-once.yaml",
+                "--values", str(VALUES / "model-versions.yaml"),
+                "--set", f"models.repository.hostPath={repository}",
+            )  # fmt: skip
+            (pod,) = wait_for(
+                "one Ready pod", lambda: all_ready(NS, MODELS_SELECTOR, 1), START_S, diagnose=NS
+            )
+            name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+            assert restarts(pod) == 0
+            replay = Replay("iot", source, 20 * 600, 20, None, PARTITIONS, True)
+            try:
+                wait_for(
+                    "version 1 on every input partition", lambda: on_every_partition("1", 5), 180
+                )
+                publish(repository, "2", second)
+                written = time.time()
+                first_ms = wait_for(
+                    "a result of version 2",
+                    lambda: first_result_ms(
+                        read_topic(BOOTSTRAP, output), "2", int(written * 1000)
+                    ),
+                    180,
+                    diagnose=NS,
+                )
+                print(
+                    f"[model update] first result of version 2 {first_ms / 1000 - written:.1f} s "
+                    "after it was renamed into the repository"
+                )
+                # 100 results, batches of at most 4: past probation's first judgement (10 batches)
+                wait_for(
+                    "25 results of version 2 on every input partition",
+                    lambda: on_every_partition("2", 25),
+                    180,
+                )
+            finally:
+                replay.stopping.set()
+                sent = replay.finish()
+            found = wait_for(
+                "every result and commit", lambda: complete(pipeline, MODELS_GROUP), 600, 5
+            )
+            report("model update", found)
+            assert found[0].inputs == sum(before.values()) + sent and not found[0].missing
+            assert found[0].duplicates == 0, "duplicates without any crash"
+            (after,) = pods(NS, MODELS_SELECTOR)
+            assert (after["metadata"]["name"], after["metadata"]["uid"]) == (name, uid)
+            assert restarts(after) == 0, after["status"]["containerStatuses"]
+            runs = {p: version_runs(results) for p, results in this_run().items()}
+            assert runs == {p: ["1", "2"] for p in range(PARTITIONS)}, runs
+            # the switch left the group alone: the pod never gave a partition up
+            lines = kubectl("logs", "-n", NS, name).splitlines()
+            events = [json.loads(line) for line in lines if line.startswith("{")]
+            gave_up = ("partitions revoked", "partitions lost")
+            moved = [e for e in events if e.get("event") in gave_up]
+            assert not moved, moved
+            loaded = [e for e in events if e.get("event") == "model version loaded"]
+            print(
+                f"[model update] {name}: restarts 0, same uid, no partition revoked; per input "
+                f"partition {runs[0]}; loaded: {[(e['version'], e['seconds']) for e in loaded]}"
+            )
+        finally:  # (a release that failed to install is listed too)
+            if MODELS_RELEASE in helm("list", "--namespace", NS, "--all", "--short").split():
+                helm("uninstall", MODELS_RELEASE, "--namespace", NS, "--wait", "--timeout", "180s")
 
 
 @pytest.mark.k8s_ci
