@@ -270,6 +270,8 @@ def model_use(
     from streamproc.tools.model_admin import AdminCallFailed, use_version
 
     mode = "shadow" if shadow else "swap"
+    if not token:
+        raise _fail(ValueError("no admin token: set $STREAMPROC_ADMIN_TOKEN or pass --token"))
     try:
         answer = use_version(url, token, pipeline, version, mode, timeout_s)
     except AdminCallFailed as exc:
@@ -296,6 +298,8 @@ def model_drop(
     it again); exits 1 when it is not the shadow candidate."""
     from streamproc.tools.model_admin import AdminCallFailed, use_version
 
+    if not token:
+        raise _fail(ValueError("no admin token: set $STREAMPROC_ADMIN_TOKEN or pass --token"))
     try:
         answer = use_version(url, token, pipeline, version, "drop")
     except AdminCallFailed as exc:

@@ -136,8 +136,8 @@ class RollbackConfig(_Section):
     stays resident; once ``min_batches`` ran, it is rolled back when more than
     ``max_error_share`` of its batches raised; once ``latency_min_batches`` ran (a P99 of
     fewer batches is their maximum: one slow batch on a busy host would decide), when its P99
-    batch time exceeds ``max_p99_ratio`` times its predecessor's over as many batches (a
-    window shorter than ``latency_min_batches`` never judges latency)."""
+    device time per row exceeds ``max_p99_ratio`` times its predecessor's over as many batches
+    (a window shorter than ``latency_min_batches`` never judges latency)."""
 
     window_batches: int = Field(default=300, ge=1)
     min_batches: int = Field(default=10, ge=1)
@@ -175,6 +175,13 @@ class ModelConfig(_Section):
     # mlflow: default $MLFLOW_TRACKING_URI
     tracking_uri: str | None = None
     version: str = Field(default="latest", min_length=1)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_number(cls, value: Any) -> Any:
+        # `version: 3` in YAML is an int: the name "3"
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     poll_interval_s: float = Field(default=30.0, ge=0)
     mode: Literal["swap", "shadow"] = "swap"
     memory_headroom: float = Field(default=1.5, ge=1)  # free memory needed / the new version's size
@@ -504,7 +511,7 @@ class AdminConfig(_Section):
     def _strong_enough(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value().strip()) < MIN_TOKEN_CHARS:
             raise ValueError(
-                f"admin.token: at least {MIN_TOKEN_CHARS} characters (not blank), e.g. from "
+                f"at least {MIN_TOKEN_CHARS} characters (not blank), e.g. from "
                 "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`"
             )
         return value

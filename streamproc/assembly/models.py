@@ -12,7 +12,7 @@ from streamproc.config import ModelConfig, PipelineConfig
 from streamproc.errors import ConfigError
 from streamproc.logs import get_logger
 from streamproc.models.loading import LoadedVersion, VersionRefused, load_version
-from streamproc.models.manager import ModelManager
+from streamproc.models.manager import TRANSIENT, ModelManager
 from streamproc.models.sources import (
     FolderSource,
     ModelSource,
@@ -68,22 +68,45 @@ def version_loader(
 
 def initial_version(
     spec: PipelineConfig, workload: Workload, source: ModelSource, shared: Shared
-) -> LoadedVersion:
+) -> tuple[LoadedVersion, dict[str, VersionRefused]]:
     """The version ``pipelines[].model.version`` names now in ``source``, loaded on every
-    device.
+    device. With ``latest`` and a source that lists its versions, a newest version that does
+    not load is passed over for the next one (a bad upload never keeps the pipeline from
+    starting while an older version loads); those passed over are returned, refused.
 
     Raises:
-        ConfigError: it cannot be found or loaded (naming the pipeline and the key).
+        ConfigError: no version can be found or loaded (naming the pipeline and the key).
     """
     assert spec.model is not None
+    load = version_loader(spec, workload, shared)
+    reference = spec.model.version
+    refused: dict[str, VersionRefused] = {}
     try:
-        name = source.resolve(spec.model.version)
-        files = source.fetch(name)
-        loaded = version_loader(spec, workload, shared)(files, None)
-    except (ModelSourceError, VersionRefused) as exc:
+        names = [source.resolve(reference)]
+        listing = getattr(source, "versions", None)
+        if reference == "latest" and callable(listing):
+            names = list(reversed(listing()))
+        for name in names:
+            try:
+                loaded = load(source.fetch(name), None)
+                break
+            except (ModelSourceError, VersionRefused) as exc:
+                if len(names) == 1:
+                    raise
+                refused[name] = (
+                    exc if isinstance(exc, VersionRefused) else VersionRefused("source", str(exc))
+                )
+                log.warning(
+                    "model version passed over", pipeline=spec.name, version=name, error=str(exc)
+                )
+        else:
+            detail = "; ".join(f"{name}: {exc}" for name, exc in refused.items())
+            raise VersionRefused("load", f"no version loads ({detail})")
+    except ModelSourceError as exc:
+        raise ConfigError(f"pipelines[{spec.name!r}].model.{exc.key}: {exc}") from exc
+    except VersionRefused as exc:
         raise ConfigError(
-            f"pipelines[{spec.name!r}].model.version: {spec.model.version!r} from "
-            f"{source.describe()}: {exc}"
+            f"pipelines[{spec.name!r}].model.version: {reference!r} from {source.describe()}: {exc}"
         ) from exc
     log.info(
         "model version serving",
@@ -92,7 +115,7 @@ def initial_version(
         source=source.describe(),
         seconds=round(loaded.loaded_s, 3),
     )
-    return loaded
+    return loaded, refused
 
 
 def version_boundary(shared: Shared) -> Callable[[], None] | None:
@@ -127,10 +150,13 @@ def build_versioned_model(
     """
     assert spec.model is not None
     source = model_source(spec.model)
-    serving = initial_version(spec, workload, source, shared)
+    serving, passed_over = initial_version(spec, workload, source, shared)
     versions = ModelVersions(
         spec.input_topic, serving, spec.model, shared.metrics, version_boundary(shared)
     )
+    for name, refusal in passed_over.items():
+        if refusal.reason not in TRANSIENT:  # polling tries a failed download again
+            versions.refuse(name, refusal)
     manager = ModelManager(
         spec.name,
         spec.model,

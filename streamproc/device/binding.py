@@ -13,10 +13,11 @@ a :class:`BoundCall`:
   (poison rows), not the new version: the error goes to the part runner and the batch does
   not count as one the new version raised on. An out-of-memory error goes to the part runner
   at once (smaller parts, not another model);
-* ``shadow`` (a candidate scoring this sampled batch): after the serving call on the whole
-  batch, on the same device and stream, the candidate runs on the same rows; the rows whose
-  outputs all agree (``torch.isclose``) are counted on the device; neither its outputs nor
-  its errors reach the results.
+* ``shadow`` (a candidate scoring this sampled batch): beside the serving call on the whole
+  batch, on the same device and stream, the candidate runs on the same rows (before or after
+  it, alternating batch by batch: the second call finds the rows in the caches); the rows
+  whose outputs all agree (``torch.isclose``) are counted on the device; neither its outputs
+  nor its errors reach the results.
 
 Times are read once the batch is done (on CUDA from timing events recorded on the batch's
 stream; on a CPU from the clock around the synchronous calls).
@@ -45,6 +46,8 @@ class ModelBinding:
             otherwise.
         shadow: a candidate that also scores this batch (sampled), None otherwise.
         atol, rtol: a shadow row agrees when every output element is ``isclose`` with these.
+        shadow_first: the candidate runs before the serving version on this batch (the
+            binder alternates: the second call finds the rows in the caches).
     """
 
     version: str
@@ -53,6 +56,7 @@ class ModelBinding:
     shadow: ModelBinding | None = None
     atol: float = 1e-4
     rtol: float = 1e-3
+    shadow_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,17 @@ class _Clock:
         return b - a
 
 
+@dataclass
+class _Shadowed:
+    """A shadowed call's record: its clock (marks 0, 1, 2 around the two calls), which ran
+    first, and the agreeing-row count (a device tensor) or the candidate's error."""
+
+    clock: _Clock
+    shadow_first: bool
+    agreed: torch.Tensor | None
+    error: str | None
+
+
 class BoundCall:
     """The batch function of one launch of a bound batch (the launching thread only).
 
@@ -116,16 +131,15 @@ class BoundCall:
         self.version = binding.version
         self.raised = False
         self._active: ModelBinding = binding
-        self._shadow: tuple[_Clock, torch.Tensor | None, str | None] | None = None
+        self._shadowed: _Shadowed | None = None
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         active = self._active
-        shadow = active.shadow if self._shadow is None and x.shape[0] == self._rows else None
-        clock = _Clock(x.device) if shadow is not None else None
-        if clock is not None:
-            clock.mark()
+        shadow = active.shadow
+        if shadow is not None and self._shadowed is None and x.shape[0] == self._rows:
+            return self._with_shadow(active, shadow, x)
         try:
-            outputs = _checked(active.fn(x), x.shape[0])
+            return _checked(active.fn(x), x.shape[0])
         except Exception as exc:
             fallback = active.fallback
             if fallback is None or is_out_of_memory(exc):
@@ -138,8 +152,28 @@ class BoundCall:
             self._active = fallback  # this batch's later calls (its parts) too
             self.version = fallback.version
             return outputs
-        if shadow is not None and clock is not None:
-            self._shadow = (clock, *_compare(shadow, x, outputs, clock, active))
+
+    def _with_shadow(
+        self, serving: ModelBinding, shadow: ModelBinding, x: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The serving call and the candidate's on the same rows, in the binding's order (the
+        second call finds the rows in the caches: alternating keeps the latency ratio fair).
+        A candidate is never in probation's company: no fallback here."""
+        clock = _Clock(x.device)
+        clock.mark()
+        if serving.shadow_first:
+            candidate, error = _run(shadow, x)
+            clock.mark()
+            outputs = _checked(serving.fn(x), x.shape[0])
+        else:
+            outputs = _checked(serving.fn(x), x.shape[0])
+            clock.mark()
+            candidate, error = _run(shadow, x)
+        clock.mark()
+        agreed = None
+        if candidate is not None:
+            agreed, error = _agreement(outputs, candidate, serving)
+        self._shadowed = _Shadowed(clock, serving.shadow_first, agreed, error)
         return outputs
 
     @property
@@ -149,16 +183,17 @@ class BoundCall:
 
     def shadow_outcome(self) -> ShadowOutcome | None:
         """The shadow's comparison, once the batch is done (None: not shadowed)."""
-        if self._shadow is None:
+        record = self._shadowed
+        if record is None:
             return None
-        clock, agreed, error = self._shadow
         shadow = self._binding.shadow
         assert shadow is not None
-        serving_s = clock.seconds(0, 1)
-        if error is not None or agreed is None:
-            return ShadowOutcome(shadow.version, self._rows, 0, serving_s, 0.0, error)
+        first, second = record.clock.seconds(0, 1), record.clock.seconds(1, 2)
+        serving_s, shadow_s = (second, first) if record.shadow_first else (first, second)
+        if record.error is not None or record.agreed is None:
+            return ShadowOutcome(shadow.version, self._rows, 0, serving_s, 0.0, record.error)
         return ShadowOutcome(
-            shadow.version, self._rows, int(agreed.item()), serving_s, clock.seconds(1, 2)
+            shadow.version, self._rows, int(record.agreed.item()), serving_s, shadow_s
         )
 
 
@@ -177,30 +212,29 @@ def _checked(outputs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor
     return outputs
 
 
-def _compare(
-    shadow: ModelBinding,
-    x: torch.Tensor,
-    outputs: tuple[torch.Tensor, ...],
-    clock: _Clock,
-    serving: ModelBinding,
-) -> tuple[torch.Tensor | None, str | None]:
-    """Run the candidate on ``x`` after the serving call; the count of rows whose outputs
-    all agree (a device tensor) or the candidate's error."""
-    clock.mark()
+def _run(
+    shadow: ModelBinding, x: torch.Tensor
+) -> tuple[tuple[torch.Tensor, ...] | None, str | None]:
+    """The candidate's outputs on ``x``, or its error (which never reaches the results)."""
     try:
-        candidate = shadow.fn(x)
-        clock.mark()
-        if len(candidate) != len(outputs):
-            return None, f"{len(candidate)} outputs, serving has {len(outputs)}"
-        n = x.shape[0]
-        agree = torch.ones(n, dtype=torch.bool, device=x.device)
-        for mine, theirs in zip(outputs, candidate, strict=True):
-            if theirs.shape != mine.shape:
-                return None, f"output shape {tuple(theirs.shape)}, serving {tuple(mine.shape)}"
-            close = torch.isclose(
-                theirs.float(), mine.float(), rtol=serving.rtol, atol=serving.atol
-            )
-            agree &= close.reshape(n, -1).all(dim=1)
-        return agree.sum(), None
-    except Exception as exc:  # the candidate's failure never reaches the results
+        return tuple(shadow.fn(x)), None
+    except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def _agreement(
+    outputs: tuple[torch.Tensor, ...], candidate: tuple[torch.Tensor, ...], serving: ModelBinding
+) -> tuple[torch.Tensor | None, str | None]:
+    """The count of rows whose outputs all agree (``isclose`` with the binding's tolerances; a
+    device tensor, read once the batch is done), or why they cannot be compared."""
+    if len(candidate) != len(outputs):
+        return None, f"{len(candidate)} outputs, serving has {len(outputs)}"
+    n = outputs[0].shape[0] if outputs else 0
+    agree = torch.ones(n, dtype=torch.bool, device=outputs[0].device if outputs else None)
+    for mine, theirs in zip(outputs, candidate, strict=True):
+        if not isinstance(theirs, torch.Tensor) or theirs.shape != mine.shape:
+            shape = tuple(theirs.shape) if isinstance(theirs, torch.Tensor) else type(theirs)
+            return None, f"output shape {shape}, serving {tuple(mine.shape)}"
+        close = torch.isclose(theirs.float(), mine.float(), rtol=serving.rtol, atol=serving.atol)
+        agree &= close.reshape(n, -1).all(dim=1)
+    return agree.sum(), None

@@ -137,23 +137,28 @@ class ModelManager:
                 log.warning("model source", pipeline=self.pipeline, error=str(exc))
             self._last_error = str(exc)
             return
-        self._last_error = None
         versions = self.versions
         if name in versions.resident() or name in versions.refused:
+            self._last_error = None
             return
         try:
             self._load_and_offer(name, self._config.mode, "new")
         except VersionRefused as exc:
             if exc.reason not in TRANSIENT:
                 versions.refuse(name, exc)
-            elif str(exc) != self._last_error:  # tried again at the next poll
+            elif str(exc) != self._last_error:  # tried again at the next poll: one line
                 log.warning("model version not loaded yet", pipeline=self.pipeline, error=str(exc))
-                self._last_error = str(exc)
+            self._last_error = str(exc)
+            return
+        self._last_error = None
 
     def _serve(self, request: _Request) -> dict[str, Any]:
         answer = self._serve_request(request)
-        following = request.reference == self._config.version or request.mode != "swap"
-        if following:
+        if request.mode != "swap":
+            return answer  # a shadow trial or a drop leaves the operator's pin as it is
+        if request.reference == self._config.version:
+            if self.pinned is not None:
+                log.info("model polling resumed", pipeline=self.pipeline, version=answer["version"])
             self.pinned = None
         else:
             self.pinned = answer["version"]

@@ -101,8 +101,10 @@ class MlflowSource:
         return f"MLflow model {self.model!r} at {_redact(self.tracking_uri)}"
 
     def _fail(self, what: str, exc: BaseException) -> ModelSourceError:
+        reason = _reason(exc)
         return ModelSourceError(
-            f"MLflow model {self.model!r} {what} at {_redact(self.tracking_uri)}: {_reason(exc)}"
+            f"MLflow model {self.model!r} {what} at {_redact(self.tracking_uri)}: {reason}",
+            "tracking_uri" if reason.startswith("server unreachable") else "version",
         )
 
     def resolve(self, reference: str) -> str:

@@ -23,7 +23,16 @@ METADATA_FILE = "version.json"
 
 
 class ModelSourceError(StreamprocError):
-    """A version cannot be found or read (unknown name, no model file, source unreachable)."""
+    """A version cannot be found or read (unknown name, no model file, source unreachable).
+
+    Attributes:
+        key: the ``pipelines[].model`` key at fault: ``repository`` (the folder is missing),
+            ``tracking_uri`` (the server cannot be reached), else ``version``.
+    """
+
+    def __init__(self, message: str, key: str = "version") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -136,7 +145,7 @@ class FolderSource:
             ModelSourceError: the model folder does not exist.
         """
         if not self.root.is_dir():
-            raise ModelSourceError(f"model folder {self.root} does not exist")
+            raise ModelSourceError(f"model folder {self.root} does not exist", "repository")
         names = [
             p.name
             for p in self.root.iterdir()

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import numpy as np
@@ -47,14 +48,14 @@ class ModelEvent:
     """One thing that happened to a pipeline's versions (``GET /models``, the log).
 
     Attributes:
-        at: wall-clock time (Unix seconds).
+        at: wall-clock time, ISO 8601 in UTC (``2026-12-03T15:19:42.123Z``).
         kind: ``loaded``, ``refused``, ``switched``, ``rolled_back``, ``shadowing``,
             ``probation_passed``.
         version: the version it happened to.
         detail: why, in words.
     """
 
-    at: float
+    at: str
     kind: str
     version: str
     detail: str
@@ -98,6 +99,7 @@ class ModelVersions:
         self._shadow: ShadowRecord | None = None
         self._bindings = self._make_bindings()
         self._recent = self._new_recent()
+        self._shadow_first = False  # the dispatcher's: which call runs first on the next shadow
         self.refused: set[str] = set()  # refused or rolled back: polling skips them
         self.events: deque[ModelEvent] = deque(maxlen=100)
         # written by the results thread (under the lock: state() reads them): the version of
@@ -110,6 +112,7 @@ class ModelVersions:
         self.last_pause_s: float | None = None
         self._switched_at_s: float | None = None
         metrics.model_serving.labels(topic, serving.name).set(1)
+        self._event("serving", serving.name, "at start-up")
 
     @property
     def serving(self) -> str:
@@ -146,6 +149,7 @@ class ModelVersions:
             serving, shadow = self._bindings[device]
             sample = self._config.shadow.sample if self._config else 0.0
         if shadow is not None and self._rng.random() < sample:
+            self._shadow_first = not self._shadow_first  # the dispatcher's own: no lock
             job.binding = ModelBinding(
                 serving.version,
                 serving.fn,
@@ -153,6 +157,7 @@ class ModelVersions:
                 shadow,
                 serving.atol,
                 serving.rtol,
+                self._shadow_first,
             )
         else:
             job.binding = serving
@@ -238,15 +243,17 @@ class ModelVersions:
         (poison rows) is the input's fault, not a raise of the new version."""
         serving = self._serving
         probation = self._probation
+        # device time per row: batches cut in a catch-up burst are larger than in a quiet spell
+        per_row_s = result.inference_s / max(1, len(result.batch))
         if bound == serving.name:
             if probation is not None:
-                why = probation.observe(result.inference_s, result.raised)
+                why = probation.observe(per_row_s, result.raised)
                 if why is not None and self._previous is not None and self._pending is None:
                     self._roll_back(why, probation)
                 elif probation.passed and self._pending is None:
                     self._end_probation()
             elif not result.raised and result.error is None:
-                self._recent.add(result.inference_s)
+                self._recent.add(per_row_s)
         shadow = result.shadow
         candidate, record = self._candidate, self._shadow
         if (
@@ -429,5 +436,6 @@ class ModelVersions:
             }
 
     def _event(self, kind: str, version: str, detail: str) -> None:
-        self.events.append(ModelEvent(time.time(), kind, version, detail))
+        at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        self.events.append(ModelEvent(at, kind, version, detail))
         log.info("model event", topic=self.topic, kind=kind, version=version, detail=detail)

@@ -32,7 +32,11 @@ def _call(request: urllib.request.Request, timeout_s: float) -> dict[str, Any]:
             text = json.loads(text).get("error", text)
         raise AdminCallFailed(exc.code, f"{exc.code}: {text}") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise AdminCallFailed(0, f"{request.full_url}: {exc}") from None
+        raise AdminCallFailed(
+            0,
+            f"{request.full_url}: {exc}; is the pipeline running, and is this its metrics.port "
+            "(--url or $STREAMPROC_ADMIN_URL)?",
+        ) from None
 
 
 def use_version(

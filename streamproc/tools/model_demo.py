@@ -207,7 +207,7 @@ def run_model_demo(bootstrap_servers: str | None = None, partitions: int = 3) ->
         answer = use_version(url, token, "iot", "2")
         load_s = time.monotonic() - asked_s
         rss["1 and 2 resident"] = _rss_mib()
-        print(f"answer: {answer}", flush=True)
+        print(f"answer: {answer} (loaded and warmed up; it serves from the next batch)", flush=True)
         replay.join()
         state: dict[str, Any] = models_state(url)["iot"]
         summary = pipeline.run(exit_when_idle_s=IDLE_S)

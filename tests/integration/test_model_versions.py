@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from streamproc.config import Config, load_config
+from streamproc.errors import ConfigError
 from streamproc.output.headers import H_MODEL_VERSION, H_OFFSET, H_PARTITION
 from streamproc.output.sink import Sink
 from streamproc.pipeline import Pipeline, RunSummary
@@ -391,3 +392,20 @@ def test_an_mlflow_alias_moved_during_a_replay_swaps_the_version_live(
         assert names[0] == first and names[-1] == second
         assert sum(a != b for a, b in itertools.pairwise(names)) == 1
     assert running.metric("streamproc_model_swaps_total", topic=topic, reason="new") == 1
+
+
+def test_a_newest_version_that_does_not_load_is_passed_over_at_start_up(
+    bootstrap_servers: str, topics: Topics, repository: Path
+) -> None:
+    write_version(repository, "2", None)  # the newest: not a model at all
+    config = versioned_config(bootstrap_servers, topics, repository, version="latest")
+    pipeline = Pipeline(config)  # builds every stage: the model versions among them
+    try:
+        versions = pipeline.stages.managers[0].versions
+        assert versions.serving == "1" and versions.resident() == ("1",)
+        assert "2" in versions.refused  # polling does not try it again
+        assert versions.state()["events"][-1]["kind"] == "refused"
+    finally:
+        pipeline.close()
+    with pytest.raises(ConfigError, match=r"pipelines\['iot'\]\.model\.repository: model folder"):
+        Pipeline(versioned_config(bootstrap_servers, topics, repository / "nowhere"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -71,3 +73,25 @@ def test_the_shadow_runs_only_on_the_whole_batch() -> None:
     call = BoundCall(ModelBinding("1", doubling, shadow=ModelBinding("2", doubling)), rows=4)
     call(torch.ones(2, 1))  # a part (a re-run after an error): no shadow
     assert call.shadow_outcome() is None
+
+
+@pytest.mark.parametrize("shadow_first", [False, True])
+def test_the_shadow_runs_before_or_after_the_serving_version_as_bound(shadow_first: bool) -> None:
+    order: list[str] = []
+
+    def named(name: str) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+        def run(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            order.append(name)
+            return (x * 2,)
+
+        return run
+
+    binding = ModelBinding(
+        "1", named("serving"), shadow=ModelBinding("2", named("shadow")), shadow_first=shadow_first
+    )
+    call = BoundCall(binding, rows=3)
+    (out,) = call(torch.ones(3, 1))
+    assert out.tolist() == [[2.0]] * 3
+    assert order == (["shadow", "serving"] if shadow_first else ["serving", "shadow"])
+    outcome = call.shadow_outcome()
+    assert outcome is not None and outcome.agreed == 3

@@ -200,4 +200,20 @@ def test_a_slower_version_is_rolled_back_on_its_p99_against_its_predecessors() -
     versions.observe(result("2", seconds=0.040))
     assert versions.state()["pending"] == "1"
     assert metric(metrics, "streamproc_model_rollbacks_total", reason="latency") == 1
-    assert "P99 40.00 ms against 10.00 ms before" in versions.events[-1].detail
+    assert "P99 40000.0 us per row against 10000.0 us before" in versions.events[-1].detail
+
+
+def test_larger_batches_after_a_switch_are_not_taken_for_a_slower_version() -> None:
+    rules = {"min_batches": 5, "latency_min_batches": 20, "window_batches": 100}
+    versions = ModelVersions(TOPIC, version("1"), config(rollback=rules), Metrics())
+    for _ in range(20):  # a quiet spell: one-row batches, 10 ms
+        versions.observe(result("1", seconds=0.010))
+    versions.offer(version("2"), "swap", "new")
+    bound(versions)
+    records = tuple(Record(TopicPartition(TOPIC, 0), i, None, b"x", (), 0, 0.0) for i in range(8))
+    burst = DeviceResult(
+        Batch(2, records, 0.0), (np.zeros(8),), {}, None, 0.040, version="2", bound_version="2"
+    )
+    for _ in range(40):  # a catch-up burst: 8-row batches, 40 ms (5 ms per row)
+        versions.observe(burst)
+    assert versions.state()["pending"] is None and versions.serving == "2"
