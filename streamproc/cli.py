@@ -6,13 +6,17 @@ import faulthandler
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from streamproc.errors import StreamprocError
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
+
+if TYPE_CHECKING:
+    from streamproc.tools.local_service import LocalService
 
 app = typer.Typer(
     add_completion=False,
@@ -138,6 +142,27 @@ def kafka_stop(
     typer.echo(f"stopped broker pid {', '.join(map(str, pids))}")
 
 
+def _start_server(
+    directory: Path, name: str, address_file: str, make: Callable[[], LocalService]
+) -> str:
+    """Start a local server in the background unless the one recorded in ``directory`` runs
+    (says which, and where its log is); its address."""
+    from streamproc.tools.local_service import start_recorded
+
+    try:
+        address, server, running = start_recorded(directory, name, address_file, make)
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
+    if running is not None:
+        typer.echo(
+            f"{name} server already running (pid {running}); stop it with "
+            f"`streamproc {name} stop --dir {directory}`"
+        )
+    elif server is not None:
+        typer.echo(f"{name} log: {server.log_path}")
+    return address
+
+
 @registry_app.command("start")
 def registry_start(
     directory: Annotated[Path, typer.Option("--dir", help="Registry state folder.")] = (
@@ -146,27 +171,15 @@ def registry_start(
 ) -> None:
     """Start a local Schema Registry in the background (loopback, in-memory, BACKWARD
     compatibility); the last line is SCHEMA_REGISTRY_URL=..."""
-    from streamproc.tools.local_service import start_recorded
     from streamproc.tools.registry_local import LocalRegistry, ensure_registry_app
 
     directory = directory.resolve()
-    try:
-        url, registry, running = start_recorded(
-            directory,
-            "registry",
-            "url",
-            lambda: LocalRegistry(directory, ensure_registry_app(), own_lifetime=False),
-        )
-    except StreamprocError as exc:
-        raise _fail(exc) from exc
-    if running is not None:
-        typer.echo(
-            f"registry already running (pid {running}); stop it with "
-            f"`streamproc registry stop --dir {directory}`"
-        )
-    else:
-        assert registry is not None
-        typer.echo(f"registry log: {registry.log_path}")
+    url = _start_server(
+        directory,
+        "registry",
+        "url",
+        lambda: LocalRegistry(directory, ensure_registry_app(), own_lifetime=False),
+    )
     typer.echo(f"SCHEMA_REGISTRY_URL={url}")
 
 
@@ -194,27 +207,15 @@ def mlflow_start(
     """Start a local MLflow tracking server in the background (loopback, SQLite store, artifacts
     served by the server; installs MLflow into its own environment on first use); the last line
     is export MLFLOW_TRACKING_URI=..."""
-    from streamproc.tools.local_service import start_recorded
     from streamproc.tools.mlflow_local import LocalMlflow, ensure_mlflow_server
 
     directory = directory.resolve()
-    try:
-        uri, server, running = start_recorded(
-            directory,
-            "mlflow",
-            "tracking_uri",
-            lambda: LocalMlflow(directory, ensure_mlflow_server(), own_lifetime=False),
-        )
-    except StreamprocError as exc:
-        raise _fail(exc) from exc
-    if running is not None:
-        typer.echo(
-            f"MLflow server already running (pid {running}); stop it with "
-            f"`streamproc mlflow stop --dir {directory}`"
-        )
-    else:
-        assert server is not None
-        typer.echo(f"MLflow log: {server.log_path}")
+    uri = _start_server(
+        directory,
+        "mlflow",
+        "tracking_uri",
+        lambda: LocalMlflow(directory, ensure_mlflow_server(), own_lifetime=False),
+    )
     typer.echo(f"export MLFLOW_TRACKING_URI={uri}")
 
 

@@ -147,3 +147,32 @@ def test_hung_and_stopped_server_fail_within_bounded_time(model: str, tmp_path: 
     with pytest.raises(ModelSourceError, match=f"{model}.*{uri}.*unreachable"):
         source.resolve("@champion")
     assert time.monotonic() - started < 20.0  # refused: 3 tries, backoff 0 + 2 s each
+
+
+def test_mlflow_start_twice_and_stop_from_the_command_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    directory = tmp_path / "mlflow"
+    cli = [sys.executable, "-m", "streamproc", "mlflow"]
+
+    def start() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, "start", "--dir", str(directory)], capture_output=True, text=True, timeout=300
+        )
+
+    started = start()
+    try:
+        assert started.returncode == 0, started.stderr
+        uri = started.stdout.strip().splitlines()[-1].removeprefix("export MLFLOW_TRACKING_URI=")
+        assert uri.startswith("http://127.0.0.1:")
+        again = start()  # the recorded server still runs: the same address, no second server
+        assert again.returncode == 0 and "mlflow server already running" in again.stdout
+        assert again.stdout.strip().splitlines()[-1] == started.stdout.strip().splitlines()[-1]
+        assert MlflowSource(uri, "nothing-registered").versions() == []
+    finally:
+        stopped = subprocess.run(
+            [*cli, "stop", "--dir", str(directory)], capture_output=True, text=True, timeout=60
+        )
+    assert stopped.returncode == 0 and "stopped MLflow server pid" in stopped.stdout
+    assert not (directory / "mlflow.pid").exists()
