@@ -47,8 +47,9 @@ GRAFANA_IMAGE="${GRAFANA_IMAGE:-grafana/grafana:12.1.1}"
 # Random free host ports: nothing else on this host can collide with the test stack.
 export KAFKA_HOST_PORT="" METRICS_HOST_PORT="" PROMETHEUS_HOST_PORT="" GRAFANA_HOST_PORT=""
 export SCHEMA_REGISTRY_HOST_PORT=""
+# requests is not here: mlflow-skinny (the MLflow model registry client, requirements.lock) needs it.
 FORBIDDEN_PACKAGES="pytest pytest-timeout ruff mypy testcontainers docker scikit-image scipy pandas
-  matplotlib pip iniconfig pluggy requests wheel"
+  matplotlib pip iniconfig pluggy wheel"
 ALERTS=(StreamprocConsumerLagGrowing StreamprocDeadLettering StreamprocCommitFailures
   StreamprocPartitionsStalled StreamprocPartitionsPausedTooLong StreamprocEndToEndLatencyHigh
   StreamprocNotReady StreamprocModelRolledBack)
