@@ -51,11 +51,11 @@ log = get_logger(__name__)
 
 
 LAG_WAKE_INTERVAL_S = 1.0
+"""While ``--exit-when-idle-s`` waits for the lag monitor to measure partitions that delivered
+nothing, it wakes the monitor at most this often (each refresh is two admin requests)."""
 MODEL_THREAD_JOIN_S = 5.0
 """Longest a drain waits for a model thread's load in progress (it is a daemon: a load that
 takes longer ends with the process; what it would offer is never switched to)."""
-"""While ``--exit-when-idle-s`` waits for the lag monitor to measure partitions that delivered
-nothing, it wakes the monitor at most this often (each refresh is two admin requests)."""
 
 
 class State(enum.Enum):
