@@ -56,6 +56,32 @@ def helm_template(
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
+def kubeconform(
+    tools: dict[str, str], kube: str, rendered: str
+) -> subprocess.CompletedProcess[str]:
+    """kubeconform -strict on ``rendered`` (manifests as YAML text) for Kubernetes ``kube``,
+    against the Kubernetes schemas and the CRD schemas (KEDA's) of :func:`tools`."""
+    k8s = "{{ .NormalizedKubernetesVersion }}-local{{ .StrictSuffix }}"
+    return subprocess.run(
+        [
+            tools["KUBECONFORM"],
+            "-strict",
+            "-summary",
+            "-kubernetes-version",
+            kube,
+            "-schema-location",
+            f"{tools['K8S_SCHEMAS']}/{k8s}/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json",
+            "-schema-location",
+            f"{tools['CRD_SCHEMAS']}/{{{{ .Group }}}}/"
+            "{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json",
+        ],
+        input=rendered,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 @pytest.fixture(scope="session")
 def render(tools: dict[str, str]) -> Callable[..., Manifests]:
     """Render the chart (memoised) and return its manifests as parsed documents."""

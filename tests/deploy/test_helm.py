@@ -20,6 +20,7 @@ from tests.deploy.conftest import (
     by_kind,
     container,
     helm_template,
+    kubeconform,
     one,
     rendered_config,
     workload,
@@ -69,25 +70,7 @@ def test_helm_lint(tools: dict[str, str], values: Path, kube: str) -> None:
 def test_kubeconform_strict(tools: dict[str, str], values: Path, kube: str) -> None:
     rendered = helm_template(tools, values, kube_version=kube)
     assert rendered.returncode == 0, rendered.stderr
-    k8s = "{{ .NormalizedKubernetesVersion }}-local{{ .StrictSuffix }}"
-    result = subprocess.run(
-        [
-            tools["KUBECONFORM"],
-            "-strict",
-            "-summary",
-            "-kubernetes-version",
-            kube,
-            "-schema-location",
-            f"{tools['K8S_SCHEMAS']}/{k8s}/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json",
-            "-schema-location",
-            f"{tools['CRD_SCHEMAS']}/{{{{ .Group }}}}/"
-            "{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json",
-        ],
-        input=rendered.stdout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = kubeconform(tools, kube, rendered.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = re.search(
         r"(\d+) resources found.*Valid: (\d+), Invalid: 0, Errors: 0, Skipped: 0", result.stdout

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.deploy.conftest import (
     Manifests,
     container,
     helm_template,
+    kubeconform,
     one,
     rendered_config,
     workload,
@@ -52,22 +52,7 @@ def render_valid(tools: dict[str, str], values: Path | None, *sets: str) -> Mani
     for kube in KUBE_VERSIONS:
         rendered = helm_template(tools, values, sets, kube_version=kube)
         assert rendered.returncode == 0, rendered.stderr
-        k8s = "{{ .NormalizedKubernetesVersion }}-local{{ .StrictSuffix }}"
-        result = subprocess.run(
-            [
-                tools["KUBECONFORM"],
-                "-strict",
-                "-summary",
-                "-kubernetes-version",
-                kube,
-                "-schema-location",
-                f"{tools['K8S_SCHEMAS']}/{k8s}/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json",
-            ],
-            input=rendered.stdout,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        result = kubeconform(tools, kube, rendered.stdout)
         assert result.returncode == 0, result.stdout + result.stderr
         assert re.search(r"Invalid: 0, Errors: 0, Skipped: 0", result.stdout), result.stdout
         manifests = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]

@@ -118,6 +118,17 @@ def verified(bootstrap: str, t: Topics) -> tuple[TopicDump, Verdict]:
     return outputs, verify(bootstrap, t.input, t.output, t.dlq, t.group, outputs=outputs)
 
 
+def finished(
+    producer: threading.Thread, running: Running, bootstrap: str, t: Topics
+) -> tuple[TopicDump, Verdict]:
+    """Once the replay is written and the pipeline has exited 0 (idle), :func:`verified`."""
+    producer.join(120)
+    assert not producer.is_alive(), "the replay did not finish"
+    summary = running.join()
+    assert summary.exit_code == 0, summary.error
+    return verified(bootstrap, t)
+
+
 def versions_by_partition(dump: TopicDump) -> dict[int, list[tuple[int, str]]]:
     """Per input partition, (input offset, model version) of each result in offset order."""
     found: dict[int, list[tuple[int, str]]] = defaultdict(list)
@@ -187,10 +198,7 @@ def test_a_swap_during_a_replay_loses_nothing_and_changes_version_once_per_parti
     state = models_state(f"http://127.0.0.1:{port}")["iot"]
     assert state["serving"] == "2" and state["previous"] == "1"  # in probation
     assert dict(source.assignment.generations) == generations  # no rebalance, no rewind
-    producer.join(120)
-    summary = running.join()
-    assert summary.exit_code == 0, summary.error
-    outputs, verdict = verified(bootstrap_servers, topics)
+    outputs, verdict = finished(producer, running, bootstrap_servers, topics)
     report(f"swap during a replay, {guarantee}", verdict)
     assert verdict.inputs == total and verdict.dead_lettered == 0 and verdict.missing == []
     assert verdict.committed_equals_end
@@ -236,10 +244,7 @@ def test_a_broken_version_is_refused_and_the_serving_one_goes_on(
     with pytest.raises(AdminCallFailed) as unauthorised:
         use_version(url, "wrong", "iot", "1")
     assert unauthorised.value.status == 401
-    producer.join(120)
-    summary = running.join()
-    assert summary.exit_code == 0, summary.error
-    outputs, verdict = verified(bootstrap_servers, topics)
+    outputs, verdict = finished(producer, running, bootstrap_servers, topics)
     assert verdict.results == total and verdict.missing == [] and verdict.dead_lettered == 0
     assert {v for seq in versions_by_partition(outputs).values() for _, v in seq} == {"1"}
     topic = topics.input
@@ -324,10 +329,7 @@ def test_shadow_scoring_produces_nothing_and_measures_agreement(
         120,
         "shadowed batches",
     )
-    producer.join(120)
-    summary = running.join()
-    assert summary.exit_code == 0, summary.error
-    outputs, verdict = verified(bootstrap_servers, topics)
+    outputs, verdict = finished(producer, running, bootstrap_servers, topics)
     assert verdict.results == total and verdict.missing == []
     agreement = running.metric("streamproc_shadow_agreement_ratio", topic=topic, version="2")
     made_by = [v for seq in versions_by_partition(outputs).values() for _, v in seq]
@@ -381,10 +383,7 @@ def test_an_mlflow_alias_moved_during_a_replay_swaps_the_version_live(
         120,
         "batches of the version the alias moved to",
     )
-    producer.join(120)
-    summary = running.join()
-    assert summary.exit_code == 0, summary.error
-    outputs, verdict = verified(bootstrap_servers, topics)
+    outputs, verdict = finished(producer, running, bootstrap_servers, topics)
     report("mlflow alias moved", verdict)
     assert verdict.inputs == total and verdict.missing == [] and verdict.dead_lettered == 0
     for seq in versions_by_partition(outputs).values():

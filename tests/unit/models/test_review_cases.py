@@ -6,9 +6,11 @@ at once, a blank admin token is refused, and a shadow's call is not the serving 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +60,20 @@ def batch(batch_id: int, n: int) -> Batch:
     return Batch(batch_id, records, 0.0)
 
 
-def test_a_poison_row_does_not_roll_back_a_version_as_good_as_its_predecessor() -> None:
-    """One input record that the OLD version also fails on, in the first 10 batches of
-    probation, rolls the new version back ('errors'): input faults are counted as the new
-    version's faults (BoundCall sets raised even when the fallback raises too)."""
-    versions = ModelVersions("iot", LoadedVersion("1", (old_fn,)), config(), Metrics())
-    versions.offer(LoadedVersion("2", (new_fn,)), "swap", "new")
+@contextlib.contextmanager
+def bound_worker(
+    versions: ModelVersions, observe: bool
+) -> Iterator[Callable[[int, list[float]], DeviceResult]]:
+    """A started CPU :class:`DeviceWorker` (its own model: ``old_fn``); yields
+    ``run(batch_id, values)``: one batch of ``values`` (float32, one column), bound by
+    ``versions`` on device 0, submitted, and its result once done (given to
+    ``versions.observe`` first when ``observe``). The worker is closed on exit."""
     pool = StagingPool(4, rows=64, item_shape=(1,), dtype=np.dtype(np.float32), pin=False)
     done: queue.Queue[DeviceResult] = queue.Queue()
 
     def on_complete(result: DeviceResult, release: Release) -> None:
-        versions.observe(result)
+        if observe:
+            versions.observe(result)
         done.put(result)
         release()
 
@@ -76,20 +81,34 @@ def test_a_poison_row_does_not_roll_back_a_version_as_good_as_its_predecessor() 
         old_fn, torch.device("cpu"), pool, 2, 1, on_complete, lambda e: None, label="cpu:0"
     )
     worker.start()
+
+    def run(batch_id: int, values: list[float]) -> DeviceResult:
+        slab = pool.lease(timeout_s=10)
+        assert slab is not None
+        slab.array[: len(values), 0] = values
+        job = DeviceJob(batch(batch_id, len(values)), slab)
+        versions.bind(job, 0)
+        worker.submit(job)
+        return done.get(timeout=30)
+
     try:
+        yield run
+    finally:
+        worker.close(10)
+
+
+def test_a_poison_row_does_not_roll_back_a_version_as_good_as_its_predecessor() -> None:
+    """One input record that the OLD version also fails on, in the first 10 batches of
+    probation, rolls the new version back ('errors'): input faults are counted as the new
+    version's faults (BoundCall sets raised even when the fallback raises too)."""
+    versions = ModelVersions("iot", LoadedVersion("1", (old_fn,)), config(), Metrics())
+    versions.offer(LoadedVersion("2", (new_fn,)), "swap", "new")
+    with bound_worker(versions, observe=True) as run:
         for batch_id in range(20):
-            slab = pool.lease(timeout_s=10)
-            assert slab is not None
             values = [1.0] * 8
             if batch_id == 3:
                 values[5] = -1.0  # one poison record in 160
-            slab.array[:8, 0] = values
-            job = DeviceJob(batch(batch_id, 8), slab)
-            versions.bind(job, 0)
-            worker.submit(job)
-            done.get(timeout=30)
-    finally:
-        worker.close(10)
+            run(batch_id, values)
     kinds = [(e["kind"], e["version"]) for e in versions.state()["events"]]
     print(versions.state()["events"])
     assert ("rolled_back", "2") not in kinds, "a good version was rolled back for a poison row"
@@ -311,27 +330,8 @@ def test_the_shadow_call_is_not_counted_in_the_serving_versions_batch_time() -> 
         "iot", LoadedVersion("1", (old_fn,)), config(shadow={"sample": 1.0}), Metrics()
     )
     versions.offer(LoadedVersion("2", (slow,)), "shadow", "new")
-    pool = StagingPool(4, rows=64, item_shape=(1,), dtype=np.dtype(np.float32), pin=False)
-    done: queue.Queue[DeviceResult] = queue.Queue()
-
-    def on_complete(result: DeviceResult, release: Release) -> None:
-        done.put(result)
-        release()
-
-    worker = DeviceWorker(
-        old_fn, torch.device("cpu"), pool, 2, 1, on_complete, lambda e: None, label="cpu:0"
-    )
-    worker.start()
-    try:
-        slab = pool.lease(timeout_s=10)
-        assert slab is not None
-        slab.array[:8, 0] = 1.0
-        job = DeviceJob(batch(1, 8), slab)
-        versions.bind(job, 0)
-        worker.submit(job)
-        result = done.get(timeout=30)
-    finally:
-        worker.close(10)
+    with bound_worker(versions, observe=False) as run:
+        result = run(1, [1.0] * 8)
     assert result.shadow is not None
     print("inference_s", result.inference_s, "serving_s", result.shadow.serving_s)
     assert result.inference_s < 0.04, "the serving version's batch time includes the shadow"
