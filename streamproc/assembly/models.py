@@ -11,7 +11,7 @@ from streamproc.assembly.shared import Shared
 from streamproc.config import ModelConfig, PipelineConfig
 from streamproc.errors import ConfigError
 from streamproc.logs import get_logger
-from streamproc.models.loading import LoadedVersion, VersionRefused, load_version
+from streamproc.models.loading import LoadedVersion, Loader, VersionRefused, load_version
 from streamproc.models.manager import TRANSIENT, ModelManager
 from streamproc.models.sources import (
     FolderSource,
@@ -48,9 +48,7 @@ def model_source(config: ModelConfig) -> ModelSource:
     return FolderSource(config.repository, config.name)
 
 
-def version_loader(
-    spec: PipelineConfig, workload: Workload, shared: Shared
-) -> Callable[[ModelVersionFiles, LoadedVersion | None], LoadedVersion]:
+def version_loader(spec: PipelineConfig, workload: Workload, shared: Shared) -> Loader:
     """Loads a version of ``spec``'s model on every device at the pipeline's precision."""
     config = shared.config
     assert spec.model is not None
@@ -67,10 +65,10 @@ def version_loader(
 
 
 def initial_version(
-    spec: PipelineConfig, workload: Workload, source: ModelSource, shared: Shared
+    spec: PipelineConfig, source: ModelSource, load: Loader
 ) -> tuple[LoadedVersion, dict[str, VersionRefused]]:
     """The version ``pipelines[].model.version`` names now in ``source``, loaded on every
-    device. With ``latest`` and a source that lists its versions, a newest version that does
+    device (``load``: :func:`version_loader`). With ``latest``, a newest version that does
     not load is passed over for the next one (a bad upload never keeps the pipeline from
     starting while an older version loads); those passed over are returned, refused.
 
@@ -78,14 +76,12 @@ def initial_version(
         ConfigError: no version can be found or loaded (naming the pipeline and the key).
     """
     assert spec.model is not None
-    load = version_loader(spec, workload, shared)
     reference = spec.model.version
     refused: dict[str, VersionRefused] = {}
     try:
         names = [source.resolve(reference)]
-        listing = getattr(source, "versions", None)
-        if reference == "latest" and callable(listing):
-            names = list(reversed(listing()))
+        if reference == "latest":
+            names = list(reversed(source.versions()))
         for name in names:
             try:
                 loaded = load(source.fetch(name), None)
@@ -150,7 +146,8 @@ def build_versioned_model(
     """
     assert spec.model is not None
     source = model_source(spec.model)
-    serving, passed_over = initial_version(spec, workload, source, shared)
+    load = version_loader(spec, workload, shared)
+    serving, passed_over = initial_version(spec, source, load)
     versions = ModelVersions(
         spec.input_topic, serving, spec.model, shared.metrics, version_boundary(shared)
     )
@@ -162,6 +159,6 @@ def build_versioned_model(
         spec.model,
         versions,
         source,
-        version_loader(spec, workload, shared),
+        load,
     )
     return VersionedModel(versions, manager)

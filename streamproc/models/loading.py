@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -55,6 +55,11 @@ class LoadedVersion:
     size_bytes: int = 0
     signature: OutputSignature = ()
     loaded_s: float = 0.0
+
+
+Loader = Callable[[ModelVersionFiles, LoadedVersion | None], LoadedVersion]
+"""Loads a version's files on every device of a pipeline (the serving version, if any, for
+the memory check beside it); see :func:`load_version`."""
 
 
 class _VersionModel:

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from streamproc.config_sections import ModelConfig
 from streamproc.logs import get_logger
-from streamproc.models.loading import LoadedVersion, VersionRefused
-from streamproc.models.sources import ModelSource, ModelSourceError, ModelVersionFiles
+from streamproc.models.loading import Loader, VersionRefused
+from streamproc.models.sources import ModelSource, ModelSourceError
 from streamproc.models.versions import ModelVersions
 
 log = get_logger(__name__)
 
-Loader = Callable[[ModelVersionFiles, LoadedVersion], LoadedVersion]
 """Loads a version's files on every device of the pipeline, checked against the serving
 version (:func:`~streamproc.models.loading.load_version` with the pipeline's settings)."""
 Mode = Literal["swap", "shadow", "drop"]

@@ -67,6 +67,14 @@ class ModelSource(Protocol):
         """Where the versions come from, for logs (no secrets)."""
         ...
 
+    def versions(self) -> list[str]:
+        """Every version's name, lowest first.
+
+        Raises:
+            ModelSourceError: the model's folder is missing, or the source cannot be reached.
+        """
+        ...
+
     def resolve(self, reference: str) -> str:
         """The version name ``reference`` means now (``latest``, ``@alias`` or a name).
 
