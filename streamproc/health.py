@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 Probe = Callable[[], tuple[bool, str]]
 Answer = tuple[int, bytes, str]
+"""An HTTP answer: status, body, content type."""
 
 
 class AdminRoutes(Protocol):
@@ -61,7 +62,7 @@ class HealthServer:
         ready: Probe,
         admin: AdminRoutes | None = None,
     ) -> None:
-        routes: dict[str, Callable[[], tuple[int, bytes, str]]] = {
+        routes: dict[str, Callable[[], Answer]] = {
             "/metrics": lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST),
             "/healthz": lambda: _probe(live),
             "/readyz": lambda: _probe(ready),

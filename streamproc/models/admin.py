@@ -21,10 +21,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import orjson
 from pydantic import SecretStr
 
+from streamproc.health import Answer
 from streamproc.models.loading import VersionRefused
 from streamproc.models.manager import ModelManager
 
-Answer = tuple[int, bytes, str]
 JSON = "application/json"
 MODES = ("swap", "shadow", "drop")
 STATUS = {"busy": 409, "stopped": 503}

@@ -21,8 +21,6 @@ from streamproc.models.versions import ModelVersions
 
 log = get_logger(__name__)
 
-"""Loads a version's files on every device of the pipeline, checked against the serving
-version (:func:`~streamproc.models.loading.load_version` with the pipeline's settings)."""
 Mode = Literal["swap", "shadow", "drop"]
 TRANSIENT = frozenset({"busy", "source"})
 """Refusal reasons polling tries again (no room yet; the source unreachable or a download
@@ -44,7 +42,7 @@ class ModelManager:
         config: its ``model`` section.
         versions: its resident versions.
         source: where its versions come from.
-        load: see :data:`Loader`.
+        load: loads a version beside the serving one (:data:`~streamproc.models.loading.Loader`).
     """
 
     def __init__(
