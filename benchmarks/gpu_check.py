@@ -7,11 +7,16 @@ batch** with a synchronous reference: the same model function on the same batch,
 thread and the default stream, synchronised, copied back. The worker's streams, events, pinned
 buffers and slab reuse must not change one bit:
 
-* fp32: bit for bit (``--exact-tolerance`` 0). TF32 is off for the whole check
-  (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` False;
-  cuDNN deterministic, no autotuning; ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, without which cuBLAS
+* fp32: bit for bit (``--exact-tolerance`` 0), with the TF32 setting the product ships
+  (streamproc sets neither ``torch.backends.cuda.matmul.allow_tf32`` nor
+  ``torch.backends.cudnn.allow_tf32``: torch's defaults, matmul off and cuDNN convolutions on);
+  cuDNN deterministic, no autotuning, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (without which cuBLAS
   may reduce differently on another stream), so the reference and the workers run the same
-  kernels in true fp32;
+  kernels;
+* against a CPU fp32 reference (``cpu fp32 reference``): the device's scores within
+  ``--cpu-tolerance`` (absolute, on the softmax probabilities; TF32 convolutions differ from
+  fp32 by about 1e-3), the top-1 class equal unless the CPU's first two scores are within twice
+  that (a near tie may swap);
 * bf16: bit for bit against the bf16 reference (same autocast function, same kernels);
 * the model-error and out-of-memory checks re-run rows in smaller batches (the part runner),
   where other kernels may be chosen: within ``--tolerance`` (absolute, on the probabilities;
@@ -23,8 +28,14 @@ fed at once), ``bf16``, ``decode processes`` (shared-memory slabs, page-locked i
 by decode processes and fed to the worker), ``model error`` (one marked row fails alone, the
 others match), ``out of memory`` (batches over a size raise out-of-memory after warm-up: they run
 in parts), ``close in flight`` (close with batches still queued: every one completes, nothing
-leaks, nothing hangs), and ``pipeline`` (the real ``Pipeline`` on two lanes against a broker:
-0 missing, 0 duplicates; a local broker needs Java and the Kafka jars, else ``--bootstrap``).
+leaks, nothing hangs), ``batch N`` (frames/s and P99 batch latency, submit to in-order result,
+per batch size of ``--batch-sizes``), and ``pipeline`` (the real ``Pipeline`` on two lanes
+against a broker: 0 missing, 0 duplicates; only when asked, with ``--bootstrap`` or
+``--local-broker``: a lent GPU machine has no Java).
+
+Asserted on CUDA besides the outputs: H2D/compute overlap at least ``--min-h2d-overlap`` with 2+
+streams, the staging pool page-locked; everywhere: every staging slab and output buffer set back
+(the pinned pool's leak check).
 
 Columns: frames/s; the ratio to one device (``all devices``); device busy fraction (service
 seconds / wall seconds, per device, mean); H2D overlap (share of host-to-device copy time spent
@@ -48,7 +59,6 @@ import argparse
 import contextlib
 import itertools
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -62,6 +72,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.gpu_bundle import read_frames
 from benchmarks.gpu_perf import cuda_present, device_list
 from streamproc.device import (
     DeviceJob,
@@ -76,6 +87,7 @@ from streamproc.device.placement import DeviceLoad
 from streamproc.device.precision import build_model
 from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
+from streamproc.models.judgement import p99
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads import ModelFn
 from streamproc.workloads.video import VideoWorkload, iter_frames
@@ -104,16 +116,16 @@ class Row:
     allocations: int | None = None
     leaks: int | None = None
     max_diff: float | None = None
+    p99_ms: float | None = None
     note: str = ""
 
 
 # -- determinism and the reference ---------------------------------------------------------------
-def true_fp32() -> None:
-    """No TF32 and no autotuning for the whole check: reference and workers run the same
-    kernels in true fp32 (cuBLAS's workspace fixed: call before CUDA starts)."""
+def deterministic() -> None:
+    """No autotuning and deterministic cuDNN for the whole check, cuBLAS's workspace fixed (call
+    before CUDA starts): reference and workers run the same kernels. TF32 stays as the product
+    ships it (streamproc sets neither flag)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
 
@@ -176,6 +188,55 @@ def compare(
                     f"reference in rows {rows[:5]}"
                 )
     return largest
+
+
+def compare_to_cpu(
+    name: str, got: dict[int, Outputs], want: list[Outputs], tolerance: float
+) -> float:
+    """The largest score difference between the device's ``(scores, class ids)`` per batch
+    (batch ids 1..) and the CPU fp32 reference's; class ids of a near tie may differ.
+
+    Raises:
+        Fault: a batch is missing, a score differs by more than ``tolerance`` (NaN too), or a
+            row's top-1 class differs where the CPU's first two scores are more than
+            ``2 * tolerance`` apart.
+    """
+    largest = 0.0
+    for batch_id, (cpu_scores, cpu_ids) in enumerate(want, 1):
+        if batch_id not in got:
+            raise Fault(f"{name}: batch {batch_id} has no result")
+        scores, ids = got[batch_id][0], got[batch_id][1]
+        diff = float(np.max(np.abs(scores - cpu_scores))) if scores.size else 0.0
+        if not diff <= tolerance:
+            raise Fault(
+                f"{name}: batch {batch_id} scores differ from the CPU fp32 reference by "
+                f"{diff:.3g} (allowed {tolerance:g})"
+            )
+        largest = max(largest, diff)
+        for row in range(len(cpu_ids)):
+            margin = cpu_scores[row, 0] - cpu_scores[row, 1] if cpu_scores.shape[1] > 1 else 1.0
+            clear = margin > 2 * tolerance
+            if clear and ids[row, 0] != cpu_ids[row, 0]:
+                raise Fault(
+                    f"{name}: batch {batch_id} row {row}: top class {ids[row, 0]}, the CPU's "
+                    f"{cpu_ids[row, 0]}"
+                )
+    return largest
+
+
+def assert_overlap(name: str, overlap: float | None, minimum: float) -> None:
+    """Copy-in on a CUDA device with 2+ streams must hide behind another batch's compute.
+
+    Raises:
+        Fault: ``overlap`` (share of copy-in time, 0..1) is None or under ``minimum``.
+    """
+    if overlap is None:
+        raise Fault(f"{name}: no H2D overlap measured (no copy timed)")
+    if overlap < minimum:
+        raise Fault(
+            f"{name}: H2D overlap {overlap:.2f} under {minimum:g}: copies to the device did "
+            "not run beside compute"
+        )
 
 
 # -- the backend, traced -------------------------------------------------------------------------
@@ -286,6 +347,7 @@ class LaneRun:
     leaks: int = 0
     frames: int = 0
     device_of: dict[int, int] = field(default_factory=dict)  # batch id -> device index
+    latencies_s: list[float] = field(default_factory=list)  # submit -> in-order result
 
 
 POISON = 0x5A
@@ -355,7 +417,10 @@ def run_lane(
     done = threading.Semaphore(0)
     service = dict.fromkeys(range(len(devices)), 0.0)
 
+    submitted: dict[int, float] = {}
+
     def on_result(result: DeviceResult) -> None:
+        run.latencies_s.append(time.monotonic() - submitted[result.batch.batch_id])
         run.outputs[result.batch.batch_id] = tuple(np.array(o) for o in result.outputs)
         if result.failed:
             run.failed[result.batch.batch_id] = set(result.failed)
@@ -418,6 +483,7 @@ def run_lane(
             )
             index = load.place(batch_id, len(rows_in))
             where[batch_id] = run.device_of[batch_id] = index
+            submitted[batch_id] = time.monotonic()
             workers[index].submit(DeviceJob(Batch(batch_id, records, time.monotonic()), slab))
         if close_early:
             for worker in workers:
@@ -489,6 +555,7 @@ class Context:
 
 
 def row_of(name: str, run: LaneRun, diff: float, cuda: bool, note: str = "") -> Row:
+    """A check's row from its lane run (pinned MB on CUDA only)."""
     return Row(
         name,
         frames_per_s=run.frames / run.elapsed_s if run.elapsed_s else None,
@@ -509,9 +576,56 @@ def check_one_device(ctx: Context) -> list[Row]:
     rows = []
     for streams in sorted({1, ctx.args.streams}):
         run = run_lane("frames", [model], ctx.devices[:1], ctx.batches, streams, ctx.args.wait_s)
-        diff = compare(f"one device, {streams} stream(s)", run.outputs, want, ctx.exact)
-        rows.append(row_of(f"one device, {streams} stream(s)", run, diff, device.type == "cuda"))
+        name = f"one device, {streams} stream(s)"
+        diff = compare(name, run.outputs, want, ctx.exact)
+        if device.type == "cuda":
+            if not run.pinned_bytes:
+                raise Fault(f"{name}: the staging pool is not page-locked")
+            if streams > 1:
+                assert_overlap(name, run.h2d_overlap, ctx.args.min_h2d_overlap)
+        rows.append(row_of(name, run, diff, device.type == "cuda"))
     return rows
+
+
+def check_cpu_reference(ctx: Context) -> Row:
+    """The device worker's fp32 outputs against the same model on the CPU in fp32."""
+    label, device = ctx.devices[0]
+    batches = ctx.batches[: ctx.args.cpu_batches]
+    cpu = torch.device("cpu")
+    want = reference(build_model(ctx.workload, cpu, "fp32"), batches, cpu)
+    run = run_lane(
+        "frames", [ctx.model(label, device)], ctx.devices[:1], batches, ctx.args.streams,
+        ctx.args.wait_s,
+    )  # fmt: skip
+    tolerance = ctx.args.cpu_tolerance
+    diff = compare_to_cpu("cpu fp32 reference", run.outputs, want, tolerance)
+    return row_of(
+        "cpu fp32 reference", run, diff, device.type == "cuda",
+        f"{label} against the CPU in fp32, scores within {tolerance:g}",
+    )  # fmt: skip
+
+
+def check_batch_sizes(ctx: Context) -> list[Row]:
+    """Frames/s and P99 batch latency (submit to in-order result) per batch size, every output
+    compared with the synchronous reference; the decoded frames cycled."""
+    label, device = ctx.devices[0]
+    model = ctx.model(label, device)
+    rows = np.concatenate(ctx.batches)
+    out = []
+    for size in [int(s) for s in ctx.args.batch_sizes.split(",")]:
+        picks = np.arange(size * ctx.args.size_batches) % len(rows)
+        batches = [rows[picks[i : i + size]] for i in range(0, len(picks), size)]
+        want = reference(model, batches, device)
+        run = run_lane(
+            f"batch{size}", [model], ctx.devices[:1], batches, ctx.args.streams, ctx.args.wait_s
+        )
+        row = row_of(
+            f"batch {size}", run, compare(f"batch {size}", run.outputs, want, ctx.exact),
+            device.type == "cuda",
+        )  # fmt: skip
+        row.p99_ms = p99(run.latencies_s) * 1000
+        out.append(row)
+    return out
 
 
 def check_all_devices(ctx: Context, one: Row | None) -> Row:
@@ -714,8 +828,9 @@ def check_pipeline(ctx: Context) -> Row:
     from streamproc.tools.replay import produce
     from streamproc.tools.verify import verify
 
-    if not ctx.args.bootstrap and shutil.which("java") is None:
-        return Row("pipeline", status="n/a", note="no broker: no Java here and no --bootstrap")
+    if not ctx.args.bootstrap and not ctx.args.local_broker:
+        note = "not asked: --bootstrap HOST:PORT or --local-broker"
+        return Row("pipeline", status="n/a", note=note)
     device = ctx.device
     counts = {"video": ctx.args.pipeline_frames, "iot": ctx.args.pipeline_frames * 4}
     with (
@@ -799,14 +914,15 @@ def table(rows: list[Row]) -> str:
 
     lines = [
         f"{'check':<26} {'status':<6} {'frames/s':>9} {'vs one':>6} {'busy':>5} "
-        f"{'H2D ovl':>7} {'pinned MB':>9} {'allocs':>6} {'leaks':>5} {'max diff':>9}  note"
+        f"{'H2D ovl':>7} {'pinned MB':>9} {'allocs':>6} {'leaks':>5} {'max diff':>9} "
+        f"{'P99 ms':>7}  note"
     ]
     for r in rows:
         lines.append(
             f"{r.check:<26} {r.status:<6} {cell(r.frames_per_s, '9.1f')} "
             f"{cell(r.vs_one, '6.2f')} {cell(r.busy, '5.2f')} {cell(r.h2d_overlap, '7.2f')} "
             f"{cell(r.pinned_mb, '9.1f')} {cell(r.allocations, '6d')} {cell(r.leaks, '5d')} "
-            f"{cell(r.max_diff, '9.2g')}  {r.note}"
+            f"{cell(r.max_diff, '9.2g')} {cell(r.p99_ms, '7.1f')}  {r.note}"
         )
     return "\n".join(lines)
 
@@ -820,7 +936,7 @@ def timed_check(rows: list[Row], name: str) -> Iterator[list[Row]]:
     except Exception as exc:  # every fault is reported, the other checks still run
         added = [Row(name, status="FAULT", note=f"{type(exc).__name__}: {exc}")]
     rows.extend(added)
-    print(table(added).splitlines()[1], flush=True)
+    print("\n".join(table(added).splitlines()[1:]), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -836,34 +952,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--exact-tolerance", type=float, default=0.0, help="every other check (0: bit for bit)"
     )
     parser.add_argument("--wait-s", type=float, default=120.0, help="deadline of every wait")
-    parser.add_argument("--bootstrap", help="the pipeline check's broker (default: a local one)")
+    parser.add_argument("--cpu-tolerance", type=float, default=2e-2, help="against the CPU fp32")
+    parser.add_argument("--cpu-batches", type=int, default=8, help="batches the CPU runs too")
+    parser.add_argument("--batch-sizes", default="1,8,32,64", help="frames/s and P99 of each")
+    parser.add_argument("--size-batches", type=int, default=100, help="batches per batch size")
+    parser.add_argument(
+        "--min-h2d-overlap", type=float, default=0.3, help="CUDA, 2+ streams: asserted"
+    )
+    parser.add_argument("--frames", type=Path, help="frames file (make gpu-bundle; no PyAV)")
+    parser.add_argument("--bootstrap", help="the pipeline row's broker (else the row is n/a)")
+    parser.add_argument(
+        "--local-broker", action="store_true", help="the pipeline row on a local broker (Java)"
+    )
     parser.add_argument("--pipeline-frames", type=int, default=400)
     parser.add_argument("--pipeline-idle-s", type=float, default=10.0)
     parser.add_argument("--smoke", action="store_true", help="seconds: tiny batches, 1 repeat")
     args = parser.parse_args(argv)
     if args.smoke:
         args.sizes, args.repeat, args.bf16_batches = "2,1,3", 1, 1
+        args.batch_sizes, args.size_batches, args.cpu_batches = "1,3", 4, 2
         args.pipeline_frames, args.pipeline_idle_s = 4, 5.0
         torch.set_num_threads(1)
     device = torch.device(args.device)
     if not cuda_present("gpu_check", device):
         return 2
-    true_fp32()
+    deterministic()
     started = time.monotonic()
     workload = VideoWorkload()
     sizes = [int(s) for s in args.sizes.split(",")] * args.repeat
+    distinct = read_frames(args.frames) if args.frames else iter_frames()
     frames = [
         Record(TopicPartition("frames", 0), i, f.camera_id.encode(), f.jpeg, (), 0, 0.0)
-        for i, f in enumerate(itertools.islice(itertools.cycle(iter_frames()), sum(sizes)))
+        for i, f in enumerate(itertools.islice(itertools.cycle(distinct), sum(sizes)))
     ]
+    unique = len({r.value for r in frames})
     devices = device_list(args.devices, 1, device.type == "cpu")
     ctx = Context(workload, frames, decoded_batches(workload, frames, sizes), devices, args)
     name = torch.cuda.get_device_name(devices[0][1]) if device.type == "cuda" else "cpu"
     print(
         f"gpu check on {name} ({len(devices)} device(s): {', '.join(d for d, _ in devices)}), "
-        f"torch {torch.__version__}; {len(sizes)} batches, {sum(sizes)} real frames; fp32 "
-        f"without TF32 within {args.exact_tolerance:g} (0: bit for bit), split batches within "
-        f"{args.tolerance:g}"
+        f"torch {torch.__version__}; {len(sizes)} batches, {sum(sizes)} real frames "
+        f"({unique} distinct frames); TF32 matmul {torch.backends.cuda.matmul.allow_tf32}, "
+        f"cuDNN {torch.backends.cudnn.allow_tf32} (the product's setting); against the "
+        f"synchronous reference within {args.exact_tolerance:g} (0: bit for bit), split "
+        f"batches within {args.tolerance:g}; against the CPU fp32 within {args.cpu_tolerance:g}"
     )
     print(table([]))
     rows: list[Row] = []
@@ -873,6 +1005,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     one = next((r for r in rows if r.check == same_streams and r.status == "ok"), None)
     with timed_check(rows, "all devices") as added:
         added.append(check_all_devices(ctx, one))
+    with timed_check(rows, "cpu fp32 reference") as added:
+        added.append(check_cpu_reference(ctx))
     for name_, check in (
         ("two lanes on one device", check_lanes),
         ("bf16", check_bf16),
@@ -884,6 +1018,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         with timed_check(rows, name_) as added:
             added.append(check(ctx))
+    with timed_check(rows, "batch sizes") as added:
+        added.extend(check_batch_sizes(ctx))
     faults = [r for r in rows if r.status == "FAULT"]
     print(f"\n{table(rows)}")
     print(

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# The GPU check (benchmarks/gpu_check.py; docs/operations.md "The GPU check") on a machine with
-# CUDA GPUs, Python and torch, but no network and no Java. Prepare the wheels here first (needs
-# the registries): `make gpu-wheels` fills benchmarks/wheels with what the check imports besides
-# torch, and with a Java runtime and the Kafka jars for the pipeline row's local broker
-# (gpu_broker.sh; without them that row says n/a unless --bootstrap names a broker). Then, on the
-# GPU machine:
-#   bash benchmarks/gpu_check.sh                      # every visible GPU; under 10 minutes
+# The GPU check (benchmarks/gpu_check.py; docs/operations.md "The GPU check") on a lent GPU
+# machine: its own Python with a CUDA torch, no registry, no Java. Prepare here first, where the
+# registries are reachable: `make gpu-bundle` fills .gpu-bundle/ (ignored by git) with the wheels
+# the check imports besides the machine's torch, numpy, pillow and torchvision, and the frames
+# file. Carry .gpu-bundle/cp312 and .gpu-bundle/frames.bin; then, from the repository root there:
+#   bash benchmarks/gpu_check.sh                      # every visible GPU; under 8 minutes
 #   bash benchmarks/gpu_check.sh --devices cuda:0     # one GPU
-# Exit 0: every row ok or n/a; 1: a fault (its row says which batch and output); 2: no CUDA GPU.
-# Where the clone has its .venv (make venv), that is used and no wheels are needed: `--device cpu`
-# runs the same checks on two logical CPU devices.
+# It installs the bundle with `pip install --no-index` into a scratch folder on PYTHONPATH (no
+# virtual environment: a venv made from a venv's Python does not see that venv's torch), ahead of
+# the machine's own packages, and runs the check under a deadline of GPU_CHECK_DEADLINE_S (480).
+# Exit 0: every row ok or n/a; 1: a fault (its row says which); 2: no CUDA GPU, or no bundle for
+# this Python; 124: the deadline passed. `--device cpu` runs the same checks on two logical CPU
+# devices (make gpu-dry-run: the dry run, with no registry, over the cp311 wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import confluent_kafka, torch' 2>/dev/null; then
-  PYTHONPATH=. exec .venv/bin/python benchmarks/gpu_check.py "$@"
-fi
+tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+wheels=.gpu-bundle/$tag
 case " $* " in
   *" --device cpu "* | *" --device=cpu "*) ;;
   *)
@@ -26,16 +27,16 @@ case " $* " in
     fi
     ;;
 esac
-if ! ls benchmarks/wheels/*.whl >/dev/null 2>&1; then
-  echo "gpu_check: benchmarks/wheels has no wheels; run 'make gpu-wheels' where the registries are reachable and copy the folder over" >&2
+if ! ls "$wheels"/*.whl >/dev/null 2>&1 || [[ ! -f .gpu-bundle/frames.bin ]]; then
+  echo "gpu_check: no $wheels/*.whl or .gpu-bundle/frames.bin for $PY ($tag); run 'make gpu-bundle' where the registries are reachable and carry .gpu-bundle/$tag and .gpu-bundle/frames.bin" >&2
   exit 2
 fi
-if [[ -x benchmarks/wheels/jre/bin/java ]]; then # the pipeline row's broker (gpu_broker.sh)
-  PATH="$PWD/benchmarks/wheels/jre/bin:$PATH"
-  export STREAMPROC_CACHE_DIR="$PWD/benchmarks/wheels/cache"
-fi
-venv=$(mktemp -d)/venv
-"$PY" -m venv --system-site-packages "$venv" # torch comes from the machine
-"$venv/bin/pip" install --quiet --no-index --find-links benchmarks/wheels --no-deps \
-  benchmarks/wheels/*.whl
-PYTHONPATH=. exec "$venv/bin/python" benchmarks/gpu_check.py "$@"
+site=$(mktemp -d)/site
+started=$SECONDS
+# --no-index and --find-links only: nothing from a registry, the pinned set of the bundle alone
+PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --quiet --disable-pip-version-check --no-index \
+  --find-links "$wheels" --no-deps --no-compile --no-cache-dir --target "$site" \
+  --requirement .gpu-bundle/requirements.txt
+echo "gpu_check: $(ls "$wheels" | wc -l) wheels from $wheels installed in $((SECONDS - started)) s" >&2
+PYTHONPATH="$site:$PWD" exec timeout "${GPU_CHECK_DEADLINE_S:-480}" "$PY" benchmarks/gpu_check.py \
+  --frames .gpu-bundle/frames.bin "$@"

@@ -12,11 +12,13 @@ configuration): every test restores both.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from benchmarks import (
     codecs,
     decode_workers,
     formats,
+    gpu_bundle,
     gpu_check,
     gpu_perf,
     lane_routes,
@@ -47,16 +50,18 @@ from streamproc.tools.bench import runner
 from streamproc.tools.bench.cpu import CpuMeter
 from streamproc.tools.replay import messages
 from streamproc.tools.verify import TopicDump
-from streamproc.workloads import load_workload
+from streamproc.workloads import load_workload, video
 
 
 @pytest.fixture(autouse=True)
 def _process_state() -> Iterator[None]:
     threads = torch.get_num_threads()
     logging = structlog.get_config()
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     yield
     torch.set_num_threads(threads)
     structlog.configure(**logging)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 # -- scripts that run whole, on a tiny input ---------------------------------------------------
@@ -111,22 +116,67 @@ def test_gpu_perf_runs_its_code_paths_on_two_logical_cpu_devices(
 
 
 def test_gpu_check_compares_every_output_and_fails_with_a_nonzero_exit(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Issue 29: the whole check on two logical CPU devices (CUDA columns n/a), the pipeline
-    # row against a local broker; one planted fault must turn its row and the exit code
+    # row against a local broker; one planted fault must turn its row and the exit code.
+    # Issue 39: frames from the bundle's frames file (no PyAV on the GPU machine), a CPU fp32
+    # reference row, frames/s and P99 per batch size, and the product's TF32 setting untouched.
     def planted(ctx: gpu_check.Context) -> gpu_check.Row:
         raise gpu_check.Fault("planted: batch 1 output 0 differs")
 
+    frames = tmp_path / "frames.bin"
+    gpu_bundle.write_frames(frames, itertools.islice(video.iter_frames(), 0, 12, 4))
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     monkeypatch.setattr(gpu_check, "check_close_in_flight", planted)
-    assert gpu_check.main(["--device", "cpu", "--smoke"]) == 1
-    table = capsys.readouterr().out.split("\n\n")[-1]
+    argv = ["--device", "cpu", "--smoke", "--local-broker", "--frames", str(frames)]
+    assert gpu_check.main(argv) == 1
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == tf32
+    out = capsys.readouterr().out
+    assert f"TF32 matmul {tf32[0]}, cuDNN {tf32[1]} (the product's setting" in out
+    assert "6 real frames (3 distinct frames)" in out  # the file's 3, cycled
+    table = out.split("\n\n")[-1]
     status = {line[:26].strip(): line[27:33].strip() for line in table.splitlines()[1:-1]}
     assert status.pop("close in flight") == "FAULT"
     assert "planted: batch 1 output 0 differs" in table
     assert status.pop("decode processes") == "n/a"  # --smoke starts no decode process
     assert set(status.values()) == {"ok"}, table
-    assert {"one device, 1 stream(s)", "all devices (2)", "pipeline (2 lanes)"} <= set(status)
+    assert {
+        "one device, 1 stream(s)", "all devices (2)", "pipeline (2 lanes)",
+        "cpu fp32 reference", "batch 1", "batch 3",
+    } <= set(status)  # fmt: skip
+    p99 = {line[:26].strip(): line.split()[-1] for line in table.splitlines()[1:-1]}
+    assert float(p99["batch 3"]) > 0.0, table  # the P99 column: milliseconds per batch
+
+
+def test_gpu_check_pipeline_row_needs_no_broker_unless_asked() -> None:
+    # Issue 39: a lent GPU machine has no Java and no broker; the row says how to ask for it
+    ctx = gpu_check.Context(
+        video.VideoWorkload(), [], [], [("cpu:0", torch.device("cpu"))],
+        argparse.Namespace(bootstrap=None, local_broker=False),
+    )  # fmt: skip
+    row = gpu_check.check_pipeline(ctx)
+    assert (row.status, row.note) == ("n/a", "not asked: --bootstrap HOST:PORT or --local-broker")
+
+
+def test_gpu_check_asserts_copy_compute_overlap_and_compares_with_the_cpu() -> None:
+    # Issue 39: H2D/compute overlap is asserted on CUDA (a copy stream that serialises fails)
+    gpu_check.assert_overlap("one device, 2 stream(s)", 0.9, 0.5)
+    with pytest.raises(gpu_check.Fault, match=r"H2D overlap 0\.10 under 0\.5"):
+        gpu_check.assert_overlap("one device, 2 stream(s)", 0.1, 0.5)
+    with pytest.raises(gpu_check.Fault, match="no H2D overlap measured"):
+        gpu_check.assert_overlap("one device, 2 stream(s)", None, 0.5)
+    # against the CPU fp32 reference: scores within the tolerance; top-1 ids equal unless the
+    # reference's first two scores are within twice the tolerance (a near tie may swap)
+    want = [(np.array([[0.6, 0.3], [0.41, 0.40]], np.float32), np.array([[7, 2], [5, 9]]))]
+    near = {1: (want[0][0] + np.float32(0.004), np.array([[7, 2], [9, 5]]))}
+    assert gpu_check.compare_to_cpu("t", near, want, 0.01) == pytest.approx(0.004, abs=1e-6)
+    swapped = {1: (want[0][0], np.array([[2, 7], [5, 9]]))}
+    with pytest.raises(gpu_check.Fault, match=r"batch 1 row 0: top class 2, the CPU's 7"):
+        gpu_check.compare_to_cpu("t", swapped, want, 0.01)
+    far = {1: (want[0][0] + np.float32(0.05), want[0][1])}
+    with pytest.raises(gpu_check.Fault, match=r"by 0\.05 .*allowed 0\.01"):
+        gpu_check.compare_to_cpu("t", far, want, 0.01)
 
 
 def test_gpu_check_comparison_and_overlap_arithmetic() -> None:
