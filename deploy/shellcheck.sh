@@ -18,7 +18,7 @@ SHEBANG='^#!(/usr/bin/env )?(/bin/|/usr/bin/)?(ba)?sh( |$)'
 scripts() {
   local file
   find deploy .ci benchmarks scripts -type f -not -path 'deploy/docker/ca-certificates/*' \
-    -not -path 'benchmarks/wheels/*' | LC_ALL=C sort |
+    -not -path '.gpu-bundle/*' | LC_ALL=C sort |
     while read -r file; do
       if [[ "$file" == *.sh ]] || head -n1 "$file" | grep -qE "$SHEBANG"; then
         printf '%s\n' "$file"

@@ -76,7 +76,7 @@ def test_the_one_shellcheck_list_covers_every_script() -> None:
         str(p.relative_to(ROOT)) for p in files if p.suffix == ".sh" or shebang.match(first_line(p))
     }
     assert listed == expected | {".ci/run"}
-    assert {"benchmarks/gpu_check.sh", "benchmarks/gpu_broker.sh"} <= listed
+    assert {"benchmarks/gpu_check.sh", "benchmarks/gpu_dry_run.sh"} <= listed
     assert {"deploy/lib.sh", "deploy/images/kafka/bin/kafka-docker-run"} <= listed
     assert {"deploy/images/registry/registry-run", "scripts/generate_protos.sh"} <= listed
 
