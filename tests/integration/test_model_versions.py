@@ -248,12 +248,9 @@ def test_a_broken_version_is_refused_and_the_serving_one_goes_on(
     assert verdict.results == total and verdict.missing == [] and verdict.dead_lettered == 0
     assert {v for seq in versions_by_partition(outputs).values() for _, v in seq} == {"1"}
     topic = topics.input
-    assert (
-        running.metric("streamproc_model_refused_versions_total", topic=topic, reason="load") == 1
-    )
-    assert (
-        running.metric("streamproc_model_refused_versions_total", topic=topic, reason="warmup") == 1
-    )
+    refused = "streamproc_model_refused_versions_total"
+    assert running.metric(refused, topic=topic, reason="load", attempt="first") == 1
+    assert running.metric(refused, topic=topic, reason="warmup", attempt="first") == 1
     assert running.metric("streamproc_model_serving", topic=topic, version="1") == 1
 
 
