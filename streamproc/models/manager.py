@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -45,6 +46,22 @@ class _Request:
     reference: str
     mode: Mode
     answer: Future[dict[str, Any]]
+
+
+def without_locals(error: BaseException) -> BaseException:
+    """``error`` with the local variables of the frames in its tracebacks (and its causes')
+    cleared, the frames still running excepted: an answer that keeps the error (the admin
+    route's future) keeps no refused version's tensors alive. Returns ``error`` itself."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        link = pending.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        traceback.clear_frames(link.__traceback__)
+        pending += [e for e in (link.__cause__, link.__context__) if e is not None]
+    return error
 
 
 class ModelManager:
@@ -125,7 +142,7 @@ class ModelManager:
             try:
                 item.answer.set_result(self._serve(item))
             except Exception as exc:
-                item.answer.set_exception(exc)
+                item.answer.set_exception(without_locals(exc))
 
     def _refuse_queued(self) -> None:
         while True:

@@ -58,7 +58,7 @@ def torchscript_bytes() -> bytes:
     features = module.encoder[0].in_features
     traced = torch.jit.trace(module, torch.zeros(2, features))  # type: ignore[no-untyped-call]
     buffer = io.BytesIO()
-    torch.jit.save(traced, buffer)  # type: ignore[no-untyped-call]
+    torch.jit.save(traced, buffer)
     return buffer.getvalue()
 
 
