@@ -109,6 +109,12 @@ class ModelManager:
         if self._thread.ident is not None:
             self._thread.join(timeout_s)
 
+    def refused_at_start(self, name: str, error: VersionRefused, fingerprint: Fingerprint) -> None:
+        """Version ``name`` was passed over at start-up (``error``; its files were
+        ``fingerprint`` before that try): refused, and tried again by polling as any version
+        this thread refused. Called before :meth:`start`."""
+        self._refused(name, error, fingerprint)
+
     def request(self, reference: str, mode: Mode = "swap") -> Future[dict[str, Any]]:
         """Ask for version ``reference`` (a name, ``latest``, MLflow's ``@alias``): served from
         the next batch boundary (``swap``) or scored in shadow (``shadow``). The future's
