@@ -207,7 +207,9 @@ class ModelManager:
 
     def _refused(self, name: str, error: VersionRefused, fingerprint: Fingerprint) -> None:
         """Remember refused ``name`` with its files (``fingerprint``: as they were before the
-        try) and count the try."""
+        try; none then, as they are now: a remote source's download, made by the try, does
+        not count as a change) and count the try."""
+        fingerprint = fingerprint or self._source.fingerprint(name)
         previous = self._refusals.get(name)
         tries = 1 if previous is None else previous.tries + 1
         self._refusals[name] = _Refusal(fingerprint, tries)

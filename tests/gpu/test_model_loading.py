@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 
 CUDA = torch.device("cuda", 0)
 ROWS = 8
-SLEEP_CYCLES = 2_000_000_000  # about a second of one GPU thread spinning
+SLEEP_CYCLES = 10_000_000_000  # some 5 s of one GPU thread spinning: longer than a load
 MIB = 1 << 20
 
 
@@ -66,6 +66,7 @@ def test_a_version_is_handed_over_once_the_work_queued_while_loading_is_done(
 
 def test_the_memory_check_counts_the_caching_allocators_free_blocks() -> None:
     torch.cuda.synchronize(CUDA)
+    torch.cuda.empty_cache()  # the block below comes from the driver, not an earlier test's
     before = free_memory_bytes(CUDA)
     block = torch.empty(512 * MIB, dtype=torch.uint8, device=CUDA)
     del block  # back in PyTorch's cache, not the driver's

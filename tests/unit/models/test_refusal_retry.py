@@ -5,6 +5,7 @@ file copied into ``<repository>/iot/5/`` in place, in eight chunks, with a real
 from __future__ import annotations
 
 import io
+import shutil
 import threading
 from pathlib import Path
 
@@ -13,9 +14,15 @@ import torch
 
 from streamproc.config_sections import ModelConfig
 from streamproc.metrics import Metrics
-from streamproc.models.loading import LoadedVersion, load_version
+from streamproc.models.loading import LoadedVersion, VersionRefused, load_version
 from streamproc.models.manager import ModelManager
-from streamproc.models.sources import FolderSource, ModelVersionFiles
+from streamproc.models.sources import (
+    Fingerprint,
+    FolderSource,
+    ModelVersionFiles,
+    folder_fingerprint,
+    version_files,
+)
 from streamproc.models.versions import ModelVersions
 from streamproc.workloads.iot import IotWorkload
 
@@ -105,3 +112,45 @@ def test_a_version_copied_in_place_in_chunks_is_tried_again_until_it_loads(
         return metrics.registry.get_sample_value("streamproc_model_refused_versions_total", labels)
 
     assert counted("first") == 1 and counted("retry") == len(tries) - 1
+
+
+class DownloadingSource(CountedSource):
+    """A source that downloads a version on its first fetch, as MLflow's does: before that its
+    local files (the fingerprint) are none."""
+
+    def __init__(self, remote: Path, cache: Path) -> None:
+        super().__init__(remote, "iot")
+        self.cache = cache
+
+    def fetch(self, version: str) -> ModelVersionFiles:
+        local = self.cache / version
+        if not local.is_dir():
+            shutil.copytree(self.root / version, local)
+        return version_files(version, local)
+
+    def fingerprint(self, version: str) -> Fingerprint:
+        return folder_fingerprint(self.cache / version)
+
+
+def test_a_downloaded_version_refused_is_not_tried_again_while_its_copy_stays(
+    tmp_path: Path,
+) -> None:
+    for name, text in (("1", b"model"), ("2", b"bad")):
+        (tmp_path / "iot" / name).mkdir(parents=True)
+        (tmp_path / "iot" / name / "model.pt").write_bytes(text)
+    tries: list[str] = []
+
+    def load(files: ModelVersionFiles, serving: LoadedVersion | None) -> LoadedVersion:
+        tries.append(files.version)
+        raise VersionRefused("load", f"version {files.version} does not load")
+
+    config = ModelConfig(name="iot", repository=str(tmp_path), poll_interval_s=0.01)
+    source = DownloadingSource(tmp_path, tmp_path / "cache")
+    versions = ModelVersions("t", LoadedVersion("1", (lambda x: (x,),)), config, Metrics())
+    manager = ModelManager("p", config, versions, source, load)
+    manager.start()
+    try:
+        source.wait_polls(10)
+    finally:
+        manager.stop(WAIT_S)
+    assert tries == ["2"] and "2" in versions.refused
