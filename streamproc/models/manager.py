@@ -160,8 +160,9 @@ class ModelManager:
                 item.answer.set_exception(VersionRefused("stopped", "the pipeline is stopping"))
 
     def _poll(self) -> None:
-        """A new version in the source (one not resident and never refused) is loaded and
-        offered in ``model.mode``; not while the operator's choice holds (:attr:`pinned`)."""
+        """A new version in the source (one not resident, and not refused unless its files
+        changed since: :meth:`_try_again`) is loaded and offered in ``model.mode``; not while
+        the operator's choice holds (:attr:`pinned`)."""
         if self.pinned is not None:
             return
         try:
