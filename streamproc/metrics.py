@@ -368,8 +368,9 @@ class Metrics:
         )
         self.model_refused = Counter(
             "streamproc_model_refused_versions",
-            "Versions refused before serving (load, warmup, memory, busy, source)",
-            ("topic", "reason"),
+            "Versions refused before serving, by reason (load, warmup, memory, contract, source)"
+            " and attempt (first: the version's first try; retry: a try after its files changed)",
+            ("topic", "reason", "attempt"),
             registry=reg,
         )
         self.model_rollbacks = Counter(

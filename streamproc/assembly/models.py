@@ -14,6 +14,7 @@ from streamproc.logs import get_logger
 from streamproc.models.loading import LoadedVersion, Loader, VersionRefused, load_version
 from streamproc.models.manager import TRANSIENT, ModelManager
 from streamproc.models.sources import (
+    Fingerprint,
     FolderSource,
     ModelSource,
     ModelSourceError,
@@ -66,37 +67,40 @@ def version_loader(spec: PipelineConfig, workload: Workload, shared: Shared) -> 
 
 def initial_version(
     spec: PipelineConfig, source: ModelSource, load: Loader
-) -> tuple[LoadedVersion, dict[str, VersionRefused]]:
+) -> tuple[LoadedVersion, dict[str, tuple[VersionRefused, Fingerprint]]]:
     """The version ``pipelines[].model.version`` names now in ``source``, loaded on every
     device (``load``: :func:`version_loader`). With ``latest``, a newest version that does
     not load is passed over for the next one (a bad upload never keeps the pipeline from
-    starting while an older version loads); those passed over are returned, refused.
+    starting while an older version loads); those passed over are returned, refused, with
+    their files' fingerprint before the try (polling tries them again once it changes).
 
     Raises:
         ConfigError: no version can be found or loaded (naming the pipeline and the key).
     """
     assert spec.model is not None
     reference = spec.model.version
-    refused: dict[str, VersionRefused] = {}
+    refused: dict[str, tuple[VersionRefused, Fingerprint]] = {}
     try:
         names = [source.resolve(reference)]
         if reference == "latest":
             names = list(reversed(source.versions()))
         for name in names:
+            fingerprint = source.fingerprint(name)
             try:
                 loaded = load(source.fetch(name), None)
                 break
             except (ModelSourceError, VersionRefused) as exc:
                 if len(names) == 1:
                     raise
-                refused[name] = (
+                refusal = (
                     exc if isinstance(exc, VersionRefused) else VersionRefused("source", str(exc))
                 )
+                refused[name] = (refusal, fingerprint)
                 log.warning(
                     "model version passed over", pipeline=spec.name, version=name, error=str(exc)
                 )
         else:
-            detail = "; ".join(f"{name}: {exc}" for name, exc in refused.items())
+            detail = "; ".join(f"{name}: {exc}" for name, (exc, _) in refused.items())
             raise VersionRefused("load", f"no version loads ({detail})")
     except ModelSourceError as exc:
         raise ConfigError(f"pipelines[{spec.name!r}].model.{exc.key}: {exc}") from exc
@@ -151,9 +155,6 @@ def build_versioned_model(
     versions = ModelVersions(
         spec.input_topic, serving, spec.model, shared.metrics, version_boundary(shared)
     )
-    for name, refusal in passed_over.items():
-        if refusal.reason not in TRANSIENT:  # polling tries a failed download again
-            versions.refuse(name, refusal)
     manager = ModelManager(
         spec.name,
         spec.model,
@@ -161,4 +162,7 @@ def build_versioned_model(
         source,
         load,
     )
+    for name, (refusal, fingerprint) in passed_over.items():
+        if refusal.reason not in TRANSIENT:  # polling tries a failed download again
+            manager.refused_at_start(name, refusal, fingerprint)
     return VersionedModel(versions, manager)

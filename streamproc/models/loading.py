@@ -106,11 +106,30 @@ def module_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def cuda_free_bytes(driver_free: int, reserved: int, allocated: int) -> int:
+    """Bytes free for a new version on a GPU: what the driver reports free plus the blocks
+    PyTorch's caching allocator reserved and holds no tensor in (it hands those out before
+    asking the driver for more).
+
+    Args:
+        driver_free: ``torch.cuda.mem_get_info(device)[0]``, bytes.
+        reserved: ``torch.cuda.memory_reserved(device)``, bytes held by the caching allocator.
+        allocated: ``torch.cuda.memory_allocated(device)``, bytes of live tensors in them.
+    """
+    return driver_free + max(0, reserved - allocated)
+
+
 def free_memory_bytes(device: torch.device) -> int:
-    """Bytes free for a new version on ``device``: free GPU memory on CUDA, the host's
-    available memory otherwise."""
+    """Bytes free for a new version on ``device``: on CUDA the driver's free memory plus the
+    caching allocator's cached-but-free blocks (:func:`cuda_free_bytes`; a predecessor let go
+    leaves its blocks cached, and the driver counts them as used), else the host's available
+    memory."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        return cuda_free_bytes(
+            int(torch.cuda.mem_get_info(device)[0]),
+            int(torch.cuda.memory_reserved(device)),
+            int(torch.cuda.memory_allocated(device)),
+        )
     return int(psutil.virtual_memory().available)
 
 
@@ -153,18 +172,16 @@ def warm_up(fn: ModelFn, workload: Workload, device: torch.device, rows: int) ->
     sizes = sorted({*(2**i for i in range(rows.bit_length()) if 2**i <= rows), rows})
     signature: OutputSignature = ()
     dtype = torch.from_numpy(np.zeros(1, dtype=workload.item_dtype)).dtype
-    stream = (
-        torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # unannotated in torch
-        if device.type == "cuda"
-        else None
-    )
+    stream = side_stream(device)
     for size in sizes:
-        x = torch.zeros((size, *workload.item_shape), dtype=dtype, device=device)
         try:
             with torch.inference_mode(), _on(stream):
+                # made on the side stream: filled before the call reads it, in stream order,
+                # and its memory is not reused by another stream while the call runs
+                x = torch.zeros((size, *workload.item_shape), dtype=dtype, device=device)
                 outputs = fn(x)
-                if stream is not None:
-                    stream.synchronize()
+            if stream is not None:
+                stream.synchronize()
         except Exception as exc:
             raise VersionRefused(
                 "warmup", f"warm-up on {size} zero rows raised {type(exc).__name__}: {exc}"
@@ -177,6 +194,25 @@ def warm_up(fn: ModelFn, workload: Workload, device: torch.device, rows: int) ->
             )
         signature = signature_of(outputs)
     return signature
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A new stream on a CUDA ``device`` (None elsewhere) that first waits for the work this
+    thread queued on its current stream there (the version's weights copied and converted
+    while it was loaded): PyTorch's streams do not wait for one another by themselves."""
+    if device.type != "cuda":
+        return None
+    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # unannotated in torch
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return stream
+
+
+def settle(device: torch.device) -> None:
+    """Wait until the work this thread queued on a CUDA ``device``'s current stream is done
+    (nothing elsewhere): a loaded version is handed to the device threads, which run it on
+    their own streams, only once its weights are in place."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _on(stream: torch.cuda.Stream | None) -> Any:
@@ -222,6 +258,7 @@ def load_version(
                 "load", f"version {files.version} does not load: {type(exc).__name__}: {exc}"
             ) from exc
         signature = warm_up(fn, workload, device, rows)
+        settle(device)
         fns.append(fn)
     if serving is not None and serving.signature and signature != serving.signature:
         raise VersionRefused(

@@ -3,12 +3,16 @@
 ``POST /models/<pipeline>``); loads and warms a new version up beside the serving one and
 offers it to :class:`~streamproc.models.versions.ModelVersions`, which switches at the next
 batch boundary. A version that fails to be fetched, loaded or warmed up is refused; the
-serving one never stops serving meanwhile."""
+serving one never stops serving meanwhile. A refused version is remembered with its files'
+fingerprint (:meth:`~streamproc.models.sources.ModelSource.fingerprint`) and tried again once
+they changed and then stayed the same for a poll (a file copied in place, written in chunks:
+each try of a half-written archive fails to load, the complete one serves)."""
 
 from __future__ import annotations
 
 import queue
 import threading
+import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,15 +20,25 @@ from typing import Any, Literal
 from streamproc.config_sections import ModelConfig
 from streamproc.logs import get_logger
 from streamproc.models.loading import Loader, VersionRefused
-from streamproc.models.sources import ModelSource, ModelSourceError
+from streamproc.models.sources import Fingerprint, ModelSource, ModelSourceError
 from streamproc.models.versions import ModelVersions
 
 log = get_logger(__name__)
 
 Mode = Literal["swap", "shadow", "drop"]
 TRANSIENT = frozenset({"busy", "source"})
-"""Refusal reasons polling tries again (no room yet; the source unreachable or a download
-failed): the others (memory, load, warmup, contract) refuse the version for good."""
+"""Refusal reasons polling tries again at every poll (no room yet; the source unreachable or a
+download failed): the others (memory, load, warmup, contract) refuse the version until its
+files change (:class:`_Refusal`)."""
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """Why polling skips a refused version: its files when it was refused, and how many tries
+    were refused so far (1: the first)."""
+
+    fingerprint: Fingerprint
+    tries: int
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,22 @@ class _Request:
     reference: str
     mode: Mode
     answer: Future[dict[str, Any]]
+
+
+def without_locals(error: BaseException) -> BaseException:
+    """``error`` with the local variables of the frames in its tracebacks (and its causes')
+    cleared, the frames still running excepted: an answer that keeps the error (the admin
+    route's future) keeps no refused version's tensors alive. Returns ``error`` itself."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        link = pending.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        traceback.clear_frames(link.__traceback__)
+        pending += [e for e in (link.__cause__, link.__context__) if e is not None]
+    return error
 
 
 class ModelManager:
@@ -60,6 +90,8 @@ class ModelManager:
         self._load = load
         self._requests: queue.Queue[_Request | None] = queue.Queue()
         self._last_error: str | None = None
+        self._refusals: dict[str, _Refusal] = {}  # refused versions the manager loaded
+        self._seen: tuple[str, Fingerprint] | None = None  # the last poll's version and files
         # the operator asked for a version other than model.version's: polling waits until
         # they ask for model.version's reference again (a poll would undo their choice)
         self.pinned: str | None = None
@@ -76,6 +108,12 @@ class ModelManager:
         self._requests.put(None)
         if self._thread.ident is not None:
             self._thread.join(timeout_s)
+
+    def refused_at_start(self, name: str, error: VersionRefused, fingerprint: Fingerprint) -> None:
+        """Version ``name`` was passed over at start-up (``error``; its files were
+        ``fingerprint`` before that try): refused, and tried again by polling as any version
+        this thread refused. Called before :meth:`start`."""
+        self._refused(name, error, fingerprint)
 
     def request(self, reference: str, mode: Mode = "swap") -> Future[dict[str, Any]]:
         """Ask for version ``reference`` (a name, ``latest``, MLflow's ``@alias``): served from
@@ -110,7 +148,7 @@ class ModelManager:
             try:
                 item.answer.set_result(self._serve(item))
             except Exception as exc:
-                item.answer.set_exception(exc)
+                item.answer.set_exception(without_locals(exc))
 
     def _refuse_queued(self) -> None:
         while True:
@@ -122,8 +160,9 @@ class ModelManager:
                 item.answer.set_exception(VersionRefused("stopped", "the pipeline is stopping"))
 
     def _poll(self) -> None:
-        """A new version in the source (one not resident and never refused) is loaded and
-        offered in ``model.mode``; not while the operator's choice holds (:attr:`pinned`)."""
+        """A new version in the source (one not resident, and not refused unless its files
+        changed since: :meth:`_try_again`) is loaded and offered in ``model.mode``; not while
+        the operator's choice holds (:attr:`pinned`)."""
         if self.pinned is not None:
             return
         try:
@@ -134,19 +173,53 @@ class ModelManager:
             self._last_error = str(exc)
             return
         versions = self.versions
-        if name in versions.resident() or name in versions.refused:
+        if name in versions.resident():
+            self._last_error = None
+            return
+        fingerprint = self._source.fingerprint(name)
+        seen, self._seen = self._seen, (name, fingerprint)
+        if name in versions.refused and not self._try_again(name, fingerprint, seen):
             self._last_error = None
             return
         try:
             self._load_and_offer(name, self._config.mode, "new")
         except VersionRefused as exc:
             if exc.reason not in TRANSIENT:
-                versions.refuse(name, exc)
+                self._refused(name, exc, fingerprint)
             elif str(exc) != self._last_error:  # tried again at the next poll: one line
                 log.warning("model version not loaded yet", pipeline=self.pipeline, error=str(exc))
             self._last_error = str(exc)
             return
+        self._accepted(name)
         self._last_error = None
+
+    def _try_again(
+        self, name: str, fingerprint: Fingerprint, seen: tuple[str, Fingerprint] | None
+    ) -> bool:
+        """Whether polling tries refused version ``name`` again: the manager refused it (not
+        a rollback or a drop), its files changed since, and the previous poll saw them as
+        they are now (a copy still being written is not tried at every poll)."""
+        refusal = self._refusals.get(name)
+        return (
+            refusal is not None
+            and fingerprint != refusal.fingerprint
+            and seen == (name, fingerprint)
+        )
+
+    def _refused(self, name: str, error: VersionRefused, fingerprint: Fingerprint) -> None:
+        """Remember refused ``name`` with its files (``fingerprint``: as they were before the
+        try; none then, as they are now: a remote source's download, made by the try, does
+        not count as a change) and count the try."""
+        fingerprint = fingerprint or self._source.fingerprint(name)
+        previous = self._refusals.get(name)
+        tries = 1 if previous is None else previous.tries + 1
+        self._refusals[name] = _Refusal(fingerprint, tries)
+        self.versions.refuse(name, error, tries)
+
+    def _accepted(self, name: str) -> None:
+        """``name`` loaded and was offered: no longer refused."""
+        self._refusals.pop(name, None)
+        self.versions.refused.discard(name)
 
     def _serve(self, request: _Request) -> dict[str, Any]:
         answer = self._serve_request(request)
@@ -181,13 +254,14 @@ class ModelManager:
             done = versions.use(name)
             if done is not None:
                 return {"pipeline": self.pipeline, "version": name, "done": done}
+        fingerprint = self._source.fingerprint(name)
         try:
             self._load_and_offer(name, request.mode, "operator")
         except VersionRefused as exc:
             if exc.reason != "busy":
-                versions.refuse(name, exc)
+                self._refused(name, exc, fingerprint)
             raise
-        versions.refused.discard(name)
+        self._accepted(name)
         done = "shadowing" if request.mode == "shadow" else "pending"
         return {"pipeline": self.pipeline, "version": name, "done": done}
 

@@ -24,7 +24,13 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamproc.models.sources import ModelSourceError, ModelVersionFiles, version_files
+from streamproc.models.sources import (
+    Fingerprint,
+    ModelSourceError,
+    ModelVersionFiles,
+    folder_fingerprint,
+    version_files,
+)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -190,6 +196,12 @@ class MlflowSource:
             finally:
                 shutil.rmtree(partial, ignore_errors=True)
         return version_files(version, folder)
+
+    def fingerprint(self, version: str) -> Fingerprint:
+        """The downloaded copy's files (empty before the first :meth:`fetch`): a registered
+        version's artifacts do not change, so a refused one is tried again only once its
+        copy in :attr:`cache` was removed (or changed) by hand."""
+        return folder_fingerprint(self.cache / version)
 
     def _download_uri(self, version: str) -> str:
         """Where the version's artifacts are stored. Resolved here, not by MLflow's

@@ -21,6 +21,10 @@ from streamproc.errors import StreamprocError
 MODEL_SUFFIXES = (".pt", ".ts", ".pt2")
 METADATA_FILE = "version.json"
 
+Fingerprint = tuple[tuple[str, int, int], ...]
+"""A version folder's files as ``(path relative to the folder, size in bytes, mtime_ns)``,
+sorted by path: what changes when a file in it is written, replaced, added or removed."""
+
 
 class ModelSourceError(StreamprocError):
     """A version cannot be found or read (unknown name, no model file, source unreachable).
@@ -91,6 +95,12 @@ class ModelSource(Protocol):
         """
         ...
 
+    def fingerprint(self, version: str) -> Fingerprint:
+        """The files of version ``version`` as they are now on local disk (empty while none
+        are there): a refused version is tried again once this changed. Never raises, never
+        reaches the network."""
+        ...
+
 
 def version_files(version: str, folder: Path) -> ModelVersionFiles:
     """The model file or plug-in of the version held in ``folder``.
@@ -124,6 +134,24 @@ def version_files(version: str, folder: Path) -> ModelVersionFiles:
             f"plugin; found {found or 'none'}"
         )
     return ModelVersionFiles(version, folder, files[0], None, metadata)
+
+
+def folder_fingerprint(folder: Path) -> Fingerprint:
+    """The :data:`Fingerprint` of every file under ``folder`` (empty where it does not
+    exist; a file removed while it is read is left out)."""
+    found: list[tuple[str, int, int]] = []
+    try:
+        paths = list(folder.rglob("*"))
+    except OSError:
+        return ()
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        if path.is_file():
+            found.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 def version_order(name: str) -> tuple[int, int | str]:
@@ -176,3 +204,6 @@ class FolderSource:
         if not folder.is_dir():
             raise ModelSourceError(f"no version {version!r} in {self.root}")
         return version_files(version, folder)
+
+    def fingerprint(self, version: str) -> Fingerprint:
+        return folder_fingerprint(self.root / version)

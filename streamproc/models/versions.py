@@ -399,18 +399,20 @@ class ModelVersions:
             self._event("dropped", name, "shadow scoring stopped by the operator")
             return name
 
-    def refuse(self, name: str, error: VersionRefused) -> None:
-        """Version ``name`` could not be loaded: remembered (polling skips it), counted,
-        logged."""
+    def refuse(self, name: str, error: VersionRefused, attempt: int = 1) -> None:
+        """Version ``name`` could not be loaded on its ``attempt``-th try (1: the first):
+        remembered (polling skips it until its files change), counted, logged."""
         with self._lock:
             self.refused.add(name)
-            self._event("refused", name, f"{error.reason}: {error}")
-        self._metrics.model_refused.labels(self.topic, error.reason).inc()
+            self._event("refused", name, f"{error.reason} (try {attempt}): {error}")
+        tried = "first" if attempt == 1 else "retry"
+        self._metrics.model_refused.labels(self.topic, error.reason, tried).inc()
         log.warning(
             "model version refused",
             topic=self.topic,
             version=name,
             reason=error.reason,
+            attempt=attempt,
             error=str(error),
             serving=self._serving.name,
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from streamproc.config import Config, load_config
 from streamproc.errors import ConfigError
@@ -248,12 +249,9 @@ def test_a_broken_version_is_refused_and_the_serving_one_goes_on(
     assert verdict.results == total and verdict.missing == [] and verdict.dead_lettered == 0
     assert {v for seq in versions_by_partition(outputs).values() for _, v in seq} == {"1"}
     topic = topics.input
-    assert (
-        running.metric("streamproc_model_refused_versions_total", topic=topic, reason="load") == 1
-    )
-    assert (
-        running.metric("streamproc_model_refused_versions_total", topic=topic, reason="warmup") == 1
-    )
+    refused = "streamproc_model_refused_versions_total"
+    assert running.metric(refused, topic=topic, reason="load", attempt="first") == 1
+    assert running.metric(refused, topic=topic, reason="warmup", attempt="first") == 1
     assert running.metric("streamproc_model_serving", topic=topic, version="1") == 1
 
 
@@ -396,14 +394,20 @@ def test_an_mlflow_alias_moved_during_a_replay_swaps_the_version_live(
 def test_a_newest_version_that_does_not_load_is_passed_over_at_start_up(
     bootstrap_servers: str, topics: Topics, repository: Path
 ) -> None:
-    write_version(repository, "2", None)  # the newest: not a model at all
-    config = versioned_config(bootstrap_servers, topics, repository, version="latest")
+    broken = write_version(repository, "2", None)  # the newest: not a model at all
+    config = versioned_config(
+        bootstrap_servers, topics, repository, version="latest", poll_interval_s=0.05
+    )
     pipeline = Pipeline(config)  # builds every stage: the model versions among them
     try:
-        versions = pipeline.stages.managers[0].versions
+        manager = pipeline.stages.managers[0]
+        versions = manager.versions
         assert versions.serving == "1" and versions.resident() == ("1",)
-        assert "2" in versions.refused  # polling does not try it again
+        assert "2" in versions.refused  # polling does not try it again until its files change
         assert versions.state()["events"][-1]["kind"] == "refused"
+        torch.export.save(iot_module(), str(broken / "model.pt2"))  # fixed in place
+        manager.start()
+        wait_for(lambda: versions.resident() == ("1", "2"), 60, "version 2 tried again")
     finally:
         pipeline.close()
     with pytest.raises(ConfigError, match=r"pipelines\['iot'\]\.model\.repository: model folder"):

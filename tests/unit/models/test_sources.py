@@ -106,3 +106,15 @@ def test_bad_version_json_is_refused(tmp_path: Path, text: str, error: str) -> N
     (folder / "version.json").write_text(text)
     with pytest.raises(ModelSourceError, match=f"version 5: .*{error}"):
         version_files("5", folder)
+
+
+def test_a_versions_fingerprint_changes_when_a_file_in_it_is_written(tmp_path: Path) -> None:
+    source = FolderSource(tmp_path, "scorer")
+    assert source.fingerprint("1") == ()  # not there (yet)
+    folder = add_version(tmp_path, "1", "model.pt")
+    before = source.fingerprint("1")
+    assert [(path, size) for path, size, _ in before] == [("model.pt", len(b"model bytes"))]
+    assert source.fingerprint("1") == before
+    with (folder / "model.pt").open("ab") as out:
+        out.write(b"more")
+    assert source.fingerprint("1") != before

@@ -182,8 +182,12 @@ def test_a_refusal_is_remembered_counted_and_logged() -> None:
     versions = ModelVersions(TOPIC, version("1"), config(), metrics)
     versions.refuse("5", VersionRefused("warmup", "raised on zeros"))
     assert "5" in versions.refused
-    assert metric(metrics, "streamproc_model_refused_versions_total", reason="warmup") == 1
+    refused = "streamproc_model_refused_versions_total"
+    assert metric(metrics, refused, reason="warmup", attempt="first") == 1
     assert versions.state()["events"][-1]["kind"] == "refused"
+    versions.refuse("5", VersionRefused("warmup", "raised on zeros again"), attempt=2)
+    assert metric(metrics, refused, reason="warmup", attempt="retry") == 1
+    assert versions.state()["events"][-1]["detail"] == "warmup (try 2): raised on zeros again"
 
 
 def test_a_slower_version_is_rolled_back_on_its_p99_against_its_predecessors() -> None:
