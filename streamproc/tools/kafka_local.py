@@ -38,9 +38,11 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from filelock import FileLock
 
 from streamproc.errors import BrokerError
 
@@ -144,6 +146,24 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def install_once(marker: Path, install: Callable[[], None]) -> None:
+    """Run ``install`` unless ``marker`` exists, holding an inter-process lock beside the
+    marker's folder (``<folder>.lock``): concurrent first uses on one host (two test sessions,
+    a demo beside a test run, ``make images`` beside either) install once, and none reads or
+    deletes another's half-written staging folder.
+
+    Raises:
+        whatever ``install`` raises (the lock is released).
+    """
+    if marker.exists():
+        return
+    folder = marker.parent
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(folder.with_name(f"{folder.name}.lock")):
+        if not marker.exists():  # another process may have finished while this one waited
+            install()
+
+
 def ensure_kafka_jars(root: Path | None = None, tools: bool = False) -> Path:
     """Resolve Apache Kafka's jars from Maven Central once; return the folder holding them.
 
@@ -157,9 +177,13 @@ def ensure_kafka_jars(root: Path | None = None, tools: bool = False) -> Path:
     """
     suffix = "-tools" if tools else ""
     libs = (root or cache_dir()) / f"kafka-{KAFKA_VERSION}{suffix}" / "libs"
+    install_once(libs / ".complete", lambda: _resolve_kafka_jars(libs, tools))
+    return libs
+
+
+def _resolve_kafka_jars(libs: Path, tools: bool) -> None:
+    """Resolve the jars into ``libs`` (staged, renamed when complete) and mark it complete."""
     marker = libs / ".complete"
-    if marker.exists():
-        return libs
     for tool in ("mvn", "java"):
         if shutil.which(tool) is None:
             raise BrokerError(f"`{tool}` not found on PATH: the local broker needs Java 17 + Maven")
@@ -191,7 +215,6 @@ def ensure_kafka_jars(root: Path | None = None, tools: bool = False) -> Path:
     shutil.rmtree(libs, ignore_errors=True)
     staging.rename(libs)
     marker.touch()
-    return libs
 
 
 def _cluster_id() -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamproc.errors import BrokerError
-from streamproc.tools.kafka_local import cache_dir
+from streamproc.tools.kafka_local import cache_dir, install_once
 from streamproc.tools.local_service import LocalService
 
 MLFLOW_VERSION = "3.17.2"
@@ -56,9 +56,13 @@ def ensure_mlflow_server(root: Path | None = None) -> Path:
         BrokerError: ``python3.11`` is missing, or the install failed (pip's output included).
     """
     env = (root or cache_dir()) / f"mlflow-server-{MLFLOW_VERSION}-py3.11"
+    install_once(env / ".complete", lambda: _install_mlflow(env))
+    return env
+
+
+def _install_mlflow(env: Path) -> None:
+    """Install the server into ``env`` (staged, renamed when complete); mark it complete."""
     marker = env / ".complete"
-    if marker.exists():
-        return env
     python = sys.executable if sys.version_info[:2] == (3, 11) else shutil.which(PYTHON)
     if python is None:
         raise BrokerError(f"`{PYTHON}` not found on PATH: the local MLflow server needs it")
@@ -80,7 +84,6 @@ def ensure_mlflow_server(root: Path | None = None) -> Path:
     shutil.rmtree(env, ignore_errors=True)
     staging.rename(env)
     marker.write_text(f"mlflow=={MLFLOW_VERSION}\n")
-    return env
 
 
 @dataclass

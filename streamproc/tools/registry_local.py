@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamproc.errors import BrokerError
-from streamproc.tools.kafka_local import cache_dir
+from streamproc.tools.kafka_local import cache_dir, install_once
 from streamproc.tools.local_service import LocalService
 
 REGISTRY_VERSION = "2.6.13.Final"
@@ -49,9 +49,13 @@ def ensure_registry_app(root: Path | None = None) -> Path:
             included in the message).
     """
     app = (root or cache_dir()) / f"apicurio-registry-{REGISTRY_VERSION}"
+    install_once(app / ".complete", lambda: _fetch_registry_app(app))
+    return app
+
+
+def _fetch_registry_app(app: Path) -> None:
+    """Fetch and unpack the registry into ``app`` (staged, renamed when complete); mark it."""
     marker = app / ".complete"
-    if marker.exists():
-        return app
     for tool in ("mvn", "java"):
         if shutil.which(tool) is None:
             raise BrokerError(
@@ -81,7 +85,6 @@ def ensure_registry_app(root: Path | None = None) -> Path:
     shutil.rmtree(app, ignore_errors=True)
     staging.rename(app)
     marker.write_text(f"{ARTIFACT}\n")
-    return app
 
 
 @dataclass

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,47 @@ def test_kafka_stop_stops_every_recorded_node(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+FAKE_MVN = """#!/usr/bin/env bash
+# A stand-in for Maven's dependency:copy: counts its runs, waits (bounded) for a second run to
+# start beside it, then writes the registry archive into -DoutputDirectory.
+set -eu
+echo run >> "$FAKE_MVN_RUNS"
+for _ in $(seq 30); do
+  [ "$(wc -l < "$FAKE_MVN_RUNS")" -ge 2 ] && break
+  sleep 0.1
+done
+for arg in "$@"; do case "$arg" in -DoutputDirectory=*) out="${arg#*=}" ;; esac; done
+mkdir -p "$out" "$FAKE_MVN_WORK/app"
+echo jar > "$FAKE_MVN_WORK/app/$FAKE_RUNNER"
+tar -czf "$out/app-all.tar.gz" -C "$FAKE_MVN_WORK/app" .
+"""
+
+
+def test_two_first_uses_at_once_install_the_registry_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes on one host starting a local registry for the first time (a test session
+    beside `make images`) once failed with "... holds no ...-runner.jar": each deleted the
+    other's download folder. Now the second waits for the first and finds the install done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamproc.tools.registry_local import RUNNER, ensure_registry_app
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mvn").write_text(FAKE_MVN)
+    (bin_dir / "mvn").chmod(0o755)
+    runs = tmp_path / "runs"
+    runs.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_MVN_RUNS", str(runs))
+    monkeypatch.setenv("FAKE_MVN_WORK", str(tmp_path / "work"))
+    monkeypatch.setenv("FAKE_RUNNER", RUNNER)
+    cache = tmp_path / "cache"
+    with ThreadPoolExecutor(2) as pool:
+        apps = list(pool.map(lambda _: ensure_registry_app(cache), range(2)))
+    assert apps[0] == apps[1]
+    assert (apps[0] / RUNNER).read_text() == "jar\n"
+    assert runs.read_text().splitlines() == ["run"]  # Maven ran once
