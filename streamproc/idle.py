@@ -118,8 +118,9 @@ class IdleExit:
             group: the lag monitor's latest :attr:`~streamproc.kafka.lag.LagMonitor.group`
                 (one read; None before its first measurement).
         """
-        verdict = self._member(now_s, unassigned, last_input_s, last_rebalance_s, unfetched,
-                               drained)  # fmt: skip
+        verdict = self._member(
+            now_s, unassigned, last_input_s, last_rebalance_s, unfetched, drained
+        )
         if verdict is not Verdict.IDLE:
             self._waiting_since_s = None  # working or unassigned: a later wait starts afresh
             return verdict
@@ -181,7 +182,7 @@ class IdleExit:
                 else f"{tp.topic}[{tp.partition}] lag unknown (its offsets did not answer)"
                 for tp, lag in behind.items()
             ]
-            where = f"{len(parts)} partitions behind their end offset: {', '.join(parts)}"
+            where = f"partitions behind their end offset: {', '.join(parts)}"
             if not parts:
                 where = "it was not measured since this member went quiet"
         return FatalPipelineError(
