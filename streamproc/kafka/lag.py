@@ -47,6 +47,7 @@ class GroupOffsets:
 
     Attributes:
         measured_s: monotonic seconds when the refresh began.
+        partitions: every partition of the input topics (from the topics' metadata), sorted.
         committed: per partition, the group's committed offset, or where the group would start
             where it has none (``kafka.auto_offset_reset``: the earliest or the end offset);
             a partition whose offsets did not answer is absent.
@@ -57,6 +58,7 @@ class GroupOffsets:
     """
 
     measured_s: float
+    partitions: tuple[TopicPartition, ...]
     committed: Mapping[TopicPartition, int]
     ends: Mapping[TopicPartition, int]
 
@@ -64,7 +66,7 @@ class GroupOffsets:
         """Partitions whose committed offset is short of the end offset, each with its lag in
         offsets (end - committed; None where either offset did not answer), sorted."""
         out: dict[TopicPartition, int | None] = {}
-        for tp in sorted(self.committed.keys() | self.ends.keys()):
+        for tp in self.partitions:
             committed, end = self.committed.get(tp), self.ends.get(tp)
             if committed is None or end is None:
                 out[tp] = None
@@ -315,7 +317,7 @@ class LagMonitor:
                 fresh.append(tp)
         if fresh:
             committed.update(self._offsets(fresh, False, timeout_s))
-        return GroupOffsets(started_s, committed, ends)
+        return GroupOffsets(started_s, tuple(tps), committed, ends)
 
     def _starts(self, tps: list[TopicPartition], timeout_s: float) -> dict[TopicPartition, int]:
         """Committed offset of the group, else the earliest offset (auto.offset.reset)."""

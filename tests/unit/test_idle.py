@@ -24,9 +24,12 @@ TIMEOUT_S = 30.0
 OTHER = TopicPartition("in", 1)
 
 
+BOTH = (TP, OTHER)  # the input's partitions
+
+
 def _done(measured_s: float) -> GroupOffsets:
     """The group's committed offsets at the end offsets of both input partitions."""
-    return GroupOffsets(measured_s, {TP: 5, OTHER: 9}, {TP: 5, OTHER: 9})
+    return GroupOffsets(measured_s, BOTH, {TP: 5, OTHER: 9}, {TP: 5, OTHER: 9})
 
 
 def _check(
@@ -157,13 +160,15 @@ def test_an_idle_member_exits_0_only_once_the_group_measured_since_it_went_quiet
     h, watch = _assigned_and_quiet()
     quiet_since_s = h.clock() - IDLE_S
     assert _check(h, watch, group=None) is Verdict.GROUP_BEHIND  # not measured yet
-    before = GroupOffsets(quiet_since_s - 0.1, {TP: 5, OTHER: 9}, {TP: 5, OTHER: 9})
+    before = GroupOffsets(quiet_since_s - 0.1, BOTH, {TP: 5, OTHER: 9}, {TP: 5, OTHER: 9})
     assert _check(h, watch, group=before) is Verdict.GROUP_BEHIND  # measured before the quiet
-    behind = GroupOffsets(h.clock(), {TP: 5, OTHER: 3}, {TP: 5, OTHER: 9})
+    behind = GroupOffsets(h.clock(), BOTH, {TP: 5, OTHER: 3}, {TP: 5, OTHER: 9})
     assert behind.behind() == {OTHER: 6}
     assert _check(h, watch, group=behind) is Verdict.GROUP_BEHIND
-    unanswered = GroupOffsets(h.clock(), {TP: 5}, {TP: 5, OTHER: 9})
+    unanswered = GroupOffsets(h.clock(), BOTH, {TP: 5}, {TP: 5, OTHER: 9})
     assert unanswered.behind() == {OTHER: None}  # an offset that did not answer is not done
+    silent = GroupOffsets(h.clock(), BOTH, {TP: 5}, {TP: 5})
+    assert silent.behind() == {OTHER: None}  # nor is a partition where neither answered
     assert _check(h, watch, group=unanswered) is Verdict.GROUP_BEHIND
     assert _check(h, watch, group=_done(quiet_since_s)) is Verdict.IDLE
     assert _check(h, watch, drained=False) is Verdict.BUSY  # the member's own work first
@@ -173,10 +178,10 @@ def test_a_group_behind_with_no_committed_offset_moving_is_bounded_and_named() -
     h, watch = _assigned_and_quiet()
     stuck = {TP: 5, OTHER: 3}
     for step in range(int(TIMEOUT_S / IDLE_S)):  # measured again and again, nothing moves
-        verdict = _check(h, watch, group=GroupOffsets(h.clock(), stuck, {TP: 5, OTHER: 9}))
+        verdict = _check(h, watch, group=GroupOffsets(h.clock(), BOTH, stuck, {TP: 5, OTHER: 9}))
         assert verdict is Verdict.GROUP_BEHIND, step
         h.clock.advance(IDLE_S)
-    verdict = _check(h, watch, group=GroupOffsets(h.clock(), stuck, {TP: 5, OTHER: 9}))
+    verdict = _check(h, watch, group=GroupOffsets(h.clock(), BOTH, stuck, {TP: 5, OTHER: 9}))
     assert verdict is Verdict.GROUP_BEHIND_TOO_LONG
     message = str(watch.group_error("g"))
     assert "no committed offset moved within 30 s (kafka.assignment_timeout_s)" in message
@@ -188,16 +193,16 @@ def test_a_peer_still_committing_is_progress_and_new_work_restarts_the_wait() ->
     h, watch = _assigned_and_quiet()
     ends = {TP: 5, OTHER: 90}
     for committed in range(10, 90, 10):  # a slower member moves its committed offset
-        group = GroupOffsets(h.clock(), {TP: 5, OTHER: committed}, ends)
+        group = GroupOffsets(h.clock(), BOTH, {TP: 5, OTHER: committed}, ends)
         assert _check(h, watch, group=group) is Verdict.GROUP_BEHIND
         h.clock.advance(TIMEOUT_S - 1)  # longer in all than the bound, never without progress
-    stuck = GroupOffsets(h.clock(), {TP: 5, OTHER: 80}, ends)
+    stuck = GroupOffsets(h.clock(), BOTH, {TP: 5, OTHER: 80}, ends)
     assert _check(h, watch, group=stuck) is Verdict.GROUP_BEHIND
     h.consumer.schedule_assign([OTHER])  # the peer's partition comes to this member: busy
     h.poll()
     assert _check(h, watch, group=stuck) is Verdict.BUSY
     h.clock.advance(IDLE_S)
-    assert _check(h, watch, group=GroupOffsets(h.clock(), {TP: 5, OTHER: 80}, ends)) is (
+    assert _check(h, watch, group=GroupOffsets(h.clock(), BOTH, {TP: 5, OTHER: 80}, ends)) is (
         Verdict.GROUP_BEHIND  # quiet again, still behind: the bound counts from here
     )
     h.clock.advance(TIMEOUT_S - 0.1)
@@ -286,7 +291,7 @@ def test_the_lag_monitor_measures_the_groups_offsets_of_every_input_partition() 
     monitor.watch_group(["in", "in"])
     monitor.refresh()
     assert monitor.group == GroupOffsets(
-        50.0, {TP: 5, OTHER: 3, third: 2}, {TP: 5, OTHER: 9, third: 7}
+        50.0, (TP, OTHER, third), {TP: 5, OTHER: 3, third: 2}, {TP: 5, OTHER: 9, third: 7}
     )
     assert monitor.group.behind() == {OTHER: 6, third: 5}
     monitor.watch_group(["in"], reset="latest")
