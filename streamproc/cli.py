@@ -410,7 +410,14 @@ def run_cmd(
     ] = None,
     exit_when_idle_s: Annotated[
         float | None,
-        typer.Option(min=0.0, help="Exit 0 after this many seconds with no input and no work."),
+        typer.Option(
+            min=0.0,
+            help=(
+                "Exit 0 after this many seconds with no input and no work, once the group's "
+                "committed offset of every input partition is at its end offset (exit 1 naming "
+                "the partitions left after kafka.assignment_timeout_s without progress)."
+            ),
+        ),
     ] = None,
 ) -> None:
     """Run the consumer until SIGTERM/SIGINT (or idle)."""

@@ -39,7 +39,10 @@ class KafkaConfig(_Section):
     --exit-when-idle-s`` only): the longest stretch with no partition assigned (before the
     first assignment, after the group lost its partitions, after a rebalance revoked the last
     one) before exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the
-    coordinator expires it before the group rebalances). ``transactional_id`` (exactly-once only):
+    coordinator expires it before the group rebalances). It also bounds how long a member whose
+    own partitions are done waits for the rest of the group with no committed offset of the
+    input moving, before exiting 1 naming the partitions behind and their lag.
+    ``transactional_id`` (exactly-once only):
     stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
     ``max_transaction_aborts`` (exactly-once only): aborted transactions in a row that teach
     nothing new (no record refused for its own sake learned, nothing committed) before the

@@ -18,6 +18,18 @@ are assigned and each has been fetched*.
   arrives. This wait is bounded by ``kafka.assignment_timeout_s`` too, after which such a
   partition no longer holds the exit back (an input topic written in transactions ends in a
   commit marker, so its start offset never equals its end).
+* This member being idle is not enough: the *group's* work must be done. Exit 0 needs a
+  measurement of the group (:class:`~streamproc.kafka.lag.GroupOffsets`, begun after the
+  quiet window began) in which every partition of every input topic has the group's committed
+  offset at its end offset, whichever member owns it. A batch job run as N members otherwise
+  ended "successfully" while partitions of a member that died (held until the coordinator
+  expires it after its ``session.timeout.ms``) or stalled (held until its
+  ``max.poll.interval.ms``) were never processed. While the group is behind the run keeps
+  running (new input or a rebalance that hands it those partitions makes it work again); once
+  ``kafka.assignment_timeout_s`` passes with no committed offset of the group moving, it stops
+  with exit 1 naming the partitions and their lag. A peer still committing is progress and
+  restarts that stretch: members of one batch finish at different times. A drained input
+  written in transactions reads as done: the commit passes the marker after the last record.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from streamproc.errors import FatalPipelineError
 from streamproc.intake.rebalance import Unassigned
+from streamproc.kafka.lag import GroupOffsets
 from streamproc.records import TopicPartition
 
 _CAUSES = {
@@ -49,11 +62,18 @@ class Verdict(enum.Enum):
     empty since the last rebalance: ask the lag monitor to measure, keep running."""
     UNASSIGNED = "unassigned"
     """No partition is assigned, within ``assignment_timeout_s``: not idle, keep running."""
+    GROUP_BEHIND = "group behind"
+    """This member is idle, but the group's committed offset of some input partition is short
+    of its end offset, or the group was not measured since the quiet window began: ask the
+    lag monitor to measure, keep running."""
     IDLE = "idle"
     """The run may stop with exit code 0."""
     UNASSIGNED_TOO_LONG = "unassigned too long"
     """No partition assigned for ``assignment_timeout_s``: stop with exit code 1
     (:meth:`IdleExit.error` says why)."""
+    GROUP_BEHIND_TOO_LONG = "group behind too long"
+    """The group stayed behind (or unmeasured) for ``assignment_timeout_s`` with no committed
+    offset moving: stop with exit code 1 (:meth:`IdleExit.group_error` says where)."""
 
 
 class IdleExit:
@@ -72,6 +92,8 @@ class IdleExit:
         self.idle_s = idle_s
         self.assignment_timeout_s = assignment_timeout_s
         self.started_s = started_s
+        self._waiting_since_s: float | None = None  # group behind, no progress since
+        self._seen: GroupOffsets | None = None  # the newest group measurement seen
 
     def check(
         self,
@@ -81,6 +103,7 @@ class IdleExit:
         last_rebalance_s: float,
         unfetched: Collection[TopicPartition],
         drained: Callable[[], bool],
+        group: GroupOffsets | None,
     ) -> Verdict:
         """Decide at ``now_s`` (monotonic seconds).
 
@@ -92,7 +115,35 @@ class IdleExit:
                 empty since ``last_rebalance_s``.
             drained: nothing waits in rings, nothing in flight, nothing awaits an
                 acknowledgement (called only when the quiet window has passed).
+            group: the lag monitor's latest :attr:`~streamproc.kafka.lag.LagMonitor.group`
+                (one read; None before its first measurement).
         """
+        verdict = self._member(
+            now_s, unassigned, last_input_s, last_rebalance_s, unfetched, drained
+        )
+        if verdict is not Verdict.IDLE:
+            self._waiting_since_s = None  # working or unassigned: a later wait starts afresh
+            return verdict
+        quiet_since_s = max(last_input_s, last_rebalance_s)
+        progressed = group is not None and self._progressed(group)
+        if group is not None and group.measured_s >= quiet_since_s and not group.behind():
+            return Verdict.IDLE
+        if self._waiting_since_s is None or progressed:
+            self._waiting_since_s = now_s
+        if now_s - self._waiting_since_s >= self.assignment_timeout_s:
+            return Verdict.GROUP_BEHIND_TOO_LONG
+        return Verdict.GROUP_BEHIND
+
+    def _member(
+        self,
+        now_s: float,
+        unassigned: Unassigned | None,
+        last_input_s: float,
+        last_rebalance_s: float,
+        unfetched: Collection[TopicPartition],
+        drained: Callable[[], bool],
+    ) -> Verdict:
+        """The verdict on this member alone (IDLE: its own partitions are done)."""
         if unassigned is not None:
             waited_s = now_s - max(unassigned.since_s, self.started_s)
             if waited_s >= self.assignment_timeout_s:
@@ -103,6 +154,44 @@ class IdleExit:
         if unfetched and now_s - last_rebalance_s < self.assignment_timeout_s:
             return Verdict.UNFETCHED
         return Verdict.IDLE
+
+    def _progressed(self, group: GroupOffsets) -> bool:
+        """Whether ``group`` is a newer measurement than the last one seen in which some
+        committed offset moved forward (remembers it)."""
+        seen = self._seen
+        if seen is not None and group.measured_s <= seen.measured_s:
+            return False
+        self._seen = group
+        return seen is not None and any(
+            offset > seen.committed.get(tp, offset) for tp, offset in group.committed.items()
+        )
+
+    def group_error(self, group_id: str) -> FatalPipelineError:
+        """The exit-1 reason for :attr:`Verdict.GROUP_BEHIND_TOO_LONG`: the timeout, the group
+        and each partition behind with its lag (end - committed offset), from the newest
+        measurement seen."""
+        seen = self._seen
+        if seen is None:
+            where = "its committed offsets could not be read"
+        else:
+            behind = seen.behind()
+            parts = [
+                f"{tp.topic}[{tp.partition}] lag {lag} (committed {seen.committed[tp]}, "
+                f"end {seen.ends[tp]})"
+                if lag is not None
+                else f"{tp.topic}[{tp.partition}] lag unknown (its offsets did not answer)"
+                for tp, lag in behind.items()
+            ]
+            where = f"partitions behind their end offset: {', '.join(parts)}"
+            if not parts:
+                where = "it was not measured since this member went quiet"
+        return FatalPipelineError(
+            f"the work of group {group_id!r} is not done and no committed offset moved within "
+            f"{self.assignment_timeout_s:g} s (kafka.assignment_timeout_s): {where}. Another "
+            "member may hold those partitions without processing them (stalled, or died and "
+            "not yet expired after its session.timeout.ms), or the brokers may be unreachable; "
+            "the next run processes what is left"
+        )
 
     def error(self, unassigned: Unassigned, group_id: str, topics: list[str]) -> FatalPipelineError:
         """The exit-1 reason for :attr:`Verdict.UNASSIGNED_TOO_LONG`, naming the timeout, the

@@ -52,10 +52,15 @@ log = get_logger(__name__)
 
 LAG_WAKE_INTERVAL_S = 1.0
 """While ``--exit-when-idle-s`` waits for the lag monitor to measure partitions that delivered
-nothing, it wakes the monitor at most this often (each refresh is two admin requests)."""
+nothing, or the group's committed offsets, it wakes the monitor at most this often (each
+refresh is a few requests per partition)."""
 MODEL_THREAD_JOIN_S = 5.0
 """Longest a drain waits for a model thread's load in progress (it is a daemon: a load that
 takes longer ends with the process; what it would offer is never switched to)."""
+
+
+_MEASURE = (Verdict.UNFETCHED, Verdict.GROUP_BEHIND)
+"""The idle-exit verdicts that wait for a measurement of the lag monitor."""
 
 
 class State(enum.Enum):
@@ -267,7 +272,11 @@ class Pipeline:
         first assignment, after the group lost its partitions, after a rebalance revoked the
         last one; see :mod:`streamproc.idle`): if none is assigned for
         ``kafka.assignment_timeout_s`` the run stops with exit code 1 and says why, instead
-        of exiting 0 with input left behind.
+        of exiting 0 with input left behind. Nor is this member's idleness enough: exit 0
+        also needs the group's committed offset at the end offset of every partition of the
+        input topics (the lag monitor measures them); a group behind with no committed offset
+        moving for ``kafka.assignment_timeout_s`` stops the run with exit code 1 naming the
+        partitions and their lag.
         """
         started_s = time.monotonic()
         if self.state is State.CREATED:
@@ -280,7 +289,10 @@ class Pipeline:
             while not self._stop.wait(0.1):
                 continue
         else:
-            timeout_s = self.config.kafka.assignment_timeout_s
+            kafka = self.config.kafka
+            topics = [p.input_topic for p in self.config.pipelines]
+            self.stages.lag.watch_group(topics, kafka.auto_offset_reset)
+            timeout_s = kafka.assignment_timeout_s
             self._run_until_idle(IdleExit(exit_when_idle_s, timeout_s, started_s))
         self.close()
         fatal = self._fatal
@@ -304,15 +316,18 @@ class Pipeline:
             last_rebalance_s = source.assignment.last_rebalance_s
             empty_at = self.stages.lag.empty_at
             unfetched = not_yet_fetched(source.positions(), empty_at, last_rebalance_s)
+            group = self.stages.lag.group
             verdict = watch.check(
-                now_s, unassigned, last_input_s, last_rebalance_s, unfetched, self.idle
+                now_s, unassigned, last_input_s, last_rebalance_s, unfetched, self.idle, group
             )
             if verdict is Verdict.UNASSIGNED_TOO_LONG:
                 assert unassigned is not None
                 topics = [p.input_topic for p in config.pipelines]
                 self._on_fatal(watch.error(unassigned, config.kafka.group_id, topics))
-            elif verdict is Verdict.UNFETCHED and now_s >= next_wake_s:
-                self.stages.lag.wake()  # measure those partitions now, not in lag_interval_s
+            elif verdict is Verdict.GROUP_BEHIND_TOO_LONG:
+                self._on_fatal(watch.group_error(config.kafka.group_id))
+            elif verdict in _MEASURE and now_s >= next_wake_s:
+                self.stages.lag.wake()  # measure now, not in metrics.lag_interval_s
                 next_wake_s = now_s + LAG_WAKE_INTERVAL_S
             elif verdict is Verdict.IDLE:
                 quiet_s = now_s - max(last_input_s, last_rebalance_s)

@@ -10,6 +10,11 @@ a drained partition reads 0, not 1 per transaction marker). Lag in seconds is th
 oldest message in the pipeline not yet done (now minus its record timestamp), 0 when none is.
 Series of partitions no longer assigned are removed.
 
+For ``run --exit-when-idle-s`` (:meth:`LagMonitor.watch_group`) each refresh also measures how
+far the whole consumer group got: the group's committed offset and the end offset of every
+partition of the input topics, whoever owns it (:class:`GroupOffsets`, read by
+:mod:`streamproc.idle`).
+
 Not the AdminClient: its ``list_offsets`` and ``list_consumer_group_offsets`` crash librdkafka
 2.16.0 (an assertion, SIGABRT: the whole process) when two of three brokers were down and
 return (docs/benchmarks-history.md).
@@ -20,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -32,6 +38,41 @@ from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class GroupOffsets:
+    """How far the consumer group got in every partition of the input topics, as one refresh
+    measured it (the group's, not this member's: partitions another member owns count too).
+
+    Attributes:
+        measured_s: monotonic seconds when the refresh began.
+        partitions: every partition of the input topics (from the topics' metadata), sorted.
+        committed: per partition, the group's committed offset, or where the group would start
+            where it has none (``kafka.auto_offset_reset``: the earliest or the end offset);
+            a partition whose offsets did not answer is absent.
+        ends: per partition, the end offset (high watermark); absent where it did not answer.
+            A drained partition of an input written in transactions has committed == end: the
+            commit passes the marker after the last record
+            (:meth:`~streamproc.offsets.tracker.OffsetTracker.passed`).
+    """
+
+    measured_s: float
+    partitions: tuple[TopicPartition, ...]
+    committed: Mapping[TopicPartition, int]
+    ends: Mapping[TopicPartition, int]
+
+    def behind(self) -> dict[TopicPartition, int | None]:
+        """Partitions whose committed offset is short of the end offset, each with its lag in
+        offsets (end - committed; None where either offset did not answer), sorted."""
+        out: dict[TopicPartition, int | None] = {}
+        for tp in self.partitions:
+            committed, end = self.committed.get(tp), self.ends.get(tp)
+            if committed is None or end is None:
+                out[tp] = None
+            elif committed < end:
+                out[tp] = end - committed
+        return out
 
 
 class LagMonitor:
@@ -101,9 +142,26 @@ class LagMonitor:
         (committed, else earliest) equalled its end offset at the last refresh: the
         monotonic time that refresh began. Replaced whole by each refresh (lag thread);
         one attribute read from any thread."""
+        self._group_topics: tuple[str, ...] = ()
+        self._group_reset: Literal["earliest", "latest"] = "earliest"
+        self.group: GroupOffsets | None = None
+        """The last complete measurement of the group (:meth:`watch_group`), None before the
+        first one; replaced whole by a refresh (lag thread), one attribute read from any
+        thread. A refresh whose group measurement fails leaves the previous one."""
 
     def start(self) -> None:
         self._thread.start()
+
+    def watch_group(
+        self, topics: Sequence[str], reset: Literal["earliest", "latest"] = "earliest"
+    ) -> None:
+        """Measure the group's committed and end offsets of every partition of ``topics`` at
+        each refresh from now on (:attr:`group`); ``reset`` is ``kafka.auto_offset_reset``
+        (where the group starts in a partition it has committed nothing to). Per refresh: one
+        metadata request per topic, one for the committed offsets, one or two per partition
+        (thread-safe)."""
+        self._group_reset = reset
+        self._group_topics = tuple(dict.fromkeys(topics))
 
     def wake(self) -> None:
         """Refresh now instead of at the end of the period (thread-safe)."""
@@ -142,6 +200,11 @@ class LagMonitor:
         """Query end offsets now, update the gauges and :attr:`empty_at`; return lag in
         messages per partition."""
         started_s = self._clock()
+        if self._group_topics:
+            try:
+                self.group = self._measure_group(started_s, timeout_s)
+            except KafkaException as exc:  # the previous measurement stands, older
+                log.debug("group offsets unavailable", error=str(exc))
         positions = self._positions()
         for tp in set(self._progress) - positions.keys():
             self._progress.pop(tp, None)
@@ -219,6 +282,42 @@ class LagMonitor:
                 )
                 out[tp] = end if high else low
         return out
+
+    def _measure_group(self, started_s: float, timeout_s: float) -> GroupOffsets:
+        """:class:`GroupOffsets` of every partition of the watched topics.
+
+        Raises:
+            KafkaException: the metadata or the group's committed offsets did not answer (a
+                partial answer would leave partitions out, and a partition left out must
+                not read as done).
+        """
+        probe = self._client()
+        reset_to_end = self._group_reset == "latest"
+        tps: list[TopicPartition] = []
+        for topic in self._group_topics:
+            metadata = probe.list_topics(topic, timeout=timeout_s).topics[topic]
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
+            tps += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+        asked = [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
+        answered = probe.committed(asked, timeout=timeout_s)
+        ends = self._offsets(tps, True, timeout_s)
+        committed: dict[TopicPartition, int] = {}
+        fresh: list[TopicPartition] = []
+        for ktp in answered:
+            tp = TopicPartition(ktp.topic, ktp.partition)
+            if ktp.error is not None:
+                continue
+            if ktp.offset >= 0:
+                committed[tp] = ktp.offset
+            elif reset_to_end:
+                if tp in ends:
+                    committed[tp] = ends[tp]
+            else:
+                fresh.append(tp)
+        if fresh:
+            committed.update(self._offsets(fresh, False, timeout_s))
+        return GroupOffsets(started_s, tuple(tps), committed, ends)
 
     def _starts(self, tps: list[TopicPartition], timeout_s: float) -> dict[TopicPartition, int]:
         """Committed offset of the group, else the earliest offset (auto.offset.reset)."""

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
 
 from streamproc.config import Config, load_config
 from streamproc.device.staging import LEAK_EVENT
@@ -188,6 +189,15 @@ def report(name: str, verdict: Verdict) -> None:
         f"duplicates={verdict.duplicates} committed==end={verdict.committed_equals_end} "
         f"stable={verdict.output_stable}"
     )
+
+
+def members_assigned(admin: AdminClient, group: str) -> int:
+    """Members of ``group`` that hold at least one partition, as the coordinator says."""
+    try:
+        description = admin.describe_consumer_groups([group])[group].result(10)
+    except KafkaException:
+        return 0
+    return sum(1 for m in description.members if m.assignment.topic_partitions)
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:

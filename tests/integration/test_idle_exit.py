@@ -5,6 +5,12 @@ back and the coordinator has expired the old member. That time is not idle: the 
 waits, rejoins and processes every input (exit 0), or, past ``kafka.assignment_timeout_s``,
 exits 1 naming the timeout. (It used to exit 0 a few seconds after the loss with most inputs
 never processed.)
+
+And with a second member that holds partitions without processing them (issue 39, item 2): a
+run whose own partitions are drained is not done while the group's committed offset of any
+input partition is short of its end offset; it waits (and takes those partitions over when the
+other member leaves), or exits 1 naming them and their lag after ``kafka.assignment_timeout_s``
+without progress. (It used to exit 0 with the other member's share never processed.)
 """
 
 from __future__ import annotations
@@ -18,13 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
 
 from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline, RunSummary
+from streamproc.records import TopicPartition
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify
-from tests.integration.conftest import Topics, make_config, report, wait_for
+from tests.integration.conftest import Topics, make_config, members_assigned, report, wait_for
 
 pytestmark = pytest.mark.timeout(600)  # a broker of their own, stopped and started again
 TOTAL = 600
@@ -170,3 +180,121 @@ def test_no_partition_within_the_assignment_timeout_after_a_loss_exits_1_naming_
     verdict = verify(bootstrap, t.input, t.output, t.dlq, t.group)
     report("assignment timeout after a lost assignment, then a second run", verdict)
     assert verdict.inputs == TOTAL and verdict.missing == [] and verdict.committed_equals_end
+
+
+class _StalledMember:
+    """A plain consumer of the group that joins, takes its share of the partitions and then
+    stops polling (a member hung in its model, or stopped with SIGSTOP): librdkafka's
+    background thread keeps heartbeating, so it holds those partitions, committing nothing,
+    until its ``max.poll.interval.ms`` (300 s) or :meth:`close`. It starts at the end offset
+    (``auto.offset.reset: latest``), so it fetches none of the input written before it."""
+
+    def __init__(self, bootstrap: str, t: Topics) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": t.group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "latest",
+                "partition.assignment.strategy": "cooperative-sticky",  # as streamproc's
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "max.poll.interval.ms": 300_000,
+            }
+        )
+        self.consumer.subscribe([t.input])
+        self._stall = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="stalled-member")
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stall.is_set():
+            self.consumer.poll(0.1)  # takes part in rebalances until stalled
+
+    def stall(self) -> dict[TopicPartition, int]:
+        """Stop polling; return the partitions held, each with its end offset (all of it is
+        left to process: the group has no committed offset there)."""
+        self._stall.set()
+        self._thread.join(30)
+        held = {}
+        for ktp in self.consumer.assignment():
+            _, end = self.consumer.get_watermark_offsets(
+                KafkaTopicPartition(ktp.topic, ktp.partition), timeout=10
+            )
+            held[TopicPartition(ktp.topic, ktp.partition)] = end
+        return held
+
+    def close(self) -> None:
+        """Leave the group (its partitions go to the other member at once)."""
+        self._stall.set()
+        self._thread.join(30)
+        self.consumer.close()
+
+
+def _stalled_member_and_a_run(
+    bootstrap: str, t: Topics, **kafka: Any
+) -> tuple[_StalledMember, _Run, dict[TopicPartition, int]]:
+    """The stalled member joins first; the run joins the group and gets its share; the member
+    stalls. Returns both and the member's partitions with their end offsets."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    member = _StalledMember(bootstrap, t)
+    wait_for(lambda: members_assigned(admin, t.group) == 1, 120, "the first member")
+    run = _Run(_pipeline(bootstrap, t, **kafka))
+    wait_for(lambda: members_assigned(admin, t.group) == 2, 120, "both members assigned")
+    held = member.stall()
+    assert held and 0 < sum(held.values()) < TOTAL, held  # both members hold input
+    return member, run, held
+
+
+def test_a_run_whose_own_partitions_are_drained_waits_for_the_group(broker: LocalKafka) -> None:
+    bootstrap = broker.bootstrap_servers
+    t = _topics(bootstrap)
+    member, run = None, None
+    try:
+        member, run, held = _stalled_member_and_a_run(bootstrap, t)
+        own = TOTAL - sum(held.values())
+        wait_for(
+            lambda: run.results(t.output) >= own or not run.thread.is_alive(),
+            180,
+            f"the run's own {own} results",
+        )
+        # Its own partitions are drained, but the group's work is not done: several idle
+        # windows pass and the run must still be running.
+        run.thread.join(3 * IDLE_S)
+        assert run.thread.is_alive(), (
+            f"the run ended with the other member's {sum(held.values())} inputs undone: "
+            f"{run.summary}"
+        )
+        member.close()  # the other member leaves: the run takes its partitions and finishes
+        summary = run.finish(300)
+    finally:
+        if run is not None:
+            run.stop()
+        if member is not None:
+            member.close()
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap, t.input, t.output, t.dlq, t.group)
+    report("idle exit waits for a stalled member's partitions", verdict)
+    assert verdict.inputs == TOTAL and verdict.missing == [] and verdict.committed_equals_end
+
+
+def test_a_group_behind_past_the_assignment_timeout_exits_1_naming_partitions_and_lag(
+    broker: LocalKafka,
+) -> None:
+    bootstrap = broker.bootstrap_servers
+    t = _topics(bootstrap)
+    member, run = None, None
+    try:
+        member, run, held = _stalled_member_and_a_run(bootstrap, t, assignment_timeout_s=10)
+        summary = run.finish(180)
+    finally:
+        if run is not None:
+            run.stop()
+        if member is not None:
+            member.close()
+    assert summary.exit_code == 1, summary
+    assert summary.error is not None
+    print(f"\n[group behind past the assignment timeout] {summary.error}")
+    assert "10 s (kafka.assignment_timeout_s)" in summary.error, summary.error
+    for tp, end in held.items():  # nothing of theirs committed: the lag is the end offset
+        assert f"{tp.topic}[{tp.partition}] lag {end} " in summary.error, summary.error
+    assert run.results(t.output) == TOTAL - sum(held.values())  # its own share was done

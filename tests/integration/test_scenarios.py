@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import yaml
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from streamproc.config import load_config
@@ -27,6 +26,7 @@ from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import (
     Topics,
+    members_assigned,
     report,
     start_consumer,
     wait_for,
@@ -80,15 +80,6 @@ def test_one_oversized_result_never_dead_letters_its_valid_neighbours(
     assert verdict.results == total - len(dead_offsets)
 
 
-def _members_assigned(admin: AdminClient, group: str) -> int:
-    """Members of ``group`` that hold at least one partition, as the coordinator says."""
-    try:
-        description = admin.describe_consumer_groups([group])[group].result(10)
-    except KafkaException:
-        return 0
-    return sum(1 for m in description.members if m.assignment.topic_partitions)
-
-
 def _run_until_idle(config: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """``streamproc run --exit-when-idle-s 1`` as a real process, to completion."""
     args = ["run", "--config", str(config), "--exit-when-idle-s", "1"]
@@ -130,7 +121,7 @@ def test_exit_when_idle_waits_for_the_first_assignment_after_a_member_died(
         idle_s=None,
     )
     try:
-        wait_for(lambda: _members_assigned(admin, topics.group) == 1, 120, "the first member")
+        wait_for(lambda: members_assigned(admin, topics.group) == 1, 120, "the first member")
     finally:
         doomed.kill()
         doomed.wait(10)
