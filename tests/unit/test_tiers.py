@@ -56,4 +56,3 @@ def test_each_tier_has_its_make_target_and_each_ci_tier_is_a_step_of_ci_run() ->
             steps = re.findall(r"^\s*(?:\w+=\S+ )*step (?:\S+=\S+ )*make (\S+)", ci_run, re.M)
             ci_target = {"faults": "test-faults-ci", "k8s": "k8s-test"}.get(tier, target)
             assert ci_target in steps, f".ci/run does not run make {ci_target} ({tier})"
-
