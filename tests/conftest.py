@@ -202,7 +202,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "integration" in item.path.parts:
             item.add_marker(pytest.mark.integration)
-        path = PurePosixPath(item.path.relative_to(config.rootpath).as_posix())
+        try:
+            path = PurePosixPath(item.path.relative_to(config.rootpath).as_posix())
+        except ValueError:  # outside the repository: no folder default applies
+            path = PurePosixPath(item.path.as_posix())
         tier, problem = tier_of(path, (mark.name for mark in item.iter_markers()))
         if tier is None:
             problems[str(problem)] = None
