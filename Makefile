@@ -80,7 +80,7 @@ endef
 # The fast loop: lint, then the core tier (unit tests, deployment checks, the core guarantees on
 # a real broker); the gpu tier too where torch sees CUDA (elsewhere it is not collected).
 test: venv kafka-jars lint tools
-	$(call run_tier,core or gpu,test)
+	$(call run_tier,core or gpu,core)
 
 # Model versions on a real broker: folder and MLflow sources, live swaps, refusals, rollbacks,
 # shadow scoring, the admin endpoint, models that fail.

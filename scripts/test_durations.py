@@ -8,7 +8,8 @@ Prints (a) the ``--slowest`` N slowest tests (seconds, outcome, test id) and (b)
 folder (``--depth`` 2: ``tests/integration``) and per module (``tests/integration/test_x.py``),
 each with its test count and share of the total, slowest first. A test's time is the junit
 ``time`` attribute: setup + call + teardown in seconds, so a module-scoped fixture's start-up is
-counted in the first test that uses it. Exit status 2 when the file holds no test case.
+counted in the first test that uses it. Exit status 2 when the file is missing or holds no test
+case.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         "--modules", action="store_true", help="add the per-module table (per folder only else)"
     )
     args = parser.parse_args(argv)
+    if not args.junit_xml.is_file():  # pytest stopped before writing it (a collection error)
+        print(f"{args.junit_xml}: no such file", file=sys.stderr)
+        return 2
     cases = read_cases(args.junit_xml)
     if not cases:
         print(f"{args.junit_xml}: no test case", file=sys.stderr)

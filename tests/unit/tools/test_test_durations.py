@@ -54,3 +54,7 @@ def test_a_file_without_test_cases_exits_2(tmp_path: Path) -> None:
     xml = tmp_path / "empty.xml"
     xml.write_text("<testsuites><testsuite name='pytest' tests='0'/></testsuites>")
     assert load().main([str(xml)]) == 2
+
+
+def test_a_missing_file_exits_2(tmp_path: Path) -> None:
+    assert load().main([str(tmp_path / "absent.xml")]) == 2
