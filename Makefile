@@ -62,8 +62,42 @@ format: venv
 	$(DEPS)/bin/ruff check --fix streamproc tests benchmarks examples scripts
 	$(DEPS)/bin/ruff format streamproc tests benchmarks examples scripts
 
+# The tiers (tests/support/tiers.py; docs/testing.md): every test belongs to exactly one, named
+# by a marker on its module (or its folder's default); the collection fails on a test without
+# one. Each tier is one target below; .ci/run runs every tier CI runs, each step timed.
+# run_tier(marker expression, name): pytest of that tier writing .streamproc/junit/<name>.xml,
+# then its 10 slowest tests and the time per folder (scripts/test_durations.py), pass or fail.
+# pytest's exit 5 (the tier selected no test) fails the target: an empty tier is a bug.
+JUNIT_DIR := .streamproc/junit
+define run_tier
+	@mkdir -p $(JUNIT_DIR)
+	status=0; $(PY) -m pytest -m "$(1)" --junitxml=$(JUNIT_DIR)/$(2).xml $(PYTEST_ARGS) \
+	  || status=$$?; \
+	$(PY) scripts/test_durations.py $(JUNIT_DIR)/$(2).xml --slowest 10 || true; exit $$status
+endef
+
+.PHONY: test-models test-registry test-failures test-workloads
+# The fast loop: lint, then the core tier (unit tests, deployment checks, the core guarantees on
+# a real broker); the gpu tier too where torch sees CUDA (elsewhere it is not collected).
 test: venv kafka-jars lint tools
-	$(PY) -m pytest -m "not slow and not faults" $(PYTEST_ARGS)
+	$(call run_tier,core or gpu,core)
+
+# Model versions on a real broker: folder and MLflow sources, live swaps, refusals, rollbacks,
+# shadow scoring, the admin endpoint, models that fail.
+test-models: venv kafka-jars
+	$(call run_tier,models,models)
+
+# Schema-managed topics on a real Schema Registry (Apicurio), a 20-s registry outage included.
+test-registry: venv kafka-jars
+	$(call run_tier,registry,registry)
+
+# Delivery guarantees under failure: crashes, lost assignments, idle exits, scenarios.
+test-failures: venv kafka-jars
+	$(call run_tier,failures,failures)
+
+# Every built-in workload together in one process; precision agreement with fp32.
+test-workloads: venv kafka-jars
+	$(call run_tier,workloads,workloads)
 
 # Deployment tooling (helm, kubeconform, hadolint, schemas) under $(CACHE)/tools; see deploy/tools.sh.
 .PHONY: tools lint-deploy shellcheck compose-test images engine
@@ -182,8 +216,9 @@ gpu-bundle: deps
 gpu-dry-run: deps
 	DEPS=$(DEPS) bash benchmarks/gpu_dry_run.sh
 
+# Long failure scenarios (not in CI).
 test-slow: venv kafka-jars
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(call run_tier,slow,slow)
 
 # The guarantee tests on the real broker (tests/integration, every test but the several-device
 # ones, which cannot fuse) twice: every lane fused (worker.fused_lane: always), then every lane

@@ -31,7 +31,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -192,10 +192,27 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"broker log: {path}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is checked
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark integration tests; give each test its tier (tests/support/tiers.py) and fail the
+    collection, naming the modules, when a test has none or several."""
+    from tests.support.tiers import tier_of
+
+    problems: dict[str, None] = {}
     for item in items:
         if "integration" in item.path.parts:
             item.add_marker(pytest.mark.integration)
+        try:
+            path = PurePosixPath(item.path.relative_to(config.rootpath).as_posix())
+        except ValueError:  # outside the repository: no folder default applies
+            path = PurePosixPath(item.path.as_posix())
+        tier, problem = tier_of(path, (mark.name for mark in item.iter_markers()))
+        if tier is None:
+            problems[str(problem)] = None
+        elif item.get_closest_marker(tier) is None:
+            item.add_marker(tier)
+    if problems:
+        raise pytest.UsageError("test tiers:\n" + "\n".join(problems))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

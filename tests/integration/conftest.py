@@ -224,10 +224,11 @@ def ownership_events(log: Path) -> list[tuple[str, str, float]]:
     return events
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow tracking server (SQLite store, loopback) for the module; yields its
-    tracking URI."""
+    """A real MLflow tracking server (SQLite store, loopback) for the session, shared by every
+    module that needs one (each test registers models of its own name); yields its tracking
+    URI."""
     from streamproc.tools.mlflow_local import LocalMlflow, ensure_mlflow_server
 
     server = LocalMlflow(tmp_path_factory.mktemp("mlflow"), ensure_mlflow_server())

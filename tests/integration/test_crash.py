@@ -13,6 +13,8 @@ from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify
 from tests.integration.conftest import Topics, end_offset_total, start_consumer, wait_for
 
+pytestmark = pytest.mark.core
+
 
 @pytest.mark.timeout(600)  # two processes that each load a video model, on a loaded machine
 def test_kill_9_mid_stream_then_restart_loses_nothing(

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify
 from tests.integration.conftest import Topics, make_config, report, wait_for
+
+pytestmark = pytest.mark.core
 
 
 def test_decode_processes_shrink_when_idle_and_the_stream_loses_nothing(

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
+
 from streamproc.output.headers import H_OFFSET, H_PARTITION
 from streamproc.pipeline import Pipeline
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, make_config
+
+pytestmark = pytest.mark.core
 
 
 def test_two_cpu_devices_one_result_per_input_in_offset_order(

@@ -13,6 +13,8 @@ from streamproc.tools.replay import produce, recording_size
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, make_config
 
+pytestmark = pytest.mark.core
+
 
 def test_all_frames_once_then_nothing_new_on_rerun(bootstrap_servers: str, topics: Topics) -> None:
     total = recording_size("video")

@@ -29,6 +29,8 @@ from tests.integration.conftest import (
     write_config,
 )
 
+pytestmark = pytest.mark.failures
+
 LANE_ENV = "STREAMPROC_WORKER__FUSED_LANE"
 """Set by `make test-lanes` for every test; the tests that choose their route drop it."""
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from streamproc.config import load_config
 from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import verify
 from tests.integration.conftest import Topics, report
+
+pytestmark = pytest.mark.core
 
 
 def test_a_backlog_larger_than_the_ring_is_cut_in_full_batches_across_resumes(

@@ -21,6 +21,8 @@ from tests.integration.conftest import (
     write_config,
 )
 
+pytestmark = pytest.mark.core
+
 TOTAL = 300
 
 

@@ -21,9 +21,12 @@ from streamproc.tools.mlflow_local import LocalMlflow, ensure_mlflow_server
 
 # torch deprecates TorchScript (FutureWarning from torch.jit.script/save/load); TorchScript files
 # stay a supported model file, so these tests of that input ignore it.
-pytestmark = pytest.mark.filterwarnings(
-    r"ignore:`torch\.jit\.(script|save|load)` is deprecated:FutureWarning"
-)
+pytestmark = [
+    pytest.mark.models,
+    pytest.mark.filterwarnings(
+        r"ignore:`torch\.jit\.(script|save|load)` is deprecated:FutureWarning"
+    ),
+]
 
 
 def start_server(run_dir: Path) -> LocalMlflow:

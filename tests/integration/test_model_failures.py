@@ -21,6 +21,8 @@ from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, end_offset_total, report, wait_for
 
+pytestmark = pytest.mark.models
+
 POISON = 666.0
 
 

@@ -29,6 +29,8 @@ from streamproc.tools.verify import TopicDump, Verdict, read_topic, verify
 from tests.integration.conftest import Topics, report, wait_for
 from tests.support.model_versions import iot_module, write_version
 
+pytestmark = pytest.mark.models
+
 TOKEN = "s3cret-admin-token"
 
 

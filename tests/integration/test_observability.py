@@ -21,6 +21,8 @@ from streamproc.tools.kafka_local import free_port
 from streamproc.tools.replay import produce
 from tests.integration.conftest import wait_for
 
+pytestmark = pytest.mark.core
+
 SECRET = "hunter2-do-not-log"
 
 

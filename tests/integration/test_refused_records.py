@@ -22,6 +22,8 @@ from streamproc.tools.replay import produce
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, report
 
+pytestmark = pytest.mark.core
+
 TOTAL = 200
 EVERY, AT = 100, 50  # the inputs at offsets o with o % EVERY == AT get an oversized result
 DEADLINE_S = 240.0  # a livelock never finishes; a correct run takes seconds

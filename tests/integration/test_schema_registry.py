@@ -37,7 +37,7 @@ from streamproc.workloads.schemas.trades_pb2 import TradeResult
 from streamproc.workloads.schemas.video_pb2 import FrameResult
 from tests.integration.conftest import Topics, make_config, report, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.registry
 
 TRADES = 240
 INLINE_OFF = {"thread": {"decode_inline": "never"}}  # decode on the pool's threads, not inline

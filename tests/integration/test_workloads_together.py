@@ -7,6 +7,7 @@ import itertools
 import uuid
 
 import orjson
+import pytest
 from confluent_kafka import Producer
 
 from streamproc.config import load_config
@@ -17,6 +18,8 @@ from streamproc.tools.replay import messages
 from streamproc.tools.verify import read_topic, verify
 from streamproc.workloads.iot import WINDOW
 from streamproc.workloads.sampledata import CYCLING_CHANNELS
+
+pytestmark = pytest.mark.workloads
 
 GOOD = {"video": 24, "iot": 40, "trades": 200, "zscore": 30}
 BAD = {

@@ -58,7 +58,7 @@ from tests.k8s.models import (
 )
 
 # Each test waits on a real cluster, on 2 shared cores: bounded by its own named deadlines.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
 
 NS = "streaming"
 RELEASE = "sp"

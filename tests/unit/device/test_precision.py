@@ -197,6 +197,7 @@ def _top5(model, rows: np.ndarray, size: int = 8) -> Iterator[tuple[np.ndarray, 
 # oneDNN emulates bf16), about 0.1 s with AVX512-BF16. 185 frames emulated take ~160 s of CPU,
 # which the suite-wide 300 s limit does not cover once other work holds both cores (issue 22,
 # item 5: this test timed out at load average 40).
+@pytest.mark.workloads  # the precision agreement on real data: its tier, not the fast loop's
 @pytest.mark.timeout(1200)
 def test_bf16_video_top5_agrees_with_fp32_on_the_real_frames() -> None:
     """bf16 EfficientNet-Lite0 keeps, on average, at least 95 % of fp32's top-5 classes per

@@ -30,6 +30,7 @@ from streamproc.models.sources import FolderSource, ModelSourceError, ModelVersi
 from streamproc.models.versions import ModelVersions
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads.torchscript import TorchScriptWorkload
+from tests.support.waiting import wait_until
 
 TP = TopicPartition("iot", 0)
 
@@ -253,7 +254,7 @@ def test_a_version_returning_a_non_tensor_is_refused_and_the_model_thread_lives(
 
     manager = ModelManager("p", cfg, versions, source, load)
     manager.start()
-    time.sleep(1.0)
+    wait_until(lambda: "2" in versions.refused, "version 2 polled, loaded and refused", 30.0)
     alive = manager._thread.is_alive()
     answer = manager.request("1")
     try:
