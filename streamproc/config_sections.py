@@ -40,7 +40,9 @@ class KafkaConfig(_Section):
     first assignment, after the group lost its partitions, after a rebalance revoked the last
     one) before exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the
     coordinator expires it before the group rebalances). ``transactional_id`` (exactly-once only):
-    stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
+    unique per process and stable across its restarts; default
+    ``<group_id>-<$STREAMPROC_INSTANCE_ID>``, else a host slot per process of the group
+    (``<group_id>-<host name>[-<slot>]``, see ``streamproc.offsets.identity``).
     ``max_transaction_aborts`` (exactly-once only): aborted transactions in a row that teach
     nothing new (no record refused for its own sake learned, nothing committed) before the
     process stops (exit 1) naming the offsets and the error, instead of retrying forever.

@@ -26,7 +26,8 @@ Error handling follows the transactional producer's contract:
   librdkafka 2.16 can wait forever for a group coordinator that is gone
   (``send_offsets_to_transaction``; confluentinc/librdkafka#5456 and #5511).
 
-``transactional.id`` must be stable per instance (e.g. ``<group>-<StatefulSet pod name>``) so a
+``transactional.id`` must be unique per process and stable across its restarts (e.g.
+``<group>-<StatefulSet pod name>``, or a host slot: ``streamproc.offsets.identity``) so a
 restarted instance fences its predecessor and aborts the predecessor's open transaction.
 """
 
