@@ -20,8 +20,8 @@ run`` consumes it (``kafka.session_timeout_ms`` 6000, the broker's minimum, so t
 member leaves the group soon and the rebalance does not hide the transaction's effect). Once
 ``--warm`` results are visible, the consumer is killed -9 and started again at once; a
 read_committed reader of the output notes when the first result produced after the restart
-(record timestamp) arrives, and when every output partition has delivered one (a partition
-where a transaction is still open delivers nothing past it).
+(record timestamp) arrives, and when every output partition that had results before the kill
+has delivered one (a partition where a transaction is still open delivers nothing past it).
 """
 
 from __future__ import annotations
@@ -80,13 +80,17 @@ class Reader:
         return next((at for at, ts, _ in list(self.seen) if ts >= epoch_ms), None)
 
     def every_partition_after(self, epoch_ms: int) -> float | None:
-        """Arrival (monotonic s) by which every partition had delivered a record with a
-        timestamp >= ``epoch_ms`` (a partition held at an open transaction delivers none)."""
+        """Arrival (monotonic s) by which every partition that delivered records before
+        ``epoch_ms`` had delivered one with a timestamp >= ``epoch_ms`` (a partition held at
+        an open transaction delivers none); None until then."""
+        before: set[int] = set()
         firsts: dict[int, float] = {}
         for at, ts, partition in list(self.seen):
             if ts >= epoch_ms:
                 firsts.setdefault(partition, at)
-        return max(firsts.values()) if len(firsts) == PARTITIONS else None
+            else:
+                before.add(partition)
+        return max(firsts.values()) if before and before <= firsts.keys() else None
 
     def close(self) -> None:
         self._stop.set()
