@@ -449,16 +449,9 @@ def run_cmd(
     except StreamprocError as exc:
         raise _fail(exc) from exc
     for spec in cfg.pipelines:
-        metrics = pipeline.metrics
-        consumed = metrics.counter_value(metrics.consumed, topic=spec.input_topic)
-        produced = metrics.counter_value(metrics.produced, topic=spec.output_topic)
-        dead = sum(
-            metrics.counter_value(metrics.dead_lettered, topic=spec.input_topic, stage=stage)
-            for stage in ("decode", "model", "encode", "produce", "callback")
-        )
+        outcome = summary.outcomes[spec.input_topic]
         typer.echo(
-            f"{spec.name}: {consumed:.0f} consumed from {spec.input_topic}, {produced:.0f} "
-            f"results to {spec.output_topic}, {dead:.0f} dead-lettered to {spec.dead_letter_topic}"
+            outcome.line(spec.name, spec.input_topic, spec.output_topic, spec.dead_letter_topic)
         )
     if summary.error:
         typer.echo(f"error: {summary.error}", err=True)

@@ -14,7 +14,6 @@ and importable from here too.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -132,12 +131,6 @@ class Config(BaseSettings):
     @property
     def exactly_once(self) -> bool:
         return self.processing_guarantee == "exactly_once"
-
-    @property
-    def transactional_id(self) -> str:
-        """Stable per instance: config, else ``<group_id>-<$STREAMPROC_INSTANCE_ID|hostname>``."""
-        instance = os.environ.get("STREAMPROC_INSTANCE_ID") or socket.gethostname()
-        return self.kafka.transactional_id or f"{self.kafka.group_id}-{instance}"
 
     @property
     def bootstrap_servers(self) -> str:

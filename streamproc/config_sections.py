@@ -42,8 +42,9 @@ class KafkaConfig(_Section):
     coordinator expires it before the group rebalances). It also bounds how long a member whose
     own partitions are done waits for the rest of the group with no committed offset of the
     input moving, before exiting 1 naming the partitions behind and their lag.
-    ``transactional_id`` (exactly-once only):
-    stable per instance; default ``<group_id>-<$STREAMPROC_INSTANCE_ID or host name>``.
+    ``transactional_id`` (exactly-once only): unique per process and stable across its
+    restarts; default ``<group_id>-<$STREAMPROC_INSTANCE_ID>``, else a host slot per process of
+    the group (``<group_id>-<host name>[-<slot>]``, see ``streamproc.offsets.identity``).
     ``max_transaction_aborts`` (exactly-once only): aborted transactions in a row that teach
     nothing new (no record refused for its own sake learned, nothing committed) before the
     process stops (exit 1) naming the offsets and the error, instead of retrying forever.

@@ -63,10 +63,19 @@ class Metrics:
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
 
     def _add_messages(self) -> None:
-        """Messages in and out, by topic: consumed, produced, produced again, dead-lettered."""
+        """Messages in and out, by topic: consumed (and read again), produced, produced again,
+        dead-lettered."""
         reg = self.registry
         self.consumed = Counter(
             "streamproc_messages_consumed", "Messages consumed", _TOPIC, registry=reg
+        )
+        self.read_again = Counter(
+            "streamproc_messages_read_again",
+            "Messages consumed at an offset this process had consumed before (partitions "
+            "rewound after an aborted transaction, or back after a rebalance); part of "
+            "messages_consumed",
+            _TOPIC,
+            registry=reg,
         )
         self.produced = Counter(
             "streamproc_messages_produced",

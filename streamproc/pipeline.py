@@ -45,6 +45,7 @@ from streamproc.kafka.clients import build_admin
 from streamproc.kafka.protocols import AdminFactory, ConsumerFactory, ProducerFactory
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
+from streamproc.offsets.outcomes import Outcome
 from streamproc.offsets.tracker import OffsetTracker
 
 log = get_logger(__name__)
@@ -73,13 +74,16 @@ class State(enum.Enum):
 @dataclass
 class RunSummary:
     """What one run did. ``batch_sizes`` maps batch size -> number of batches, per topic;
-    ``device_batches`` maps device label -> batches placed on it, per topic."""
+    ``device_batches`` maps device label -> batches placed on it, per topic; ``outcomes``
+    maps input topic -> records read (and read again) and produced, counted as readers of
+    the topics see them (:mod:`streamproc.offsets.outcomes`)."""
 
     exit_code: int
     elapsed_s: float
     batch_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     error: str | None = None
     device_batches: dict[str, dict[str, int]] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -302,7 +306,21 @@ class Pipeline:
             batch_sizes={d.topic: dict(d.batch_sizes) for d in self.stages.dispatchers},
             error=None if fatal is None else f"{type(fatal).__name__}: {fatal}",
             device_batches={t.topic: t.load.batches() for t in self.stages.topics},
+            outcomes=self.outcomes(),
         )
+
+    def outcomes(self) -> dict[str, Outcome]:
+        """Per input topic: records read (and read again) and produced so far, counted as
+        readers of the topics see them (:mod:`streamproc.offsets.outcomes`)."""
+        metrics, guarantee = self.metrics, self.stages.shared.guarantee
+        return {
+            spec.input_topic: Outcome(
+                round(metrics.counter_value(metrics.consumed, topic=spec.input_topic)),
+                round(metrics.counter_value(metrics.read_again, topic=spec.input_topic)),
+                guarantee.produced(metrics, spec),
+            )
+            for spec in self.config.pipelines
+        }
 
     def _run_until_idle(self, watch: IdleExit) -> None:
         """Wait for a stop, a fatal error or the idle exit, asking ``watch`` every 0.1 s."""

@@ -17,6 +17,7 @@ from streamproc.kafka.protocols import ProducerFactory
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
+from streamproc.offsets.identity import claim_transactional_id
 from streamproc.offsets.tracker import LateHook, OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.output.producer import build_producer, producer_settings
@@ -92,14 +93,25 @@ def build_output(
     """The results producer, the processing guarantee (chosen once: the source and the sink
     never branch on it) and the sink, which owns the producer from then on.
 
+    Under exactly-once the ``transactional.id`` is chosen here
+    (:func:`~streamproc.offsets.identity.claim_transactional_id`); the sink holds it, and
+    gives its host slot back when it closes.
+
     Raises:
-        ConfigError: librdkafka refused a setting under ``kafka.producer``.
+        ConfigError: librdkafka refused a setting under ``kafka.producer``, or no
+            transactional id slot could be taken.
     """
+    identity = claim_transactional_id(config) if config.exactly_once else None
     settings = producer_settings(
         {"bootstrap.servers": config.bootstrap_servers, **config.kafka.producer},
-        config.transactional_id if config.exactly_once else None,
+        None if identity is None else identity.transactional_id,
     )
-    producer = build_producer(settings, producer_factory)
+    try:
+        producer = build_producer(settings, producer_factory)
+    except BaseException:
+        if identity is not None:
+            identity.release()
+        raise
     guarantee: Guarantee = (
         ExactlyOnce(
             tracker,
@@ -110,7 +122,15 @@ def build_output(
         if config.exactly_once
         else AtLeastOnce(tracker, metrics)
     )
-    sink = Sink(producer, settings, guarantee, metrics, on_fatal, producer_factory=producer_factory)
+    sink = Sink(
+        producer,
+        settings,
+        guarantee,
+        metrics,
+        on_fatal,
+        producer_factory=producer_factory,
+        identity=identity,
+    )
     return guarantee, sink
 
 

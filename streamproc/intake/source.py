@@ -123,6 +123,8 @@ class Source:
         self.assignment = Assignment(clock)
         self._last_poll_s = clock()
         self._last_input_s = clock()
+        # per partition, the offset after the highest this process consumed (source thread)
+        self._read_up_to: dict[TopicPartition, int] = {}
         settings = consumer_settings(config, guarantee)
         settings["on_commit"] = self._committer.on_commit
         log.debug(
@@ -328,9 +330,16 @@ class Source:
         accepted = offered.accepted
         if accepted:
             self._last_input_s = accepted[-1].consumed_at_s
+            read_up_to, again = self._read_up_to, 0
             for record in accepted:
                 state.advance(record.tp, record.offset + 1)
+                if record.offset < read_up_to.get(record.tp, 0):
+                    again += 1
+                else:
+                    read_up_to[record.tp] = record.offset + 1
             self._metrics.child(self._metrics.consumed, topic).inc(len(accepted))
+            if again:
+                self._metrics.child(self._metrics.read_again, topic).inc(again)
         if offered.pause:
             consumer.pause([ktp(tp) for tp in offered.pause])
         if offered.pause or offered.refused:

@@ -36,10 +36,11 @@ from typing import Any, Literal, Protocol
 
 from confluent_kafka import KafkaError
 
-from streamproc.config import Scalar
+from streamproc.config import PipelineConfig, Scalar
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.offsets.committers import AtLeastOnceCommitter, Committer, TransactionalCommitter
+from streamproc.offsets.outcomes import Produced, dead_lettered
 from streamproc.offsets.refusals import Refusal, Refusals, record_refusal
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
@@ -146,6 +147,11 @@ class Guarantee(Protocol):
         ``poll``). True: the guarantee recovers; False: the pipeline stops."""
         ...
 
+    def produced(self, metrics: Metrics, spec: PipelineConfig) -> Produced:
+        """What this run produced for ``spec``'s inputs, counted as readers of its output and
+        dead-letter topics see it (``offsets.outcomes``)."""
+        ...
+
 
 class AtLeastOnce:
     """Results are produced at once; an input is done when its record is acknowledged.
@@ -190,6 +196,13 @@ class AtLeastOnce:
         """An idempotent producer's fatal error (e.g. a sequence gap) ends the pipeline."""
         return False
 
+    def produced(self, metrics: Metrics, spec: PipelineConfig) -> Produced:
+        """Every acknowledged record is visible: the results and dead-letter counters."""
+        return Produced(
+            round(metrics.counter_value(metrics.produced, topic=spec.output_topic)),
+            round(dead_lettered(metrics, spec.input_topic)),
+        )
+
 
 class ExactlyOnce:
     """Results, dead-letter records and input offsets in one Kafka transaction.
@@ -226,6 +239,7 @@ class ExactlyOnce:
                 self._tracker.late(record.tp, record.generation)
                 return False
             self.transactions.produce(produce, *args)
+            self.transactions.tally.sent(record.tp.topic, "dead_letters")
             self._tracker.done(record.tp, record.offset, record.generation)
             return True
 
@@ -244,6 +258,10 @@ class ExactlyOnce:
                     gone.append(row)
             if current:
                 refused = set(self.transactions.produce_many(batch.produce_rows, current))
+                # dead rows are among the refused: their dead-letter records count in send
+                self.transactions.tally.sent(
+                    records[0].tp.topic, "results", len(current) - len(refused)
+                )
                 for row in current:
                     if row not in refused:
                         record = records[row]
@@ -320,3 +338,8 @@ class ExactlyOnce:
         """Recovered: the next commit replaces the producer (see ``offsets.transactions``)."""
         self.transactions.producer_error(err)
         return True
+
+    def produced(self, metrics: Metrics, spec: PipelineConfig) -> Produced:
+        """Records of committed transactions are visible to read_committed readers; those of
+        aborted ones are counted apart (the acknowledgement counters count both)."""
+        return self.transactions.tally.produced(spec.input_topic)

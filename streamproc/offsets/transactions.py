@@ -26,7 +26,8 @@ Error handling follows the transactional producer's contract:
   librdkafka 2.16 can wait forever for a group coordinator that is gone
   (``send_offsets_to_transaction``; confluentinc/librdkafka#5456 and #5511).
 
-``transactional.id`` must be stable per instance (e.g. ``<group>-<StatefulSet pod name>``) so a
+``transactional.id`` must be unique per process and stable across its restarts (e.g.
+``<group>-<StatefulSet pod name>``, or a host slot: ``streamproc.offsets.identity``) so a
 restarted instance fences its predecessor and aborts the predecessor's open transaction.
 """
 
@@ -41,6 +42,7 @@ from confluent_kafka import KafkaError, KafkaException
 from streamproc.errors import FatalPipelineError
 from streamproc.kafka.protocols import ProducerClient, ktp
 from streamproc.logs import get_logger
+from streamproc.offsets.outcomes import TransactionTally
 from streamproc.records import TopicPartition
 
 log = get_logger(__name__)
@@ -130,6 +132,8 @@ class Transactions:
         self.commits = 0
         self.aborts = 0
         self.abort_error: KafkaError | None = None  # why the last transaction aborted
+        # records produced into transactions, by how each ended (the run's summary)
+        self.tally = TransactionTally()
         # Set from delivery reports (any thread; one reference each, atomic under the GIL),
         # cleared when a transaction begins or aborts:
         # - failed: the first error that failed a delivery of the open transaction (librdkafka
@@ -209,6 +213,7 @@ class Transactions:
                 self._replace(str(exc), WEDGED)
                 return False
             self._open = False
+            self.tally.ended(committed=True)
             self.commits += 1
             self._ended.notify_all()
             return True
@@ -300,6 +305,7 @@ class Transactions:
                 self._replace(f"abort failed: {failed.str()}", str(why))
             return
         self._open = False
+        self.tally.ended(committed=False)
         self.failed = self.must_abort = None
         self.aborts += 1
         self._ended.notify_all()
@@ -327,6 +333,7 @@ class Transactions:
             ) from None
         self.renewals += 1
         self._open = False
+        self.tally.ended(committed=False)
         self.failed = self.must_abort = self.fatal_error = None
         self.aborts += 1
         self._ended.notify_all()
@@ -367,6 +374,7 @@ class Transactions:
             except WedgedCall as exc:
                 log.error("abort at stop never returned", error=str(exc))
             self._open = False
+            self.tally.ended(committed=False)
             self.failed = self.must_abort = None
             self.aborts += 1
             self._ended.notify_all()

@@ -30,6 +30,7 @@ from confluent_kafka import KafkaException, Producer
 from streamproc.kafka.protocols import DeliveryCallback, ProducerClient, ProducerFactory
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import Guarantee
+from streamproc.offsets.identity import TransactionalIdentity
 from streamproc.output.acks import BatchAck, OutputBatch, Row
 from streamproc.output.dead_letters import DeadLetters
 from streamproc.output.deliveries import ResultDeliveries
@@ -51,6 +52,8 @@ class Sink:
         metrics: metrics to count produced / dead-lettered records.
         on_fatal: called (from the thread that learns it) when the pipeline must stop.
         producer_factory: builds the producer for records sent again alone (tests pass a fake).
+        identity: the ``transactional.id`` the producer uses (exactly-once); owned from now
+            on: its host slot is given back when the sink closes.
     """
 
     def __init__(
@@ -61,8 +64,10 @@ class Sink:
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
         producer_factory: ProducerFactory = Producer,
+        identity: TransactionalIdentity | None = None,
     ) -> None:
         self._guarantee = guarantee
+        self._identity = identity
         self._producer = ResultsProducer(
             producer, settings, metrics, guarantee.producer_error, on_fatal, producer_factory
         )
@@ -138,8 +143,11 @@ class Sink:
         return self._producer.flush(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush, then stop the ``sink`` thread and drop the producers (idempotent)."""
+        """Flush, then stop the ``sink`` thread and drop the producers (idempotent); then give
+        the transactional id's host slot back."""
         self._producer.close(timeout_s)
+        if self._identity is not None:
+            self._identity.release()
 
 
 class _PlannedBatch:

@@ -6,6 +6,7 @@ hand on. Nothing here starts a broker or a pipeline: ``run`` gets a fake ``Pipel
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import signal
@@ -21,7 +22,7 @@ from typer.testing import CliRunner, Result
 from streamproc import cli
 from streamproc.config import Config
 from streamproc.errors import StreamprocError
-from streamproc.metrics import Metrics
+from streamproc.offsets.outcomes import Outcome, Produced
 from streamproc.pipeline import RunSummary
 
 PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload": "trades"}
@@ -80,7 +81,6 @@ class FakePipeline:
     def __init__(self, config: Config, launch: Launch) -> None:
         self.config = config
         self.launch = launch
-        self.metrics = Metrics()
         self.idle_s: list[float | None] = []
         self.stops = 0
         launch.pipelines.append(self)
@@ -89,10 +89,8 @@ class FakePipeline:
         self.idle_s.append(exit_when_idle_s)
         if self.launch.failure is not None:
             raise self.launch.failure
-        self.metrics.consumed.labels("in").inc(2)
-        self.metrics.produced.labels("out").inc(1)
-        self.metrics.dead_lettered.labels("in", "decode").inc(1)
-        return self.launch.summary
+        outcome = Outcome(2, 0, Produced(results=1, dead_lettered=1))
+        return dataclasses.replace(self.launch.summary, outcomes={"in": outcome})
 
     def request_stop(self) -> None:
         self.stops += 1

@@ -126,18 +126,6 @@ def test_feedback_loop_and_unavailable_guarantee_name_their_keys() -> None:
     assert str(err.value).splitlines()[1].strip().startswith("processing_guarantee:")
 
 
-def test_exactly_once_gets_a_stable_transactional_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STREAMPROC_INSTANCE_ID", "streamproc-2")
-    cfg = load_config(
-        overrides={
-            "pipelines": [PIPELINE],
-            "processing_guarantee": "exactly_once",
-            "kafka": {"group_id": "g"},
-        }
-    )
-    assert cfg.exactly_once and cfg.transactional_id == "g-streamproc-2"
-
-
 def test_misspelled_environment_section_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMPROC_BATCHNG__MAX_WAIT_MS", "5")
     with pytest.raises(ConfigError, match=r"STREAMPROC_BATCHNG__MAX_WAIT_MS.*batching"):

@@ -19,6 +19,7 @@ def test_counter_value_reads_a_series_through_the_registry() -> None:
 
 EXPOSED = [  # name and type of every family, in registration order (operators' dashboards)
     ("streamproc_messages_consumed", "counter"),
+    ("streamproc_messages_read_again", "counter"),
     ("streamproc_messages_produced", "counter"),
     ("streamproc_produce_retries", "counter"),
     ("streamproc_messages_dead_lettered", "counter"),

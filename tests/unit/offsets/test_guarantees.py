@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import KafkaError
 
+from streamproc.config import PipelineConfig
 from streamproc.kafka.protocols import ktp
 from streamproc.metrics import Metrics
 from streamproc.offsets.committers import AtLeastOnceCommitter, TransactionalCommitter
 from streamproc.offsets.guarantees import NO_PLAN, AtLeastOnce, ExactlyOnce, Handling, How, Plan
+from streamproc.offsets.outcomes import Produced
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import Record, TopicPartition
@@ -297,3 +299,38 @@ def test_exactly_once_recovers_from_a_fatal_producer_error_at_the_next_commit(
     err = kafka_error(KafkaError.INVALID_TXN_STATE, fatal=True)
     assert guarantee.producer_error(err) is True
     assert guarantee.failed() and guarantee.transactions.fatal_error is err
+
+
+def test_exactly_once_counts_what_readers_see_apart_from_aborted_transactions(
+    eos: tuple[Inputs, ExactlyOnce, OffsetsProducer],
+) -> None:
+    # the acknowledgement counters count the records of aborted transactions too: readers
+    # with read_committed never see them, so the run's summary counts them apart
+    inputs, guarantee, producer = eos
+    spec = PipelineConfig(name="p", input_topic="in", output_topic="out", workload="trades")
+    rows = RecordingRows(refused=[1])  # row 1 not produced (dead-lettered instead, say)
+    guarantee.send_batch(inputs.records, rows)
+    assert _send(guarantee, producer, inputs.records[1])  # its dead-letter record
+    producer.fail_next(
+        "commit_transaction", kafka_error(KafkaError._MSG_TIMED_OUT, txn_requires_abort=True)
+    )
+    assert guarantee.committer.commit(inputs.consumer, synchronous=True) is False
+    assert guarantee.produced(inputs.metrics, spec) == Produced(0, 0, 2, 1)
+    records = inputs.consume(3)  # rewound: read again
+    guarantee.send_batch(records, RecordingRows())
+    assert guarantee.produced(inputs.metrics, spec) == Produced(0, 0, 5, 1)  # open: not seen
+    assert guarantee.committer.commit(inputs.consumer, synchronous=True) is True
+    assert guarantee.produced(inputs.metrics, spec) == Produced(3, 0, 2, 1)
+    assert guarantee.produced(inputs.metrics, spec.model_copy(update={"input_topic": "x"})) == (
+        Produced(0, 0)
+    )
+
+
+def test_at_least_once_counts_every_acknowledged_record(alo: tuple[Inputs, AtLeastOnce]) -> None:
+    inputs, guarantee = alo
+    spec = PipelineConfig(name="p", input_topic="in", output_topic="out", workload="trades")
+    inputs.metrics.produced.labels("out").inc(3)
+    inputs.metrics.dead_lettered.labels("in", "decode").inc(1)
+    inputs.metrics.dead_lettered.labels("in", "model").inc(1)
+    inputs.metrics.dead_lettered.labels("other", "model").inc(5)
+    assert guarantee.produced(inputs.metrics, spec) == Produced(3, 2)
