@@ -270,9 +270,11 @@ class Source:
         wall_ms = self._wall_clock() * 1000.0
         with_deadline: set[str] = set()  # lanes offered a record with a deadline in this poll
         invalid: dict[str, int] = {}  # per lane: records whose deadline header was invalid
-        # per topic and partition of this poll: its TopicPartition and generation, looked up
-        # once per poll instead of building and hashing a TopicPartition per message
-        known: dict[str, dict[int, tuple[TopicPartition, int | None]]] = {}
+        inf = math.inf
+        # per topic and partition of this poll: its TopicPartition, generation and lane (and
+        # whether the lane has max_age_ms), looked up once per poll instead of building and
+        # hashing a TopicPartition per message
+        known: dict[str, dict[int, tuple[TopicPartition, int | None, Lane, bool]]] = {}
         for message in messages:
             if message.error() is not None:
                 self._on_message_error(message)
@@ -285,8 +287,10 @@ class Source:
             entry = partitions.get(partition)
             if entry is None:
                 tp = TopicPartition(topic, partition)
-                entry = partitions[partition] = (tp, generations.get(tp))
-            tp, generation = entry
+                lane = lanes[topic]
+                timed = lane.deadlines.max_age_ms is not None
+                entry = partitions[partition] = (tp, generations.get(tp), lane, timed)
+            tp, generation, lane, timed = entry
             if generation is None:
                 continue  # not ours (revoked between fetch and delivery)
             if floors:
@@ -297,16 +301,14 @@ class Source:
                     del floors[tp]
             raw_headers = message.headers()
             headers = tuple(raw_headers) if raw_headers else ()
-            lane = lanes[topic]
             default = lane.default_priority
             timestamp_ms = message.timestamp()[1]
-            deadline_s = math.inf
-            deadlines = lane.deadlines
-            if headers or deadlines.max_age_ms is not None:
-                deadline_s, bad = deadlines.deadline_s(headers, timestamp_ms, wall_ms, now_s)
+            deadline_s = inf
+            if headers or timed:
+                deadline_s, bad = lane.deadlines.deadline_s(headers, timestamp_ms, wall_ms, now_s)
                 if bad:
                     invalid[topic] = invalid.get(topic, 0) + 1
-                if deadline_s != math.inf:
+                if deadline_s != inf:
                     with_deadline.add(topic)
             record = Record(
                 tp,
