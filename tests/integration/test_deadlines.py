@@ -140,3 +140,67 @@ def test_records_past_their_deadline_are_not_run_but_answered_and_committed(
     assert metrics.counter_value(metrics.expired, topic=topics.input) == len(kinds["past"])
     invalid = metrics.counter_value(metrics.deadline_header_invalid, topic=topics.input)
     assert invalid == len(kinds["invalid"]) > 0
+
+
+def test_max_age_expires_records_older_than_it_by_their_timestamp(
+    bootstrap_servers: str, topics: Topics
+) -> None:
+    """``max_age_ms`` counts from the record's Kafka timestamp (CreateTime, set by the
+    producer here): records written a minute before their timestamp's max age of 30 s are
+    expired at the cut, records stamped now run; the earlier of header and max age applies."""
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "acks": "all"})
+    now_ms = int(time.time() * 1000)
+    messages = trade_messages()
+    old: set[tuple[int, int]] = set()
+    offsets = [0, 0, 0]
+    for i in range(30):
+        key, value = next(messages)
+        partition = i % 3
+        stale = i % 2 == 0
+        if stale:
+            old.add((partition, offsets[partition]))
+        offsets[partition] += 1
+        producer.produce(
+            topics.input,
+            value,
+            key,
+            partition=partition,
+            timestamp=now_ms - 60_000 if stale else now_ms,
+            # a later header deadline does not extend max_age_ms
+            headers=[(DEADLINE_HEADER, b"%d" % (now_ms + 3_600_000))],
+        )
+    assert producer.flush(30) == 0
+    counting.DECODED.clear()
+    config = make_config(
+        bootstrap_servers,
+        topics,
+        pipelines=[
+            {
+                "name": "p",
+                "input_topic": topics.input,
+                "output_topic": topics.output,
+                "workload": "tests.support.counting:make_workload",
+                "max_age_ms": 30_000,
+            }
+        ],
+    )
+    pipeline = Pipeline(config)
+    summary = pipeline.run(exit_when_idle_s=2)
+    assert summary.exit_code == 0, summary.error
+
+    assert counting.DECODED.isdisjoint(old) and len(counting.DECODED) == 30 - len(old)
+    outputs = read_topic(bootstrap_servers, topics.output)
+    verdict = verify(
+        bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group, outputs=outputs
+    )
+    report("deadlines max_age_ms", verdict)
+    assert verdict.inputs == 30 and verdict.missing == [] and verdict.duplicates == 0
+    assert verdict.committed_equals_end and verdict.dead_lettered == 0
+    expired = {
+        (int(headers[H_PARTITION]), int(headers[H_OFFSET]))
+        for _, _, headers, _ in outputs.records.values()
+        if headers.get(H_RESULT_KIND) == b"expired"
+    }
+    assert expired == old
+    metrics = pipeline.metrics
+    assert metrics.counter_value(metrics.expired, topic=topics.input) == len(old)
