@@ -243,6 +243,12 @@ class PipelineConfig(_Section):
     output_format: Literal["json", "avro", "protobuf", "jsonschema"] | None = None
     # versioned model source; None: the workload's own model (version "builtin")
     model: ModelConfig | None = None
+    # deadlines (docs/guarantees.md): a record older than this (ms after its Kafka timestamp)
+    # when its batch is cut is not run; None: only its streamproc.deadline header expires it
+    max_age_ms: int | None = Field(default=None, gt=0)
+    # what a record past its deadline becomes: an `expired` result on the output topic, or a
+    # dead-letter record (stage `deadline`)
+    on_expired: Literal["result", "dead_letter"] = "result"
 
     @field_validator("workload")
     @classmethod

@@ -96,6 +96,20 @@ class Metrics:
             ("topic", "stage"),
             registry=reg,
         )
+        self.expired = Counter(
+            "streamproc_expired",
+            "Input records past their deadline when their batch was cut (not run; an expired "
+            "result or a dead-letter record instead), by input topic",
+            _TOPIC,
+            registry=reg,
+        )
+        self.deadline_header_invalid = Counter(
+            "streamproc_deadline_header_invalid",
+            "Input records whose streamproc.deadline header did not parse or lay more than a "
+            "year from their timestamp (ignored), by input topic",
+            _TOPIC,
+            registry=reg,
+        )
 
     def _add_batches(self) -> None:
         """Batch sizes and the latency histograms, by input topic."""

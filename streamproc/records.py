@@ -9,6 +9,7 @@ under, so a late result for a partition we no longer own is recognised and not c
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -88,6 +89,9 @@ class Record:
             from here.
         generation: the assignment generation of ``tp`` when consumed.
         priority: its class (from the ``priority`` header, else the lane's default).
+        deadline_s: ``time.monotonic()`` seconds after which its result is no longer wanted
+            (from the ``streamproc.deadline`` header or the pipeline's ``max_age_ms``,
+            converted at intake: ``streamproc.intake.deadlines``); ``math.inf``: none.
     """
 
     tp: TopicPartition
@@ -99,6 +103,7 @@ class Record:
     consumed_at_s: float
     generation: int = 0
     priority: Priority = Priority.NORMAL
+    deadline_s: float = math.inf
 
     @property
     def size_bytes(self) -> int:
@@ -117,21 +122,28 @@ class Record:
 class Batch:
     """Records cut together by the batcher, in the order the batcher chose.
 
-    ``records`` is never empty (checked). Per partition, records are in offset order.
-    ``priority`` is the most urgent class among its records (device admission orders lanes by
-    it; see :mod:`streamproc.device.admission`).
+    ``records`` are the rows the device runs; ``expired`` the records of the same cut already
+    past their deadline (``Record.deadline_s``) at the cut: never run, they get an ``expired``
+    result or a dead-letter record from the result handler. A batch is never empty (checked):
+    ``records`` is empty only where every record of the cut expired (such a batch never reaches
+    a device). Per partition, records (and expired records) are in offset order. ``priority``
+    is the most urgent class among its records (device admission orders lanes by it; see
+    :mod:`streamproc.device.admission`). ``len(batch)`` counts the device rows only.
     """
 
     batch_id: int
     records: tuple[Record, ...]
     cut_at_s: float
     reason: str = field(default="size")
+    expired: tuple[Record, ...] = ()
     priority: Priority = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.records:
+        if not self.records and not self.expired:
             raise ValueError("a batch is never empty")
-        object.__setattr__(self, "priority", min(r.priority for r in self.records))
+        object.__setattr__(
+            self, "priority", min(r.priority for r in (self.records or self.expired))
+        )
 
     def __len__(self) -> int:
         return len(self.records)

@@ -220,6 +220,7 @@ def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane
         ),
         shared.tracker,
         Priority.parse(spec.priority or workload.default_priority),
+        max_age_ms=spec.max_age_ms,
     )
 
 
@@ -340,4 +341,5 @@ def build_dispatcher(
         route=route,
         on_route=lambda now: route_changed(stages.lane, gauge, now),
         bind=None if stages.model is None else stages.model.versions.bind,
+        resequencer=stages.resequencer,
     )

@@ -20,6 +20,13 @@ that order. A device's in-flight slot is freed once the batch's results were han
 ``max_in_flight_batches`` batches per device are between cut and produce. Decode failures (and
 oversized values) travel with the batch as per-row errors and are dead-lettered by the result
 handler, in order with the other results.
+
+Deadlines: records past their deadline at the cut (``Record.deadline_s``) are counted in
+``streamproc_expired_total{topic}`` and travel in their batch's ``expired``, never decoded nor
+run; the result handler produces what they become, in order with the batch's results. A cut
+whose every record expired takes a batch id like any other but no staging slab, device or
+in-flight slot: it goes straight to the lane's resequencer (handed over here on the fused
+route, queued behind the batches in flight on the staged one).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from streamproc.decode import Decoder
-from streamproc.device import DeviceJob, DeviceWorker, StagingPool
+from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Resequencer, StagingPool
 from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy, LaneRouter
 from streamproc.device.placement import DeviceLoad
 from streamproc.intake.lane import Lane
@@ -69,6 +76,8 @@ class Dispatcher:
             it is handed over: binds it to the model version that serves it (a versioned
             pipeline's :meth:`~streamproc.models.versions.ModelVersions.bind`); None: the
             workers' own models.
+        resequencer: the lane's resequencer, where a batch whose every record expired goes
+            (None: such a batch raises; a lane built without deadlines never cuts one).
 
     Raises:
         ValueError: ``workers`` and ``load`` disagree on the number of devices, or a fused
@@ -89,6 +98,7 @@ class Dispatcher:
         route: LaneRoute | LaneRoutePolicy = "staged",
         on_route: Callable[[LaneRoute], None] | None = None,
         bind: Callable[[DeviceJob, int], None] | None = None,
+        resequencer: Resequencer | None = None,
     ) -> None:
         if len(workers) != len(load.labels):
             raise ValueError(f"{len(workers)} workers for devices {load.labels}")
@@ -113,6 +123,8 @@ class Dispatcher:
         self._metrics = metrics
         self._on_fatal = on_fatal
         self._bind = bind
+        self._resequencer = resequencer
+        self._expired = metrics.expired.labels(topic)
         self._batch_size = metrics.batch_size.labels(topic)
         self._queue_wait = metrics.queue_wait.labels(topic)
         self._pool_in_use = metrics.pool_in_use.labels(topic)
@@ -155,6 +167,10 @@ class Dispatcher:
                 batch = self._next_batch()
                 if batch is None:
                     return
+                if not batch.records:  # every record expired: nothing to run
+                    self._pass_over(batch, route)
+                    router.previous = route
+                    continue
                 if route == "fused":
                     assert self._fused is not None
                     job = self._decode(batch)
@@ -187,11 +203,36 @@ class Dispatcher:
             return None
         self._apply_flow(cut.flow)
         self._next_batch_id += 1
-        n = len(cut.records)
-        self.batch_sizes[n] = self.batch_sizes.get(n, 0) + 1
-        self._batch_size.observe(n)
         self._queue_wait.observe_many(cut.cut_at_s - cut.consumed_s)
-        return Batch(self._next_batch_id, tuple(cut.records), cut.cut_at_s, cut.reason)
+        if cut.expired:
+            self._expired.inc(len(cut.expired))
+        n = len(cut.records)
+        if n:
+            self.batch_sizes[n] = self.batch_sizes.get(n, 0) + 1
+            self._batch_size.observe(n)
+        return Batch(
+            self._next_batch_id,
+            tuple(cut.records),
+            cut.cut_at_s,
+            cut.reason,
+            tuple(cut.expired),
+        )
+
+    def _pass_over(self, batch: Batch, route: LaneRoute) -> None:
+        """Hand a batch whose every record expired to the result handler, in batch-id order,
+        without a slab, a device or an in-flight slot: on the fused route here (every earlier
+        batch was handed over already), on the staged route through the resequencer's queue.
+
+        Raises:
+            RuntimeError: the dispatcher was built without the lane's resequencer.
+        """
+        if self._resequencer is None:
+            raise RuntimeError(f"batch {batch.batch_id}: every record expired, no resequencer")
+        result = DeviceResult(batch, (), {}, None, 0.0, model_calls=0)
+        if route == "fused":
+            self._resequencer.hand_over_here(result, _nothing_to_release)
+        else:
+            self._resequencer.put(result, _nothing_to_release)
 
     def _decode(self, batch: Batch) -> DeviceJob:
         slab = self._pool.lease(batch_id=batch.batch_id)
@@ -204,3 +245,7 @@ class Dispatcher:
             self._pool_in_use.set(self._pool.in_use)
             raise
         return DeviceJob(batch, slab, decoded)
+
+
+def _nothing_to_release() -> None:
+    """The release of a batch that ran on no device (no output buffers to give back)."""

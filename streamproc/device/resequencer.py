@@ -14,6 +14,9 @@ all its sets held waits too, so the wait is bounded by the devices' in-flight li
 grows). The dispatcher places each batch on the device expected to finish it first, so results
 mostly arrive in order already and little is held. With one device nothing is ever held.
 
+A batch whose every record expired at the cut (``Batch.records`` empty) was never placed on a
+device: it is handed over in its turn like the others, but ``on_released`` is not called for it.
+
 Ownership: the held results and the next id belong to the resequencer (its condition; a leaf
 lock: nothing else is taken while it is held, and callbacks run outside it).
 """
@@ -38,7 +41,8 @@ class Resequencer:
         on_result: the result handler, called on the ``results-<topic>`` thread, one batch at a
             time, ids ``first_batch_id, first_batch_id + 1, ...`` without gaps.
         on_released: called with the batch id after ``on_result`` returned and the batch's
-            output buffers were released (the lane's in-flight accounting).
+            output buffers were released (the lane's in-flight accounting); not for a batch
+            that ran on no device (every record expired).
         on_fatal: called with an exception raised by ``on_result`` (the thread then stops; what
             it holds is released at :meth:`close`).
         first_batch_id: the id of the lane's first batch (the dispatcher counts from 1).
@@ -114,7 +118,7 @@ class Resequencer:
         # closed: nobody hands it over any more (a device that outlived the drain)
         log.warning("result after close dropped", topic=self.topic, batch_id=batch_id)
         release()
-        self._on_released(batch_id)
+        self._released(result)
 
     def caught_up(self, batch_id: int, stop: threading.Event, timeout_s: float = 0.5) -> bool:
         """Wait until every batch before ``batch_id`` was handed over, its ``on_result``
@@ -153,13 +157,13 @@ class Resequencer:
         if closed:  # the drain gave up on this batch: as put() does, it is not produced
             log.warning("result after close dropped", topic=self.topic, batch_id=batch_id)
             release()
-            self._on_released(batch_id)
+            self._released(result)
             return False
         try:
             self._on_result(result)
         finally:
             release()
-            self._on_released(batch_id)
+            self._released(result)
             with self._cond:
                 self._next += 1
                 self._handed = batch_id
@@ -187,7 +191,7 @@ class Resequencer:
                     self._on_result(result)
                 finally:
                     release()
-                    self._on_released(result.batch.batch_id)
+                    self._released(result)
                     with self._cond:
                         self._handed = result.batch.batch_id
                         self._cond.notify_all()  # a fused lane waiting to catch up
@@ -231,6 +235,11 @@ class Resequencer:
                 waiting_for_batch=waiting_for,
                 dropped_batches=[batch_id for batch_id, _ in dropped],
             )
-        for batch_id, (_, release) in dropped:
+        for _, (result, release) in dropped:
             release()
-            self._on_released(batch_id)
+            self._released(result)
+
+    def _released(self, result: DeviceResult) -> None:
+        """``on_released`` for a batch that held a device slot (one with rows to run)."""
+        if result.batch.records:
+            self._on_released(result.batch.batch_id)

@@ -32,11 +32,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from streamproc.intake.batcher import NEAR_BEST, Batcher, Cut
+from streamproc.intake.deadlines import Deadlines
 from streamproc.intake.rings import FlowControl, PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Priority, Record, TopicPartition
@@ -64,11 +65,15 @@ class CutRecords:
     :class:`~streamproc.records.Batch`.
 
     Attributes:
-        records: in the order the batcher chose (offset order within a partition); never empty.
+        records: the records to run, in the order the batcher chose (offset order within a
+            partition); empty only where every record of the cut expired.
         flow: partitions now at or below the low watermark, to resume.
         cut_at_s: monotonic seconds of the cut.
-        consumed_s: the records' consume times (float64, shape ``(len(records),)``).
+        consumed_s: the consume times of every record taken, expired ones included (float64,
+            shape ``(len(records) + len(expired),)``).
         reason: why it was cut ("size", "bytes", "deadline" or "sparse").
+        expired: the records taken whose deadline (``Record.deadline_s``) had passed at
+            ``cut_at_s``, in the same order; never run on a device.
     """
 
     records: list[Record]
@@ -76,6 +81,7 @@ class CutRecords:
     cut_at_s: float
     consumed_s: np.ndarray
     reason: str
+    expired: list[Record] = field(default_factory=list)
 
 
 class Lane:
@@ -88,6 +94,8 @@ class Lane:
         tracker: the offset tracker (accepted records are tracked as consumed).
         default_priority: the class of a message without a ``priority`` header.
         clock: monotonic clock in seconds (injected for tests).
+        max_age_ms: the pipeline's ``max_age_ms`` (None: records expire only by their
+            ``streamproc.deadline`` header); the source reads it as :attr:`deadlines`.
     """
 
     def __init__(
@@ -98,9 +106,11 @@ class Lane:
         tracker: OffsetTracker,
         default_priority: Priority = Priority.NORMAL,
         clock: Callable[[], float] = time.monotonic,
+        max_age_ms: int | None = None,
     ) -> None:
         self.topic = topic
         self.default_priority = default_priority
+        self.deadlines = Deadlines(max_age_ms)
         self._buffers = buffers
         self._batcher = batcher
         self._tracker = tracker
@@ -108,20 +118,27 @@ class Lane:
         self._cond = threading.Condition()
         self._caps: dict[str, int] = {}  # device label -> its batch cap (under _cond)
         self._whole = False  # the adaptive batch size learns whole batch times (fused)
+        # some record offered so far has a deadline (under _cond): only then does a cut look
+        # for expired records, so a lane without deadlines pays nothing per record
+        self._deadlines = False
 
     # -- source thread ---------------------------------------------------------------------
-    def offer(self, records: Sequence[Record]) -> Offered:
+    def offer(self, records: Sequence[Record], deadlines: bool = False) -> Offered:
         """Push one poll's records of this lane into their rings (one lock acquisition).
 
         A partition whose ring refuses a record (full, or no longer assigned) refuses the rest
         of its records in this call; accepted records are tracked as consumed before the lock
-        is released, and a waiting dispatcher is woken.
+        is released, and a waiting dispatcher is woken. ``deadlines``: some of ``records`` has
+        a deadline (``Record.deadline_s`` finite); from then on every cut looks for expired
+        records.
         """
         refused: dict[TopicPartition, int] = {}
         pause: list[TopicPartition] = []
         accepted: list[Record] = []
         buffers = self._buffers
         with self._cond:
+            if deadlines:
+                self._deadlines = True
             for record in records:
                 if record.tp in refused:
                     continue
@@ -161,7 +178,8 @@ class Lane:
     # -- dispatcher thread -----------------------------------------------------------------
     def next_cut(self, stop: threading.Event) -> CutRecords | None:
         """Wait until the batcher says cut, then take the batch's records; None once ``stop``
-        is set (records still in the rings stay there, uncommitted)."""
+        is set (records still in the rings stay there, uncommitted). Records past their
+        deadline at the cut are set apart in :attr:`CutRecords.expired`."""
         batcher, buffers, cond = self._batcher, self._buffers, self._cond
         with cond:
             while not stop.is_set():
@@ -175,7 +193,10 @@ class Lane:
                         (r.consumed_at_s for r in records), np.float64, len(records)
                     )
                     batcher.cut(consumed_s)
-                    return CutRecords(records, flow, now_s, consumed_s, decision.reason)
+                    expired: list[Record] = []
+                    if self._deadlines:
+                        records, expired = split_expired(records, now_s)
+                    return CutRecords(records, flow, now_s, consumed_s, decision.reason, expired)
                 cond.wait(None if decision.until_s is None else decision.until_s - now_s)
         return None
 
@@ -241,3 +262,12 @@ class Lane:
         """The batch size aimed for now."""
         with self._cond:
             return self._batcher.target
+
+
+def split_expired(records: list[Record], now_s: float) -> tuple[list[Record], list[Record]]:
+    """``records`` split into those still wanted at ``now_s`` (monotonic seconds) and those
+    whose deadline (``Record.deadline_s``) is at or before it, each in the given order."""
+    expired = [r for r in records if r.deadline_s <= now_s]
+    if not expired:
+        return records, expired
+    return [r for r in records if r.deadline_s > now_s], expired

@@ -18,6 +18,7 @@ once), with some paused at most :data:`PAUSED_POLL_S`.
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import threading
 import time
@@ -95,6 +96,8 @@ class Source:
         on_fatal: called when the consumer hits a fatal error.
         consumer_factory: builds the consumer from its settings (tests pass a fake).
         clock: monotonic clock in seconds.
+        wall_clock: wall clock in seconds since the epoch (records' deadlines are epoch
+            milliseconds: converted to ``clock`` once per record at intake).
 
     Raises:
         ConfigError: librdkafka refused a key or value under ``kafka.consumer``.
@@ -110,8 +113,10 @@ class Source:
         on_fatal: Callable[[BaseException], None],
         consumer_factory: ConsumerFactory = Consumer,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
+        self._wall_clock = wall_clock
         self._lanes = lanes
         self._metrics = metrics
         self._on_fatal = on_fatal
@@ -255,14 +260,23 @@ class Source:
     def _route(self, messages: Sequence[MessageLike], now_s: float) -> None:
         """Wrap one poll's messages in records and offer them to their lanes: one lock
         acquisition per lane and poll, not per message (the per-message work here runs under
-        the GIL with every other stage)."""
+        the GIL with every other stage).
+
+        A record's deadline (``streamproc.intake.deadlines``) is worked out here, where its
+        headers are read anyway: only for a record with headers or on a lane with
+        ``max_age_ms``, against one wall-clock reading per poll."""
         generations = self.assignment.generations
         floors = self.assignment.seek_floors
         lanes = self._lanes
         by_lane: dict[str, list[Record]] = {}
-        # per topic and partition of this poll: its TopicPartition and generation, looked up
-        # once per poll instead of building and hashing a TopicPartition per message
-        known: dict[str, dict[int, tuple[TopicPartition, int | None]]] = {}
+        wall_ms = self._wall_clock() * 1000.0
+        with_deadline: set[str] = set()  # lanes offered a record with a deadline in this poll
+        invalid: dict[str, int] = {}  # per lane: records whose deadline header was invalid
+        inf = math.inf
+        # per topic and partition of this poll: its TopicPartition, generation and lane (and
+        # whether the lane has max_age_ms), looked up once per poll instead of building and
+        # hashing a TopicPartition per message
+        known: dict[str, dict[int, tuple[TopicPartition, int | None, Lane, bool]]] = {}
         for message in messages:
             if message.error() is not None:
                 self._on_message_error(message)
@@ -275,8 +289,10 @@ class Source:
             entry = partitions.get(partition)
             if entry is None:
                 tp = TopicPartition(topic, partition)
-                entry = partitions[partition] = (tp, generations.get(tp))
-            tp, generation = entry
+                lane = lanes[topic]
+                timed = lane.deadlines.max_age_ms is not None
+                entry = partitions[partition] = (tp, generations.get(tp), lane, timed)
+            tp, generation, lane, timed = entry
             if generation is None:
                 continue  # not ours (revoked between fetch and delivery)
             if floors:
@@ -287,25 +303,36 @@ class Source:
                     del floors[tp]
             raw_headers = message.headers()
             headers = tuple(raw_headers) if raw_headers else ()
-            default = lanes[topic].default_priority
+            default = lane.default_priority
+            timestamp_ms = message.timestamp()[1]
+            deadline_s = inf
+            if headers or timed:
+                deadline_s, bad = lane.deadlines.deadline_s(headers, timestamp_ms, wall_ms, now_s)
+                if bad:
+                    invalid[topic] = invalid.get(topic, 0) + 1
+                if deadline_s != inf:
+                    with_deadline.add(topic)
             record = Record(
                 tp,
                 offset,
                 message.key(),
                 message.value(),
                 headers,
-                message.timestamp()[1],
+                timestamp_ms,
                 now_s,
                 generation,
                 Priority.of(headers, default) if headers else default,
+                deadline_s,
             )
             batch = by_lane.get(topic)
             if batch is None:
                 by_lane[topic] = [record]
             else:
                 batch.append(record)
+        for topic, count in invalid.items():
+            self._metrics.child(self._metrics.deadline_header_invalid, topic).inc(count)
         for topic, records in by_lane.items():
-            self._offer(topic, lanes[topic], records)
+            self._offer(topic, lanes[topic], records, topic in with_deadline)
 
     def _on_message_error(self, message: MessageLike) -> None:
         err = message.error()
@@ -316,10 +343,11 @@ class Source:
             raise KafkaException(err)
         log.warning("consumer error", error=str(err))
 
-    def _offer(self, topic: str, lane: Lane, records: list[Record]) -> None:
-        """Offer one lane's records; a partition whose ring is full refuses the rest of its
-        records, is paused, and is sought back to the first refused offset."""
-        offered = lane.offer(records)
+    def _offer(self, topic: str, lane: Lane, records: list[Record], deadlines: bool) -> None:
+        """Offer one lane's records (``deadlines``: some has one); a partition whose ring is
+        full refuses the rest of its records, is paused, and is sought back to the first
+        refused offset."""
+        offered = lane.offer(records, deadlines)
         state = self.assignment
         consumer = self._consumer
         for tp, offset in offered.refused.items():

@@ -8,8 +8,10 @@ dead-letter record keeps the input's headers first, then adds the
 source coordinates and ``streamproc.error.stage`` (decode|model|encode|produce|callback),
 ``streamproc.error.class`` and ``streamproc.error.message`` (the Kafka Connect dead-letter
 convention, our prefix), and ``streamproc.error.value_omitted`` (the value's size in bytes) when
-its value was left out. Names and values are a contract: consumers of the output topics read
-them.
+its value was left out. An *expired* result (its input was past its deadline when its batch was
+cut, and ``pipelines[].on_expired`` is ``result``) has an empty value and carries the source
+coordinates and ``streamproc.result.kind: expired`` only. Names and values are a contract:
+consumers of the output topics read them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ TIMING_FORMAT = b"queue_wait_ms=%.3f;inference_ms=%.3f;processing_ms=%.3f"
 """The value of the ``streamproc.timing`` header on every result: milliseconds the input
 waited in its ring (consumed -> batch cut), the batch's device time, and consumed -> result
 produced (:func:`parse_timing` reads it back)."""
+H_RESULT_KIND = "streamproc.result.kind"
+"""On an expired result only: :data:`KIND_EXPIRED` (a result made by the model has none)."""
+KIND_EXPIRED = b"expired"
+"""The ``streamproc.result.kind`` value of a result whose input was not run: past its deadline."""
+STAGE_DEADLINE = "deadline"
+"""The ``streamproc.error.stage`` of a dead-letter record whose input was past its deadline."""
 MAX_ERROR_MESSAGE_CHARS = 1000
 """``streamproc.error.message`` holds at most this many characters of the error's message."""
 
@@ -62,6 +70,12 @@ def source_headers(record: Record) -> Headers:
         (H_PARTITION, b"%d" % record.tp.partition),
         (H_OFFSET, b"%d" % record.offset),
     )
+
+
+def expired_headers(record: Record) -> OutputHeaders:
+    """The headers of ``record``'s expired result: its source coordinates, then
+    ``streamproc.result.kind: expired``."""
+    return [*source_headers(record), (H_RESULT_KIND, KIND_EXPIRED)]
 
 
 def dead_letter_headers(

@@ -5,6 +5,12 @@ order. Rows whose decode failed, or that the model failed on alone (the device w
 a failing batch down to them), or whose encode (the result callback) still raises after its
 retries, become dead-letter records with the stage and reason; one bad record never stops the
 stream, and its offset is committed only once its dead-letter record is acknowledged.
+
+Records past their deadline at the cut (``Batch.expired``, never run) become, by
+``pipelines[].on_expired``, an expired result (empty value, ``streamproc.result.kind:
+expired``), produced with the batch's results in offset order within each partition, or a
+dead-letter record with stage ``deadline``; their offsets commit like any other's once that is
+acknowledged.
 """
 
 from __future__ import annotations
@@ -19,7 +25,12 @@ from streamproc.config import PipelineConfig
 from streamproc.device import DeviceResult
 from streamproc.errors import RecordError, RegistryUnavailable
 from streamproc.metrics import Metrics
-from streamproc.output.headers import ResultHeaders
+from streamproc.output.headers import (
+    STAGE_DEADLINE,
+    OutputHeaders,
+    ResultHeaders,
+    expired_headers,
+)
 from streamproc.output.sink import Sink
 from streamproc.records import Headers, Record
 from streamproc.workloads import Encoded, Workload
@@ -63,9 +74,13 @@ class ResultHandler:
         self._headers = ResultHeaders(pipeline.input_topic)
 
     def __call__(self, result: DeviceResult) -> None:
-        """Encode and produce one batch's results (dead-letter what failed)."""
+        """Encode and produce one batch's results (dead-letter what failed); what its expired
+        records become goes with them."""
         topic = self._pipeline.input_topic
         dlq = self._pipeline.dead_letter_topic
+        if not result.batch.records:  # every record expired at the cut: none ran
+            self._send(result, [], [], [])
+            return
         self._metrics.inference.labels(topic).observe(result.inference_s)
         # a batch re-run in parts (its model call raised) measures the re-runs, not its size
         if self._observe is not None and result.error is None and result.model_calls == 1:
@@ -79,6 +94,7 @@ class ResultHandler:
             for row, record in enumerate(records):
                 error = (failed.get(row) if failed else None) or result.error
                 self._dead_letter(record, dlq, error.stage, error)
+            self._send(result, [], [], [])
             return
         encoded = self._encode_many(records, result.outputs, failed)
         kept: list[Record] = []
@@ -106,7 +122,41 @@ class ResultHandler:
             values.append(value.value)
             extra.append(value.headers)
         headers = self._headers.build(kept, extra, cut_at_s, inference_ms, now_s, version)
-        self._sink.send_results(self._pipeline.output_topic, kept, values, headers, dlq)
+        self._send(result, kept, values, headers)
+
+    def _send(
+        self,
+        result: DeviceResult,
+        kept: list[Record],
+        values: list[bytes],
+        headers: list[OutputHeaders],
+    ) -> None:
+        """Produce the results ``kept`` (with ``values`` and ``headers``) and what the batch's
+        expired records become: expired results merged in, in offset order per partition, or
+        dead-letter records (stage ``deadline``)."""
+        pipeline = self._pipeline
+        expired = result.batch.expired
+        if expired and pipeline.on_expired == "dead_letter":
+            cut_at_s = result.batch.cut_at_s
+            for record in expired:
+                late_ms = (cut_at_s - record.deadline_s) * 1000
+                self._sink.dead_letter(
+                    record,
+                    pipeline.dead_letter_topic,
+                    STAGE_DEADLINE,
+                    "DeadlineExpired",
+                    f"past its deadline by {late_ms:.1f} ms when its batch was cut; not run",
+                )
+        elif expired:
+            rows = [*zip(kept, values, headers, strict=True)]
+            rows.extend((record, b"", expired_headers(record)) for record in expired)
+            rows.sort(key=lambda row: (row[0].tp.partition, row[0].offset))
+            kept = [row[0] for row in rows]
+            values = [row[1] for row in rows]
+            headers = [row[2] for row in rows]
+        self._sink.send_results(
+            pipeline.output_topic, kept, values, headers, pipeline.dead_letter_topic
+        )
 
     def _version(self, result: DeviceResult) -> bytes:
         """The ``streamproc.model.version`` value of ``result``'s batch."""

@@ -315,3 +315,16 @@ def test_a_bad_model_section_fails_at_start_naming_the_key(
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(ConfigError, match=message):
         load_config(overrides={"pipelines": [{**PIPELINE, "model": model}]})
+
+
+@pytest.mark.parametrize("max_age_ms", [0, -5])
+def test_max_age_ms_must_be_positive_and_names_the_key(max_age_ms: int) -> None:
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.max_age_ms: .*greater than 0"):
+        load_config(overrides={"pipelines": [{**PIPELINE, "max_age_ms": max_age_ms}]})
+
+
+def test_on_expired_names_its_allowed_values_and_defaults_to_a_result() -> None:
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.on_expired.*'result'.*'dead_letter'"):
+        load_config(overrides={"pipelines": [{**PIPELINE, "on_expired": "drop"}]})
+    config = load_config(overrides={"pipelines": [{**PIPELINE, "max_age_ms": 250}]})
+    assert config.pipelines[0].max_age_ms == 250 and config.pipelines[0].on_expired == "result"

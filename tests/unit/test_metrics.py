@@ -23,6 +23,8 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_messages_produced", "counter"),
     ("streamproc_produce_retries", "counter"),
     ("streamproc_messages_dead_lettered", "counter"),
+    ("streamproc_expired", "counter"),
+    ("streamproc_deadline_header_invalid", "counter"),
     ("streamproc_batch_size_messages", "histogram"),
     ("streamproc_queue_wait_seconds", "histogram"),
     ("streamproc_inference_seconds", "histogram"),

@@ -102,11 +102,13 @@ class TwoDeviceLane:
             lambda flow: None,
             self.metrics,
             self.fatal.append,
+            resequencer=self.resequencer,
         )
 
     def _handle(self, result: DeviceResult) -> None:
         self.handled.append(result)
-        self.outputs.append(result.outputs[0].tolist())  # views: valid during the call only
+        # views: valid during the call only (none where every record of the batch expired)
+        self.outputs.append(result.outputs[0].tolist() if result.outputs else [])
 
     def start(self) -> None:
         for worker in self.workers:
@@ -114,13 +116,29 @@ class TwoDeviceLane:
         self.resequencer.start()
         self.dispatcher.start()
 
-    def offer(self, per_partition: int) -> None:
+    def offer(self, per_partition: int, expired_from: int | None = None) -> None:
+        """``per_partition`` records on each partition; those from offset ``expired_from`` on
+        are already past their deadline."""
+        now_s = self.clock()
         records = [
-            Record(tp, offset, None, b"v", (), 0, self.clock(), self.generations[tp])
+            Record(
+                tp,
+                offset,
+                None,
+                b"v",
+                (),
+                0,
+                now_s,
+                self.generations[tp],
+                deadline_s=now_s - 1.0
+                if expired_from is not None and offset >= expired_from
+                else float("inf"),
+            )
             for offset in range(per_partition)
             for tp in TPS
         ]
-        assert len(self.lane.offer(records).accepted) == len(records)
+        offered = self.lane.offer(records, deadlines=expired_from is not None)
+        assert len(offered.accepted) == len(records)
 
     def close(self) -> None:
         self.dispatcher.stop(10)
@@ -192,3 +210,31 @@ def test_results_completed_out_of_order_go_out_in_cut_order() -> None:
     lane.close()
     assert lane.load.batches() == {"cpu:0": 1, "cpu:1": 1}
     assert not lane.fatal
+
+
+def test_a_cut_whose_every_record_expired_runs_nowhere_and_keeps_its_turn() -> None:
+    lane = TwoDeviceLane()
+    lane.start()
+    lane.models[0].gate.clear()  # batch 1 (cpu:0) does not complete yet
+    lane.offer(per_partition=4, expired_from=2)  # 8 records: 4 live, 4 expired; cuts of 2
+    # batch 1 stuck; the other live batch completed on cpu:1; the all-expired cuts queued
+    wait_until(lambda: lane.resequencer.held == 3, "every later batch waiting for batch 1")
+    assert lane.handled == []  # an expired result may not overtake an earlier batch
+    lane.models[0].gate.set()
+    wait_until(lambda: len(lane.handled) == 4, "all 4 batches handed over")
+    lane.close()
+    assert not lane.fatal
+    assert [r.batch.batch_id for r in lane.handled] == [1, 2, 3, 4]
+    live = [r for r in lane.handled if r.batch.records]
+    assert len(live) == 2 and all(not r.batch.expired for r in live)
+    for result in lane.handled:
+        if not result.batch.records:
+            assert result.model_calls == 0 and result.outputs == ()
+            assert len(result.batch.expired) == 2
+    expired = {(r.tp, r.offset) for result in lane.handled for r in result.batch.expired}
+    assert expired == {(tp, offset) for tp in TPS for offset in (2, 3)}
+    assert sum(lane.load.batches().values()) == 2  # no device slot for the expired cuts
+    assert lane.load.in_flight() == {"cpu:0": 0, "cpu:1": 0}
+    assert lane.metrics.counter_value(lane.metrics.expired, topic="in") == 4
+    assert lane.pool.leak().missing == 0
+    assert all(w.output_leak().missing == 0 for w in lane.workers)

@@ -1,0 +1,203 @@
+"""Record deadlines: the header and ``max_age_ms`` rule (pure, injected clocks), the cut that
+sets expired records apart, and the source that converts deadlines once at intake."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from streamproc.intake.batcher import Batcher
+from streamproc.intake.deadlines import (
+    DEADLINE_HEADER,
+    DEADLINE_SANE_RANGE_MS,
+    INVALID,
+    Deadlines,
+    parse_deadline_ms,
+)
+from streamproc.intake.lane import Lane, split_expired
+from streamproc.intake.rings import PartitionBuffers
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.records import Batch, Record, TopicPartition
+from streamproc.testing import FakeMessage
+from tests.unit.source_harness import TP as TP_IN
+from tests.unit.source_harness import Harness
+
+TP = TopicPartition("t", 0)
+NOW_MS = 1_760_000_000_000  # an epoch-ms wall clock reading
+MONO_S = 500.0  # the monotonic clock at the same moment
+
+
+def record(offset: int, deadline_s: float = math.inf) -> Record:
+    return Record(TP, offset, None, b"v", (), NOW_MS, MONO_S, 1, deadline_s=deadline_s)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (b"%d" % (NOW_MS + 250), NOW_MS + 250),
+        (b"%d" % (NOW_MS - 60_000), NOW_MS - 60_000),  # past: still a deadline
+        (b"", INVALID),
+        (b"soon", INVALID),
+        (b"-5", INVALID),
+        (b" 17", INVALID),
+        (b"1.7e12", INVALID),
+        ("١٢٣".encode(), INVALID),  # digits, but not ASCII
+        (b"9" * 40, INVALID),  # absurdly large
+        (b"%d" % (NOW_MS // 1000), INVALID),  # seconds by mistake: 1970, years in the past
+        (b"%d" % (NOW_MS * 1000), INVALID),  # microseconds by mistake: far future
+        (b"0", INVALID),
+        (None, INVALID),
+    ],
+)
+def test_deadline_header_parses_ascii_epoch_ms_within_a_year_of_the_timestamp(
+    value: bytes | None, expected: int
+) -> None:
+    assert parse_deadline_ms(value, NOW_MS) == expected
+
+
+def test_a_header_just_inside_the_sane_range_is_kept() -> None:
+    edge = NOW_MS - DEADLINE_SANE_RANGE_MS
+    assert parse_deadline_ms(b"%d" % edge, NOW_MS) == edge
+    assert parse_deadline_ms(b"%d" % (edge - 1), NOW_MS) == INVALID
+
+
+def test_no_header_and_no_max_age_means_no_deadline() -> None:
+    assert Deadlines().deadline_s((), NOW_MS, NOW_MS, MONO_S) == (math.inf, False)
+    other = (("priority", b"high"),)
+    assert Deadlines().deadline_s(other, NOW_MS, NOW_MS, MONO_S) == (math.inf, False)
+
+
+def test_header_deadline_converts_to_the_monotonic_clock_once() -> None:
+    headers = ((DEADLINE_HEADER, b"%d" % (NOW_MS + 250)),)
+    # the poll read the wall clock 100 ms after the record's timestamp
+    deadline_s, invalid = Deadlines().deadline_s(headers, NOW_MS, NOW_MS + 100, MONO_S)
+    assert not invalid
+    assert deadline_s == pytest.approx(MONO_S + 0.150)
+
+
+def test_max_age_counts_from_the_record_timestamp() -> None:
+    deadline_s, invalid = Deadlines(max_age_ms=1000).deadline_s((), NOW_MS, NOW_MS + 400, MONO_S)
+    assert not invalid
+    assert deadline_s == pytest.approx(MONO_S + 0.600)
+
+
+@pytest.mark.parametrize(("header_in_ms", "expected_s"), [(200, 0.2), (5000, 1.0)])
+def test_the_earlier_of_header_and_max_age_applies(header_in_ms: int, expected_s: float) -> None:
+    headers = ((DEADLINE_HEADER, b"%d" % (NOW_MS + header_in_ms)),)
+    deadline_s, _ = Deadlines(max_age_ms=1000).deadline_s(headers, NOW_MS, NOW_MS, MONO_S)
+    assert deadline_s == pytest.approx(MONO_S + expected_s)
+
+
+def test_an_invalid_header_is_ignored_and_reported_max_age_still_applies() -> None:
+    headers = ((DEADLINE_HEADER, b"tomorrow"),)
+    assert Deadlines().deadline_s(headers, NOW_MS, NOW_MS, MONO_S) == (math.inf, True)
+    deadline_s, invalid = Deadlines(max_age_ms=50).deadline_s(headers, NOW_MS, NOW_MS, MONO_S)
+    assert invalid and deadline_s == pytest.approx(MONO_S + 0.05)
+
+
+def test_an_unknown_timestamp_takes_no_max_age() -> None:
+    assert Deadlines(max_age_ms=50).deadline_s((), -1, NOW_MS, MONO_S) == (math.inf, False)
+
+
+@pytest.mark.parametrize("max_age_ms", [0, -1])
+def test_max_age_must_be_positive(max_age_ms: int) -> None:
+    with pytest.raises(ValueError, match="max_age_ms"):
+        Deadlines(max_age_ms)
+
+
+def test_split_expired_keeps_order_and_a_deadline_at_the_cut_counts_as_passed() -> None:
+    records = [record(0, 9.0), record(1), record(2, 10.0), record(3, 11.0), record(4, 2.0)]
+    live, expired = split_expired(records, now_s=10.0)
+    assert [r.offset for r in live] == [1, 3]
+    assert [r.offset for r in expired] == [0, 2, 4]
+    unchanged, none = split_expired(records[1:2], now_s=10.0)
+    assert unchanged == records[1:2] and none == []
+
+
+def test_a_batch_of_only_expired_records_is_not_empty() -> None:
+    late = record(0, 1.0)
+    batch = Batch(1, (), 2.0, "size", (late,))
+    assert len(batch) == 0 and batch.expired == (late,)
+    with pytest.raises(ValueError, match="never empty"):
+        Batch(2, (), 2.0)
+
+
+class Clock:
+    def __init__(self, now_s: float) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def lane(clock: Clock, max_age_ms: int | None = None) -> Lane:
+    tracker = OffsetTracker()
+    tracker.assign([TP])
+    buffers = PartitionBuffers(16, 1.0, 0.5)
+    the_lane = Lane("t", buffers, Batcher(4, 1 << 20, 0.01), tracker, clock=clock)
+    the_lane.assign([TP])
+    return the_lane
+
+
+def test_lane_cut_sets_records_past_their_deadline_apart() -> None:
+    clock = Clock(100.0)
+    the_lane = lane(clock)
+    records = [record(0, 99.0), record(1), record(2, 100.5), record(3, 50.0)]
+    the_lane.offer(records, deadlines=True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None
+    assert [r.offset for r in cut.records] == [1, 2]
+    assert [r.offset for r in cut.expired] == [0, 3]
+    assert len(cut.consumed_s) == 4  # every record taken waited in the ring
+
+
+def test_lane_without_deadlines_never_looks() -> None:
+    clock = Clock(100.0)
+    the_lane = lane(clock)
+    # deadline_s set but the source said no record of the lane has one: nothing expires
+    the_lane.offer([record(0, 1.0), record(1, 1.0), record(2), record(3)])
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None and len(cut.records) == 4 and cut.expired == []
+
+
+def test_source_converts_header_deadlines_at_intake_and_counts_invalid_headers() -> None:
+    h = Harness(0)
+    h.consumer.schedule_assign([TP_IN])
+    h.poll()  # the assignment
+    h.source._wall_clock = lambda: NOW_MS / 1000  # the poll's one wall-clock reading
+    mono_s = time.monotonic()  # the lane cuts on the monotonic clock
+    past = [(DEADLINE_HEADER, b"%d" % (NOW_MS - 1000))]
+    soon = [(DEADLINE_HEADER, b"%d" % (NOW_MS + 60_000))]
+    bad = [(DEADLINE_HEADER, b"%d" % (NOW_MS // 1000))]  # seconds by mistake
+    messages = [
+        FakeMessage("in", 0, 0, b"v", None, past, NOW_MS),
+        FakeMessage("in", 0, 1, b"v", None, None, NOW_MS),
+        FakeMessage("in", 0, 2, b"v", None, soon, NOW_MS),
+        FakeMessage("in", 0, 3, b"v", None, bad, NOW_MS),
+    ]
+    h.source._route(messages, mono_s)
+    cut = h.cut()
+    assert [r.offset for r in cut.expired] == [0]
+    assert [(r.offset, r.deadline_s) for r in cut.records] == [
+        (1, math.inf),
+        (2, pytest.approx(mono_s + 60)),
+        (3, math.inf),  # the invalid header is ignored
+    ]
+    invalid = h.metrics.counter_value(h.metrics.deadline_header_invalid, topic="in")
+    assert invalid == 1
+
+
+def test_source_applies_max_age_to_records_without_headers() -> None:
+    h = Harness(0)
+    h.lane.deadlines = Deadlines(max_age_ms=10_000)
+    h.consumer.schedule_assign([TP_IN])
+    h.poll()
+    h.source._wall_clock = lambda: NOW_MS / 1000
+    old = FakeMessage("in", 0, 0, b"v", None, None, NOW_MS - 15_000)
+    fresh = FakeMessage("in", 0, 1, b"v", None, None, NOW_MS - 5_000)
+    h.source._route([old, fresh], time.monotonic())
+    cut = h.cut()
+    assert [r.offset for r in cut.expired] == [0] and [r.offset for r in cut.records] == [1]
