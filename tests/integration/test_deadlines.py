@@ -20,6 +20,8 @@ from streamproc.workloads.trades import trade_messages
 from tests.integration.conftest import Topics, make_config, report
 from tests.support import counting
 
+pytestmark = pytest.mark.core
+
 RECORDS = 60
 
 
