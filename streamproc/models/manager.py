@@ -22,6 +22,7 @@ from streamproc.models.versions import ModelVersions
 log = get_logger(__name__)
 
 Mode = Literal["swap", "shadow", "drop"]
+_RESTORE = "restore"  # a rollback to a version that served well (not an operator's mode)
 TRANSIENT = frozenset({"busy", "source"})
 """Refusal reasons polling tries again (no room yet; the source unreachable or a download
 failed): the others (memory, load, warmup, contract) refuse the version for good."""
@@ -30,7 +31,7 @@ failed): the others (memory, load, warmup, contract) refuse the version for good
 @dataclass(frozen=True)
 class _Request:
     reference: str
-    mode: Mode
+    mode: Mode | Literal["restore"]
     answer: Future[dict[str, Any]]
 
 
@@ -88,6 +89,18 @@ class ModelManager:
             answer.set_exception(VersionRefused("stopped", "the pipeline's model thread stopped"))
             return answer
         self._requests.put(_Request(reference, mode, answer))
+        return answer
+
+    def restore(self, name: str) -> Future[dict[str, Any]]:
+        """Reload version ``name`` from the source and serve it from the next batch boundary
+        without probation (it served well before: the serving one was judged broken, see
+        :meth:`ModelVersions.judged_broken`); polling is not paused. The future as for
+        :meth:`request` (a refusal is logged here too)."""
+        answer: Future[dict[str, Any]] = Future()
+        if self._stopping.is_set():
+            answer.set_exception(VersionRefused("stopped", "the pipeline is stopping"))
+            return answer
+        self._requests.put(_Request(name, _RESTORE, answer))
         return answer
 
     def _run(self) -> None:
@@ -149,6 +162,13 @@ class ModelManager:
         self._last_error = None
 
     def _serve(self, request: _Request) -> dict[str, Any]:
+        if request.mode == _RESTORE:
+            try:
+                self._load_and_offer(request.reference, "swap", "rollback")
+            except VersionRefused as exc:
+                log.error("rollback version not loaded", pipeline=self.pipeline, error=str(exc))
+                raise
+            return {"pipeline": self.pipeline, "version": request.reference, "done": "pending"}
         answer = self._serve_request(request)
         if request.mode != "swap":
             return answer  # a shadow trial or a drop leaves the operator's pin as it is
@@ -167,6 +187,7 @@ class ModelManager:
         return answer
 
     def _serve_request(self, request: _Request) -> dict[str, Any]:
+        assert request.mode != _RESTORE
         versions = self.versions
         try:
             name = self._source.resolve(request.reference)
@@ -192,7 +213,10 @@ class ModelManager:
         return {"pipeline": self.pipeline, "version": name, "done": done}
 
     def _load_and_offer(
-        self, name: str, mode: Literal["swap", "shadow"], reason: Literal["new", "operator"]
+        self,
+        name: str,
+        mode: Literal["swap", "shadow"],
+        reason: Literal["new", "operator", "rollback"],
     ) -> None:
         versions = self.versions
         if name in versions.resident():
