@@ -31,7 +31,7 @@ MAX_DELAY_S = 5.0
 """The longest wait between two tries of a held batch (seconds)."""
 
 
-class HoldAbandoned(Exception):  # noqa: N818 (an outcome, not an error of the pipeline)
+class HoldAbandoned(Exception):
     """The worker closes while a batch is held: the batch is neither produced nor
     dead-lettered (its offsets stay uncommitted), its buffers are back."""
 

@@ -22,21 +22,21 @@ one model call and nothing else. When the call raises, the class of the error de
 
 **Broken model.** When :attr:`PartRunner.broken_after_rows` rows in a row failed (across
 batches, with no row succeeding in between: rows dead-lettered unresolved count too, unless a
-call on some rows of their batch succeeded), the model is judged broken. A model that fails on every row is a fault of the system, not of the records,
-so under the default policy ``hold`` no row of that batch is dead-lettered: :class:`ModelHeld`
-is raised and the device worker keeps the batch and tries it again with backoff (rebound to the
-serving version first: a rollback, or a new version, takes effect on it;
-:mod:`streamproc.device.hold`). Each try of a model judged broken runs the batch whole, then
-its first and last rows alone; if all three fail the batch is held again, else the model is
-no longer judged broken and the batch is narrowed down as any other. Under ``dead_letter`` a
-later failing batch is not bisected either: the same three calls, and if they fail the whole
-batch is dead-lettered (two poison rows at exactly those places while the model is judged
-broken are the one way a valid row of that batch is dead-lettered with them; under ``hold``
-that batch is held, and dead-lettered rows come only from batches the model ran partly).
-Under ``stop`` the verdict raises :class:`BrokenModelError`: the pipeline stops with a non-zero
-exit and the batch is neither produced nor dead-lettered (its offsets stay uncommitted). The
-rows that failed before the verdict (fewer than ``broken_after_rows``, in batches smaller than
-that) are poison rows as far as anyone can tell then, and are dead-lettered under every policy.
+call on some rows of their batch succeeded), the model is judged broken. A model that fails on
+every row is a fault of the system, not of the records, so under the default policy ``hold``
+no row of that batch is dead-lettered: :class:`ModelHeld` is raised and the device worker keeps
+the batch and tries it again with backoff (rebound to the serving version first: a rollback,
+or a new version, takes effect on it; :mod:`streamproc.device.hold`). Each try of a model
+judged broken runs the batch whole, then its first and last rows alone; if all three fail the
+batch is held again, else the model is no longer judged broken and the batch is narrowed down
+as any other. Under ``dead_letter`` a later failing batch is not bisected either: the same
+three calls, and if they fail the whole batch is dead-lettered (two poison rows at exactly
+those places while the model is judged broken are the one way a valid row of that batch is
+dead-lettered with them). Under ``stop`` the verdict raises :class:`BrokenModelError`: the
+pipeline stops with a non-zero exit and the batch is neither produced nor dead-lettered (its
+offsets stay uncommitted). Rows that failed before the verdict (fewer than
+``broken_after_rows``, in batches smaller than that) are poison rows as far as anyone can tell
+then, and are dead-lettered under every policy.
 
 Thread ownership: a :class:`PartRunner` and its :class:`BatchCap` belong to one device worker
 and are used on its device thread only (warm-up and the start-up timings run there too).

@@ -22,7 +22,6 @@ from streamproc.models.versions import ModelVersions
 log = get_logger(__name__)
 
 Mode = Literal["swap", "shadow", "drop"]
-_RESTORE = "restore"  # a rollback to a version that served well (not an operator's mode)
 TRANSIENT = frozenset({"busy", "source"})
 """Refusal reasons polling tries again (no room yet; the source unreachable or a download
 failed): the others (memory, load, warmup, contract) refuse the version for good."""
@@ -31,8 +30,9 @@ failed): the others (memory, load, warmup, contract) refuse the version for good
 @dataclass(frozen=True)
 class _Request:
     reference: str
-    mode: Mode | Literal["restore"]
+    mode: Mode
     answer: Future[dict[str, Any]]
+    restore: bool = False  # a rollback to a version that served well (not the operator's)
 
 
 class ModelManager:
@@ -100,7 +100,7 @@ class ModelManager:
         if self._stopping.is_set():
             answer.set_exception(VersionRefused("stopped", "the pipeline is stopping"))
             return answer
-        self._requests.put(_Request(name, _RESTORE, answer))
+        self._requests.put(_Request(name, "swap", answer, restore=True))
         return answer
 
     def _run(self) -> None:
@@ -162,7 +162,7 @@ class ModelManager:
         self._last_error = None
 
     def _serve(self, request: _Request) -> dict[str, Any]:
-        if request.mode == _RESTORE:
+        if request.restore:
             try:
                 self._load_and_offer(request.reference, "swap", "rollback")
             except VersionRefused as exc:
@@ -187,7 +187,6 @@ class ModelManager:
         return answer
 
     def _serve_request(self, request: _Request) -> dict[str, Any]:
-        assert request.mode != _RESTORE
         versions = self.versions
         try:
             name = self._source.resolve(request.reference)

@@ -324,9 +324,9 @@ class ModelVersions:
         its batch: when ``name`` serves, it is refused (polling never loads it again), counted
         (``streamproc_model_rollbacks_total{reason="broken"}``) and logged, and the newest
         other version that served well is returned, for the model thread to reload from the
-        source and switch to (None: ``name`` does not serve, was judged broken before, a switch
-        is pending already, or no other version served well; a predecessor still resident in probation is switched
-        back to at once instead)."""
+        source and switch to. None: ``name`` does not serve, was judged broken before, a switch
+        is pending already, or no other version served well; a predecessor still resident (in
+        probation) is switched back to at once instead."""
         with self._lock:
             if name != self._serving.name or name in self.refused or self._pending is not None:
                 return None  # not serving, told before, or a switch is on its way
@@ -343,7 +343,10 @@ class ModelVersions:
             self._metrics.model_rollbacks.labels(self.topic, "broken").inc()
             detail = f"rolled back to {target} (broken: it fails on every row)"
             log.warning(
-                "model version rolled back", topic=self.topic, version=name, reason="broken",
+                "model version rolled back",
+                topic=self.topic,
+                version=name,
+                reason="broken",
                 detail=detail,
             )
             self._event("rolled_back", name, detail)
