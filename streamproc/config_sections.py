@@ -397,8 +397,12 @@ class WorkerConfig(_Section):
     Model failures (``streamproc/device/recovery.py``): a batch whose model call raises is
     narrowed down to the rows that fail alone (only those are dead-lettered, stage ``model``).
     ``on_model_failure`` says what a model judged broken (failing for every row) does:
-    ``dead_letter`` (default: its rows are dead-lettered, as any failing row) or ``stop`` (the
-    pipeline stops with a non-zero exit, those rows uncommitted). A device out-of-memory error
+    ``hold`` (default: no row is dead-lettered; the batch is held and tried again with backoff,
+    on the last version that served well where the model source has one, else on the same
+    model, until a try runs; meanwhile the lane takes no batch, its partitions pause, ``/readyz``
+    is not ready; ``streamproc/device/hold.py``), ``dead_letter`` (its rows are dead-lettered,
+    as any failing row) or ``stop`` (the pipeline stops with a non-zero exit, those rows
+    uncommitted). A device out-of-memory error
     is never the rows' fault: the batch runs again in smaller parts and the batch cap falls;
     it doubles again after each ``oom_recovery_s`` seconds without one, up to the largest batch
     that fitted at warm-up.
@@ -421,7 +425,7 @@ class WorkerConfig(_Section):
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     priority_admission: bool = True
     priority_max_defer_ms: float = Field(default=250.0, ge=0, le=60_000)
-    on_model_failure: Literal["dead_letter", "stop"] = "dead_letter"
+    on_model_failure: Literal["hold", "dead_letter", "stop"] = "hold"
     oom_recovery_s: float = Field(default=30.0, gt=0)
 
     @field_validator("devices", mode="before")

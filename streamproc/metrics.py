@@ -279,6 +279,14 @@ class Metrics:
             _TOPIC_DEVICE,
             registry=reg,
         )
+        self.model_held = Gauge(
+            "streamproc_model_held",
+            "1 while the device holds a batch because the model is judged broken (failing "
+            "for every row; worker.on_model_failure hold): the lane takes no batch, nothing is "
+            "dead-lettered, the batch is tried again with backoff",
+            _TOPIC_DEVICE,
+            registry=reg,
+        )
         self.device_out_of_memory = Counter(
             "streamproc_device_out_of_memory",
             "Device out-of-memory errors of live batches (each re-run in smaller parts, never "
@@ -398,7 +406,9 @@ class Metrics:
         )
         self.model_rollbacks = Counter(
             "streamproc_model_rollbacks",
-            "Automatic rollbacks of a version in probation, by reason (errors, latency)",
+            "Automatic rollbacks, by reason: a version in probation (errors, latency), a version "
+            "judged broken after it (broken: the last version that served well reloaded), the "
+            "operator's (operator)",
             ("topic", "reason"),
             registry=reg,
         )

@@ -248,12 +248,16 @@ class Pipeline:
         return True, f"polled {since_s:.2f} s ago"
 
     def readiness(self) -> tuple[bool, str]:
-        """``/readyz``: running and owning at least one partition."""
+        """``/readyz``: running, owning at least one partition, and no device holding a batch
+        because its model is judged broken (:mod:`streamproc.device.hold`)."""
         if self.state is not State.RUNNING:
             return False, self.state.value
         assigned = self.source.assignment.assigned
         if not assigned:
             return False, "no partitions assigned"
+        held = [f"{w.label}: {w.hold.held}" for w in self.workers if w.hold.held is not None]
+        if held:
+            return False, "batch held, the model is judged broken: " + "; ".join(held)
         return True, f"{len(assigned)} partitions assigned"
 
     def idle(self) -> bool:

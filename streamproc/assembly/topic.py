@@ -28,6 +28,7 @@ from streamproc.device import (
 )
 from streamproc.device.dispatch import Dispatcher
 from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy
+from streamproc.device.hold import ModelHold
 from streamproc.device.placement import DeviceLoad
 from streamproc.device.precision import build_model
 from streamproc.device.recovery import Outcome
@@ -168,8 +169,17 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
         resequencer.put(result, release)
 
     workers = tuple(
-        build_device_worker(spec, fn, device, lane, staging, completed, shared)
-        for device, fn in zip(shared.devices, fns, strict=True)
+        build_device_worker(
+            spec,
+            fn,
+            device,
+            lane,
+            staging,
+            completed,
+            shared,
+            build_model_hold(topic, device.label, index, model, metrics),
+        )
+        for index, (device, fn) in enumerate(zip(shared.devices, fns, strict=True))
     )
     fused = None
     if fusable(shared.devices, shared.config.worker.fused_lane):
@@ -232,10 +242,11 @@ def build_device_worker(
     staging: StagingPool,
     completed: Callable[[DeviceResult, Release], None],
     shared: Shared,
+    hold: ModelHold,
 ) -> DeviceWorker:
     """The pipeline's worker on ``device`` with its own model instance (``model``: the
     workload's, or the serving version's on that device); ``completed`` gets each batch it
-    completes."""
+    completes; ``hold`` what it does while the model is judged broken."""
     worker, topic, admission = shared.config.worker, spec.input_topic, shared.admission
     return DeviceWorker(
         model,
@@ -255,7 +266,35 @@ def build_device_worker(
         oom_recovery_s=worker.oom_recovery_s,
         on_cap=cap_reporter(lane, device.label, shared),
         on_outcome=outcome_counter(topic, device.label, shared.metrics),
+        hold=hold,
     )
+
+
+def build_model_hold(
+    topic: str, device: str, index: int, model: VersionedModel | None, metrics: Metrics
+) -> ModelHold:
+    """The :class:`ModelHold` of the worker on ``device`` (index ``index`` among the lane's
+    devices): ``streamproc_model_held{topic,device}`` is 1 while it holds a batch; in a
+    versioned pipeline the version judged broken is rolled back to the last version that
+    served well (reloaded from the source by the model thread) and a held batch is rebound to
+    the serving version before each try (an unversioned one tries the same model again)."""
+    gauge = metrics.model_held.labels(topic, device)
+    gauge.set(0)
+
+    def held(version: str | None, error: str) -> None:
+        gauge.set(1)
+        if model is not None and version is not None:
+            target = model.versions.judged_broken(version)
+            if target is not None:
+                model.manager.restore(target)  # a refusal is logged by the model thread
+
+    def resumed(version: str | None, held_s: float) -> None:
+        gauge.set(0)
+
+    if model is None:
+        return ModelHold(device, held, resumed)
+    versions = model.versions
+    return ModelHold(device, held, resumed, lambda job: versions.rebind(job, index))
 
 
 def build_device_model(

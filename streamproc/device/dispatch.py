@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from streamproc.decode import Decoder
 from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Resequencer, StagingPool
 from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy, LaneRouter
+from streamproc.device.hold import HoldAbandoned
 from streamproc.device.placement import DeviceLoad
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import FlowControl
@@ -146,8 +147,11 @@ class Dispatcher:
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:
-        """Stop cutting batches (rings keep their records, uncommitted) and join."""
+        """Stop cutting batches (rings keep their records, uncommitted) and join; a batch a
+        worker holds (a model judged broken) is abandoned, uncommitted."""
         self._stop.set()
+        for worker in self._workers:
+            worker.halt()  # a fused lane holds on this thread
         self._lane.wake()
         self._load.wake()  # a dispatcher waiting for a device with room
         self._thread.join(timeout_s)
@@ -188,6 +192,8 @@ class Dispatcher:
                 if now_s >= self._next_stall_check_s:  # the lag thread checks every tick too
                     self._next_stall_check_s = now_s + STALL_CHECK_PERIOD_S
                     self._load.check_stalls()
+        except HoldAbandoned:
+            return  # stopping while a fused batch was held: it stays uncommitted
         except BaseException as exc:
             self._on_fatal(exc)
 

@@ -21,14 +21,22 @@ one model call and nothing else. When the call raises, the class of the error de
   not bisected forever).
 
 **Broken model.** When :attr:`PartRunner.broken_after_rows` rows in a row failed (across
-batches, with no row succeeding in between: rows dead-lettered unresolved count too), the model
-is judged broken. Under the policy ``dead_letter`` a later failing batch is then not bisected:
-its first and last rows are run alone, and if both fail the whole batch is dead-lettered (three
-calls per batch instead of up to the budget; two poison rows at exactly those places while the
-model is judged broken are the one way a valid row of that batch is dead-lettered with them); if
-either succeeds the model is no longer judged broken and the batch is bisected as above. Under
-``stop`` the verdict raises :class:`BrokenModelError`: the pipeline stops with a non-zero exit
-and the batch is neither produced nor dead-lettered (its offsets stay uncommitted).
+batches, with no row succeeding in between: rows dead-lettered unresolved count too, unless a
+call on some rows of their batch succeeded), the model is judged broken. A model that fails on
+every row is a fault of the system, not of the records, so under the default policy ``hold``
+no row of that batch is dead-lettered: :class:`ModelHeld` is raised and the device worker keeps
+the batch and tries it again with backoff (rebound to the serving version first: a rollback,
+or a new version, takes effect on it; :mod:`streamproc.device.hold`). Each try of a model
+judged broken runs the batch whole, then its first and last rows alone; if all three fail the
+batch is held again, else the model is no longer judged broken and the batch is narrowed down
+as any other. Under ``dead_letter`` a later failing batch is not bisected either: the same
+three calls, and if they fail the whole batch is dead-lettered (two poison rows at exactly
+those places while the model is judged broken are the one way a valid row of that batch is
+dead-lettered with them). Under ``stop`` the verdict raises :class:`BrokenModelError`: the
+pipeline stops with a non-zero exit and the batch is neither produced nor dead-lettered (its
+offsets stay uncommitted). Rows that failed before the verdict (fewer than
+``broken_after_rows``, in batches smaller than that) are poison rows as far as anyone can tell
+then, and are dead-lettered under every policy.
 
 Thread ownership: a :class:`PartRunner` and its :class:`BatchCap` belong to one device worker
 and are used on its device thread only (warm-up and the start-up timings run there too).
@@ -53,10 +61,10 @@ POISON_ROWS = 4
 
 BROKEN_AFTER_ROWS = 16
 """Rows failing in a row (none succeeding in between) after which the model is judged broken
-(or the slab's rows, if fewer)."""
+(under ``dead_letter`` and ``stop``: or the slab's rows, if fewer)."""
 
-OnModelFailure = Literal["dead_letter", "stop"]
-ON_MODEL_FAILURE: tuple[OnModelFailure, ...] = ("dead_letter", "stop")
+OnModelFailure = Literal["hold", "dead_letter", "stop"]
+ON_MODEL_FAILURE: tuple[OnModelFailure, ...] = ("hold", "dead_letter", "stop")
 
 
 class DeviceOutOfMemoryError(FatalPipelineError):
@@ -65,6 +73,22 @@ class DeviceOutOfMemoryError(FatalPipelineError):
 
 class BrokenModelError(FatalPipelineError):
     """The model fails for every row and ``worker.on_model_failure`` is ``stop``."""
+
+
+class ModelHeld(Exception):
+    """The model is judged broken and ``worker.on_model_failure`` is ``hold``: no row of the
+    batch is failed; the worker keeps the batch and tries it again (not an error of the
+    pipeline: it never reaches ``on_fatal``).
+
+    Attributes:
+        rows: the batch's rows.
+        error: the last error the model raised, as text.
+    """
+
+    def __init__(self, rows: int, error: str) -> None:
+        super().__init__(f"the model failed for every row of a batch of {rows}: {error}")
+        self.rows = rows
+        self.error = error
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -138,13 +162,16 @@ class Outcome:
         calls: model calls made (1 when the batch ran whole).
         isolated: rows that failed alone.
         out_of_memory: out-of-memory errors met (each part re-run in pieces).
-        broken: the model was judged broken on this batch (policy ``dead_letter``).
+        ran: rows that ran in a call that succeeded.
+        broken: the model was judged broken on this batch (policy ``dead_letter``; under
+            ``hold`` such a batch raises :class:`ModelHeld` instead).
     """
 
     failed: dict[int, str] = field(default_factory=dict)
     calls: int = 0
     isolated: int = 0
     out_of_memory: int = 0
+    ran: int = 0
     broken: bool = False
 
 
@@ -159,7 +186,7 @@ class PartRunner:
     Args:
         cap: the device's batch cap (lowered here on out-of-memory errors).
         rows: the staging slab's rows (the largest batch).
-        on_model_failure: ``dead_letter`` or ``stop`` (``worker.on_model_failure``).
+        on_model_failure: ``hold``, ``dead_letter`` or ``stop`` (``worker.on_model_failure``).
         release_memory: frees the device's cached memory before a re-run.
         on_cap: called with the new limit whenever the cap moves.
         oom_tries: tries of a one-row part before :class:`DeviceOutOfMemoryError`.
@@ -170,7 +197,7 @@ class PartRunner:
         self,
         cap: BatchCap,
         rows: int,
-        on_model_failure: OnModelFailure = "dead_letter",
+        on_model_failure: OnModelFailure = "hold",
         release_memory: Callable[[], None] = lambda: None,
         on_cap: Callable[[int], None] = lambda limit: None,
         oom_tries: int = 4,
@@ -182,7 +209,10 @@ class PartRunner:
             raise ValueError(f"on_model_failure must be one of {ON_MODEL_FAILURE}")
         self.cap = cap
         self.on_model_failure = on_model_failure
-        self.broken_after_rows = max(1, min(BROKEN_AFTER_ROWS, rows))
+        # under hold a verdict holds the lane: never on fewer rows than BROKEN_AFTER_ROWS (a
+        # lane of small batches would otherwise hold on one poison batch)
+        small = rows if on_model_failure != "hold" else BROKEN_AFTER_ROWS
+        self.broken_after_rows = max(1, min(BROKEN_AFTER_ROWS, small))
         self.broken = False
         self._failing_in_a_row = 0
         self._release_memory = release_memory
@@ -198,11 +228,12 @@ class PartRunner:
         Raises:
             DeviceOutOfMemoryError: one row does not fit on the device.
             BrokenModelError: the model is judged broken and the policy is ``stop``.
+            ModelHeld: the model is judged broken and the policy is ``hold`` (no row failed).
         """
         outcome = Outcome()
         failures = self._run_parts(0, n, call, outcome)
         if failures and self.broken:
-            failures = self._probe(failures, call, outcome)
+            failures = self._probe(n, failures, call, outcome)
         self._narrow(n, failures, call, outcome)
         self._judge(n, outcome)
         if self.cap.quiet(self._clock()):
@@ -224,6 +255,7 @@ class PartRunner:
             outcome.calls += 1
             error = _attempt(call, a, b)
             if error is None:
+                outcome.ran += b - a
                 continue
             if not error.startswith(_OOM_PREFIX):
                 failures.append(Failure(a, b, error))
@@ -245,15 +277,19 @@ class PartRunner:
         failures.sort(key=lambda f: f.lo)
         return failures
 
-    def _probe(self, failures: list[Failure], call: Call, outcome: Outcome) -> list[Failure]:
+    def _probe(
+        self, n: int, failures: list[Failure], call: Call, outcome: Outcome
+    ) -> list[Failure]:
         """The model is judged broken: run the first and last failing rows alone. Both fail:
-        every failing part is taken as failing whole (returned unchanged, not narrowed
-        further). Else the model works again: the failing parts minus the probed rows that
-        succeeded are returned for narrowing."""
+        under ``hold`` :class:`ModelHeld` is raised, else every failing part is taken as
+        failing whole (returned unchanged, not narrowed further). Else the model works again:
+        the failing parts minus the probed rows that succeeded are returned for narrowing."""
         first, last = failures[0], failures[-1]
         rows = sorted({first.lo, last.hi - 1})
         probed = {row: self._run_parts(row, row + 1, call, outcome) for row in rows}
         if all(probed.values()):
+            if self.on_model_failure == "hold":
+                raise ModelHeld(n, last.error)
             outcome.broken = True
             for part in failures:
                 for row in range(part.lo, part.hi):
@@ -300,7 +336,7 @@ class PartRunner:
     def _judge(self, n: int, outcome: Outcome) -> None:
         """Count rows failing in a row; judge the model broken past ``broken_after_rows``."""
         failed = len(outcome.failed)
-        if failed < n:  # some row succeeded
+        if failed < n or outcome.ran:  # some row succeeded (its part, if unresolved, failed)
             self._failing_in_a_row = 0
             if not outcome.broken:
                 self.broken = False
@@ -315,6 +351,8 @@ class PartRunner:
                 "worker.on_model_failure is stop"
             )
         self.broken = True
+        if self.on_model_failure == "hold":
+            raise ModelHeld(n, next(iter(outcome.failed.values())))
 
 
 _OOM_PREFIX = "out of memory: "

@@ -36,7 +36,11 @@ A model call that raises is handled at launch, on the launching thread, by the w
 :class:`~streamproc.device.recovery.PartRunner` (one code path on every backend): out-of-memory
 errors re-run the batch in smaller parts and lower the worker's
 :class:`~streamproc.device.recovery.BatchCap` (the lane cuts no larger batches until it rises
-again); other errors are narrowed down to the rows that fail alone.
+again); other errors are narrowed down to the rows that fail alone. A model judged broken under
+``worker.on_model_failure: hold`` (the default) fails no row: the launching thread keeps the
+batch and tries it again with backoff, rebound to the version serving now, until a try runs
+(:mod:`streamproc.device.hold`); a close ends the wait at once (the batch abandoned,
+uncommitted).
 
 In-flight batches are bounded by the caller (the lane's
 :class:`~streamproc.device.placement.DeviceLoad` counts a batch from placement until
@@ -60,10 +64,11 @@ from streamproc.device import warmup
 from streamproc.device.admission import AdmissionGate
 from streamproc.device.backend import DeviceBackend, Event, backend_for, service_s
 from streamproc.device.completion import EventWaiters
+from streamproc.device.hold import HoldAbandoned, ModelHold
 from streamproc.device.jobs import DeviceJob, DeviceResult, Release
 from streamproc.device.launch import Launched, Launcher
 from streamproc.device.outputs import OutputSets
-from streamproc.device.recovery import BatchCap, OnModelFailure, Outcome, PartRunner
+from streamproc.device.recovery import BatchCap, ModelHeld, OnModelFailure, Outcome, PartRunner
 from streamproc.device.staging import PoolLeak, StagingPool
 from streamproc.errors import FatalPipelineError
 from streamproc.logs import get_logger
@@ -98,14 +103,16 @@ class DeviceWorker:
             while a more urgent lane's batch is pending and runs a call told to yield as the
             backend yields (a CPU: half its intra-op threads; see
             :mod:`streamproc.device.admission`).
-        on_model_failure: ``worker.on_model_failure`` (``dead_letter`` or ``stop``: what a
-            model judged broken does; see :mod:`streamproc.device.recovery`).
+        on_model_failure: ``worker.on_model_failure`` (``hold``, ``dead_letter`` or ``stop``:
+            what a model judged broken does; see :mod:`streamproc.device.recovery`).
         oom_recovery_s: quiet seconds after an out-of-memory error before the batch cap
             doubles again (``worker.oom_recovery_s``).
         on_cap: called with the worker's batch cap (rows) whenever it moves (warm-up, an
             out-of-memory error, recovery); the lane cuts no larger batches.
         on_outcome: called on the device thread with the :class:`Outcome` of each batch whose
             model call raised (metrics).
+        hold: what a batch held under ``hold`` does (its hooks: metrics, rollback, rebind;
+            default: a :class:`~streamproc.device.hold.ModelHold` without hooks).
 
     Raises:
         ValueError: ``backend`` runs on another device than ``device``.
@@ -123,10 +130,11 @@ class DeviceWorker:
         backend: DeviceBackend | None = None,
         label: str | None = None,
         gate: AdmissionGate | None = None,
-        on_model_failure: OnModelFailure = "dead_letter",
+        on_model_failure: OnModelFailure = "hold",
         oom_recovery_s: float = 30.0,
         on_cap: Callable[[int], None] | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
+        hold: ModelHold | None = None,
     ) -> None:
         self.backend = backend if backend is not None else backend_for(device, streams)
         if self.backend.device != device:
@@ -159,6 +167,8 @@ class DeviceWorker:
         self._cond = threading.Condition()
         self._unfinished = 0  # batches submitted and not yet released (under _cond)
         self._stopping = False
+        self.hold = hold or ModelHold(self.label)
+        self._halt = threading.Event()  # set by halt()/close(): a held batch stops waiting
         self._last_done: Event | None = None  # the thread completing batches owns it
         self._threads = [self._thread(self._launch_loop, "device")]
         self._waiters: EventWaiters | None = None
@@ -308,6 +318,9 @@ class DeviceWorker:
                 continue
             try:
                 item = self._launch_one(job)
+            except HoldAbandoned:
+                stopped = True  # closing: what is queued behind it is dropped too
+                continue
             except FatalPipelineError as exc:
                 stopped = True
                 self.on_fatal(exc)
@@ -323,17 +336,44 @@ class DeviceWorker:
                 not one row fits): the batch is neither produced nor dead-lettered (its offsets
                 stay uncommitted) and its buffers are back, given once no copy of it can be in
                 flight.
+            HoldAbandoned: the batch was held and the worker closes (buffers back as above).
         """
         slot = self.outputs.take(job.batch.batch_id)
-        launch = self._launch if self._gate is None else self._admitted_launch
         try:
-            return launch(job, slot)
-        except FatalPipelineError:
+            return self._launch_until_it_runs(job, slot)
+        except (FatalPipelineError, HoldAbandoned):
             with contextlib.suppress(Exception):  # a broken device: give them back anyway
                 self.backend.synchronize()
             self.pool.release(job.slab)
             self._releaser(slot)()
             raise
+
+    def _launch_until_it_runs(self, job: DeviceJob, slot: int) -> Launched:
+        """Launch ``job`` into output set ``slot``; while the model is judged broken under
+        ``hold`` (:class:`ModelHeld`), wait the hold's backoff, rebind and launch it again.
+
+        Raises:
+            FatalPipelineError: see :meth:`_launch_one`.
+            HoldAbandoned: :meth:`halt` (or :meth:`close`) ended the wait.
+        """
+        launch = self._launch if self._gate is None else self._admitted_launch
+        while True:
+            try:
+                item = launch(job, slot)
+            except ModelHeld as exc:
+                if self._halt.wait(self.hold.failed(job, exc.error)):
+                    raise HoldAbandoned(f"device worker {self.label} closed") from None
+                self.hold.retry(job)
+                if self._gate is not None:  # each try is announced, admitted and finished
+                    self._gate.announce(job.batch.priority)
+                continue
+            self.hold.ran(job)
+            return item
+
+    def halt(self) -> None:
+        """A batch held now (or later) stops waiting for the model: it is abandoned,
+        uncommitted (the pipeline drains; any thread, idempotent)."""
+        self._halt.set()
 
     def _drop(self, job: DeviceJob) -> None:
         """A batch queued after a fatal error: never launched, its slab given back."""
@@ -371,6 +411,8 @@ class DeviceWorker:
             RuntimeError: the backend is not synchronous (CUDA keeps its device thread).
             FatalPipelineError: the pipeline must stop (see :class:`PartRunner`); the batch's
                 slab and output buffer set are back.
+            HoldAbandoned: the batch was held (a model judged broken under ``hold``) and
+                :meth:`halt` ended the wait; its buffers are back.
         """
         if not self.backend.synchronous:
             raise RuntimeError(f"device worker {self.label}: run_here needs a synchronous backend")
@@ -456,6 +498,7 @@ class DeviceWorker:
         if self._stopping:
             return
         deadline_s = time.monotonic() + timeout_s
+        self.halt()
         self._jobs.put(None)
         if self._threads[0].ident is not None:
             self._threads[0].join(timeout_s)

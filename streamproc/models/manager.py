@@ -46,6 +46,7 @@ class _Request:
     reference: str
     mode: Mode
     answer: Future[dict[str, Any]]
+    restore: bool = False  # a rollback to a version that served well (not the operator's)
 
 
 def without_locals(error: BaseException) -> BaseException:
@@ -126,6 +127,18 @@ class ModelManager:
             answer.set_exception(VersionRefused("stopped", "the pipeline's model thread stopped"))
             return answer
         self._requests.put(_Request(reference, mode, answer))
+        return answer
+
+    def restore(self, name: str) -> Future[dict[str, Any]]:
+        """Reload version ``name`` from the source and serve it from the next batch boundary
+        without probation (it served well before: the serving one was judged broken, see
+        :meth:`ModelVersions.judged_broken`); polling is not paused. The future as for
+        :meth:`request` (a refusal is logged here too)."""
+        answer: Future[dict[str, Any]] = Future()
+        if self._stopping.is_set():
+            answer.set_exception(VersionRefused("stopped", "the pipeline is stopping"))
+            return answer
+        self._requests.put(_Request(name, "swap", answer, restore=True))
         return answer
 
     def _run(self) -> None:
@@ -222,6 +235,13 @@ class ModelManager:
         self.versions.refused.discard(name)
 
     def _serve(self, request: _Request) -> dict[str, Any]:
+        if request.restore:
+            try:
+                self._load_and_offer(request.reference, "swap", "rollback")
+            except VersionRefused as exc:
+                log.error("rollback version not loaded", pipeline=self.pipeline, error=str(exc))
+                raise
+            return {"pipeline": self.pipeline, "version": request.reference, "done": "pending"}
         answer = self._serve_request(request)
         if request.mode != "swap":
             return answer  # a shadow trial or a drop leaves the operator's pin as it is
@@ -266,7 +286,10 @@ class ModelManager:
         return {"pipeline": self.pipeline, "version": name, "done": done}
 
     def _load_and_offer(
-        self, name: str, mode: Literal["swap", "shadow"], reason: Literal["new", "operator"]
+        self,
+        name: str,
+        mode: Literal["swap", "shadow"],
+        reason: Literal["new", "operator", "rollback"],
     ) -> None:
         versions = self.versions
         if name in versions.resident():

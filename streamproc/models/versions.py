@@ -14,7 +14,15 @@ waiting for the next batch boundary. Who calls what (one lock guards the state):
   go), and under exactly-once a transaction boundary where the version changes (no
   transaction holds results of two versions of a pipeline);
 * the ``models-<pipeline>`` thread (:mod:`streamproc.models.manager`): :meth:`offer` a loaded
-  version, :meth:`use` for the operator, :meth:`state` for the admin endpoint.
+  version, :meth:`use` for the operator, :meth:`state` for the admin endpoint;
+* the launching thread of a batch held because the model was judged broken
+  (:mod:`streamproc.device.hold`): :meth:`judged_broken` (the serving version is refused and the
+  last version that served well named, for the model thread to reload from the source), and
+  :meth:`rebind` before each try (a pending switch takes effect there, as at a cut).
+
+A version *served well* once it produced a batch outside probation (the version serving at
+start-up from its first batch, a new one once its probation passed); the names are kept in the
+order they last served.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ from streamproc.models.loading import LoadedVersion, VersionRefused
 log = get_logger(__name__)
 
 SwitchReason = Literal["new", "promoted", "operator", "rollback"]
+SERVED_WELL_KEPT = 8
+"""Names of versions that served well kept (the newest; the rollback targets)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class ModelVersions:
         self._recent = self._new_recent()
         self._shadow_first = False  # the dispatcher's: which call runs first on the next shadow
         self.refused: set[str] = set()  # refused or rolled back: polling skips them
+        self._served_well: deque[str] = deque(maxlen=SERVED_WELL_KEPT)  # oldest first
         self.events: deque[ModelEvent] = deque(maxlen=100)
         # written by the results thread (under the lock: state() reads them): the version of
         # the last batch produced and when; the gaps between batches (the switch's pause is
@@ -254,6 +265,10 @@ class ModelVersions:
                     self._end_probation()
             elif not result.raised and result.error is None:
                 self._recent.add(per_row_s)
+                if not self._served_well or self._served_well[-1] != bound:
+                    if bound in self._served_well:
+                        self._served_well.remove(bound)
+                    self._served_well.append(bound)
         shadow = result.shadow
         candidate, record = self._candidate, self._shadow
         if (
@@ -301,6 +316,51 @@ class ModelVersions:
                 version=self._serving.name,
                 released=previous.name,
             )
+
+    # -- a held batch's launching thread ----------------------------------------------------
+
+    def judged_broken(self, name: str) -> str | None:
+        """The device worker judged version ``name`` broken (failing for every row) and holds
+        its batch: when ``name`` serves, it is refused (polling never loads it again), counted
+        (``streamproc_model_rollbacks_total{reason="broken"}``) and logged, and the newest
+        other version that served well is returned, for the model thread to reload from the
+        source and switch to. None: ``name`` does not serve, was judged broken before, a switch
+        is pending already, or no other version served well; a predecessor still resident (in
+        probation) is switched back to at once instead."""
+        with self._lock:
+            if name != self._serving.name or name in self.refused or self._pending is not None:
+                return None  # not serving, told before, or a switch is on its way
+            if self._previous is not None:  # in probation: its predecessor is resident
+                target: str | None = self._previous.name
+                self._pending = (self._previous, "rollback")
+            else:
+                good = [v for v in self._served_well if v != name and v not in self.refused]
+                target = good[-1] if good else None
+            if target is None:
+                self._event("broken", name, "fails on every row; no other version served well")
+                return None
+            self.refused.add(name)
+            self._metrics.model_rollbacks.labels(self.topic, "broken").inc()
+            detail = f"rolled back to {target} (broken: it fails on every row)"
+            log.warning(
+                "model version rolled back",
+                topic=self.topic,
+                version=name,
+                reason="broken",
+                detail=detail,
+            )
+            self._event("rolled_back", name, detail)
+            return None if self._pending is not None else target
+
+    def rebind(self, job: DeviceJob, device: int) -> None:
+        """Bind a held ``job`` (on device index ``device``) to the version serving now, a
+        pending switch first (the batches cut after it are bound to the old version or to
+        this one, never to an older one: per partition the version still changes once);
+        never shadowed."""
+        with self._lock:
+            if self._pending is not None:
+                self._switch(*self._pending)
+            job.binding = self._bindings[device][0]
 
     # -- the models thread ------------------------------------------------------------------
 

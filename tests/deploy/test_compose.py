@@ -40,6 +40,7 @@ METRICS = {
     "streamproc_gpu_memory_used_bytes",
     "streamproc_device_stalled",
     "streamproc_model_rollbacks_total",
+    "streamproc_model_held",
 }
 
 
@@ -188,6 +189,7 @@ def test_prometheus_scrapes_streamproc() -> None:
         "StreamprocPartitionsStalled",
         "StreamprocNotReady",
         "StreamprocModelRolledBack",
+        "StreamprocModelBroken",
     }
     for rule in rules:
         assert set(re.findall(r"streamproc_[a-z_]+", rule["expr"])) <= {
@@ -242,7 +244,11 @@ def test_alert_rules_have_promtool_unit_tests_for_lag_and_stalled_partitions() -
         for case in test["alert_rule_test"]
         if case["exp_alerts"]
     }
-    assert {"StreamprocConsumerLagGrowing", "StreamprocPartitionsStalled"} <= fired
+    assert {
+        "StreamprocConsumerLagGrowing",
+        "StreamprocPartitionsStalled",
+        "StreamprocModelBroken",
+    } <= fired
 
 
 def test_partitions_that_never_received_a_record_count_as_committed() -> None:

@@ -20,6 +20,7 @@ from streamproc.output.headers import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION,
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.verify import read_topic, verify
 from tests.integration.conftest import Topics, end_offset_total, report, wait_for
+from tests.support import faulty
 
 pytestmark = pytest.mark.models
 
@@ -113,6 +114,58 @@ def test_poison_rows_alone_are_dead_lettered_and_their_batches_get_results(
     assert metric(pipeline, "streamproc_model_isolated_rows_total", topic) == 2
     retries = metric(pipeline, "streamproc_model_retry_calls_total", topic)
     assert 0 < retries <= 2 * 2 * math.ceil(math.log2(32))  # 2 poison rows, batches <= 32
+
+
+def test_a_broken_builtin_model_holds_the_lane_dead_letters_nothing_and_resumes_by_itself(
+    bootstrap_servers: str, topics: Topics
+) -> None:
+    total = 600
+    config = config_for(
+        bootstrap_servers,
+        topics,
+        "tests.support.faulty:switchable",
+        processing_guarantee="exactly_once",
+        buffers={"ring_capacity": 32},  # 200 records per partition fill the rings: paused
+    )
+    pipeline = Pipeline(config)
+    topic = topics.input
+    summary: list[RunSummary] = []
+    runner = threading.Thread(target=lambda: summary.append(pipeline.run()))
+    faulty.BROKEN.set()  # the model loads and warms up, then fails on every row
+    try:
+        runner.start()
+        produce_values(bootstrap_servers, topic, [float(i + 1) for i in range(total)])
+        wait_for(lambda: metric(pipeline, "streamproc_model_held", topic) == 1, 120, "a hold")
+        registry = pipeline.metrics.registry
+        wait_for(
+            lambda: (registry.get_sample_value("streamproc_paused_partitions") or 0) >= 1,
+            120,
+            "partitions paused",
+        )
+        ready, why = pipeline.readiness()
+        assert not ready and "device lost" in why, why
+        assert end_offset_total(bootstrap_servers, topics.output) == 0  # nothing produced
+        committed = verify(bootstrap_servers, topic, topics.output, topics.dlq, topics.group)
+        assert committed.dead_lettered == 0 and committed.results == 0
+        assert all(offset <= 0 for offset in committed.committed.values())  # no result yet
+        faulty.BROKEN.clear()  # the model works again: the held batch runs, the lane resumes
+        wait_for(
+            lambda: end_offset_total(bootstrap_servers, topics.output) >= total,
+            180,
+            f"{total} results",
+        )
+        assert metric(pipeline, "streamproc_model_held", topic) == 0
+        assert pipeline.readiness()[0]
+    finally:
+        faulty.BROKEN.clear()
+        pipeline.request_stop()
+        runner.join(120)
+    assert summary and summary[0].exit_code == 0, summary
+    verdict = verify(bootstrap_servers, topic, topics.output, topics.dlq, topics.group)
+    report("a builtin model broken for a while, hold", verdict)
+    assert verdict.inputs == total and verdict.results == total and verdict.dead_lettered == 0
+    assert verdict.missing == [] and verdict.duplicates == 0 and verdict.committed_equals_end
+    assert metric(pipeline, "streamproc_model_broken_batches_total", topic) == 0
 
 
 @pytest.mark.parametrize("policy", ["dead_letter", "stop"])

@@ -26,7 +26,8 @@ from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.model_admin import AdminCallFailed, models_state, use_version
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import TopicDump, Verdict, read_topic, verify
-from tests.integration.conftest import Topics, report, wait_for
+from tests.integration.conftest import Topics, end_offset_total, report, wait_for
+from tests.support import model_versions
 from tests.support.model_versions import iot_module, write_version
 
 pytestmark = pytest.mark.models
@@ -304,6 +305,91 @@ def test_a_version_that_raises_once_serving_is_rolled_back_automatically(
     state = manager.versions.state()
     assert state["serving"] == "1" and "3" in state["refused"]
     assert any(e["kind"] == "rolled_back" and e["version"] == "3" for e in state["events"])
+
+
+def test_a_version_that_served_well_then_breaks_is_rolled_back_and_dead_letters_nothing(
+    bootstrap_servers: str, topics: Topics, repository: Path
+) -> None:
+    """Issue 39: version 2 passed its probation, then raised on every call; by default no row
+    goes to the dead-letter topic: version 1 is reloaded from the repository and serves."""
+    config = versioned_config(
+        bootstrap_servers,
+        topics,
+        repository,
+        guarantee="exactly_once",
+        version="latest",
+        poll_interval_s=0.2,
+        rollback={"window_batches": 5, "min_batches": 2},
+    )
+    pipeline = Pipeline(config)
+    topic = topics.input
+    versions = pipeline.stages.managers[0].versions
+    registry = pipeline.metrics.registry
+    summary: list[RunSummary] = []
+    runner = threading.Thread(target=lambda: summary.append(pipeline.run()))
+    produced = 0
+
+    def feed(count: int) -> None:
+        nonlocal produced
+        produce("iot", topic, bootstrap_servers, partitions=3, limit=count, progress=False)
+        produced += count
+
+    def passed_probation(name: str) -> bool:
+        feed(32)  # traffic while waiting: the new version serves its window
+        events = versions.state()["events"]
+        return any(e["kind"] == "probation_passed" and e["version"] == name for e in events)
+
+    try:
+        runner.start()
+        feed(300)
+        wait_for(
+            lambda: (
+                (
+                    registry.get_sample_value(
+                        "streamproc_model_batches_total", {"topic": topic, "version": "1"}
+                    )
+                    or 0
+                )
+                >= 3
+            ),
+            120,
+            "batches of version 1",
+        )
+        write_version(repository, "2", "tests.support.model_versions:breaks_on_signal")
+        wait_for(lambda: passed_probation("2"), 180, "version 2 through its probation")
+        assert versions.resident() == ("2",)  # version 1 let go: only the source has it
+        model_versions.BREAK.set()  # version 2 raises on every call from now on
+        feed(1500)
+        wait_for(
+            lambda: end_offset_total(bootstrap_servers, topics.output) >= produced,
+            180,
+            f"{produced} results",
+        )
+    finally:
+        model_versions.BREAK.clear()
+        pipeline.request_stop()
+        runner.join(120)
+    assert summary and summary[0].exit_code == 0, summary
+    outputs, verdict = verified(bootstrap_servers, topics)
+    report("a version that served well breaks, exactly-once, hold", verdict)
+    assert verdict.inputs == produced and verdict.results == produced
+    assert verdict.dead_lettered == 0  # not one valid record dead-lettered
+    assert verdict.missing == [] and verdict.duplicates == 0 and verdict.committed_equals_end
+    for partition, seq in versions_by_partition(outputs).items():
+        names = [name for _, name in seq]
+        assert names[0] == "1" and names[-1] == "1" and "2" in names, partition
+    state = versions.state()
+    assert state["serving"] == "1" and "2" in state["refused"]
+    assert any(e["kind"] == "rolled_back" and e["version"] == "2" for e in state["events"])
+    assert (
+        registry.get_sample_value(
+            "streamproc_model_rollbacks_total", {"topic": topic, "reason": "broken"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value("streamproc_model_held", {"topic": topic, "device": "cpu:0"}) == 0
+    )
 
 
 @pytest.mark.parametrize("same_weights", [False, True])

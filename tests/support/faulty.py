@@ -7,6 +7,9 @@ with ``y = 2x``. The row of a message is ``(1,) float32``.
   value ``poison`` (default 666): a row the model cannot handle;
 * ``tests.support.faulty:broken``: the model raises for every batch of real input (a batch of
   zeros, the warm-up's, runs: the model loads, then fails on every row it is given);
+* ``tests.support.faulty:switchable``: the model raises for every batch of real input while
+  :data:`BROKEN` is set (a model that breaks and comes back: a device or a mount that went
+  away for a while);
 * ``tests.support.faulty:out_of_memory``: the model raises ``torch.OutOfMemoryError`` for
   batches of more than ``fits`` rows, always, or (with ``pressure_file``) only while that
   file exists (memory pressure that comes and goes).
@@ -14,6 +17,7 @@ with ``y = 2x``. The row of a message is ``(1,) float32``.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +72,16 @@ class Broken(Doubling):
             raise RuntimeError("weights missing: the model cannot run")
 
 
+BROKEN = threading.Event()
+"""Set: every :class:`Switchable` model raises on real input (the tests clear it)."""
+
+
+class Switchable(Doubling):
+    def check(self, batch: torch.Tensor) -> None:
+        if BROKEN.is_set() and bool(batch.any()):
+            raise RuntimeError("device lost: the model cannot run")
+
+
 class OutOfMemory(Doubling):
     def __init__(self, fits: int, pressure_file: str | None) -> None:
         self.fits = fits
@@ -87,6 +101,10 @@ def poison(value: float = 666.0) -> Workload:
 
 def broken() -> Workload:
     return Broken()
+
+
+def switchable() -> Workload:
+    return Switchable()
 
 
 def out_of_memory(fits: int = 12, pressure_file: str | None = None) -> Workload:

@@ -7,6 +7,8 @@ autoencoder (TorchScript), one with other weights, and ones that fail on purpose
 * plug-in versions (``version.json``): :func:`fails_on_live` runs the autoencoder on the
   warm-up's zeros (every row the same) and raises on live batches (rows that differ): a
   version that loads and warms up, then fails; :func:`raises_always` fails its warm-up;
+  :func:`breaks_on_signal` serves as the autoencoder until :data:`BREAK` is set, then raises
+  on every call (a version that served well, then broke: its weights' storage went away);
 * :func:`write_version`: ``<repository>/<model>/<version>/`` written as a model repository is
   updated live (a ``.tmp`` folder renamed into place).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -59,6 +62,29 @@ class RaisesAlways(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("this version is broken")
+
+
+BREAK = threading.Event()
+"""Set: every :class:`BreaksOnSignal` raises on every call (the tests clear it)."""
+
+
+class BreaksOnSignal(torch.nn.Module):
+    """The autoencoder, raising on every call while :data:`BREAK` is set."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if BREAK.is_set():
+            raise RuntimeError("this version broke: its weights are gone")
+        out: torch.Tensor = self.inner(x)
+        return out
+
+
+def breaks_on_signal(device: torch.device) -> torch.nn.Module:
+    """Plug-in factory (``version.json``): :class:`BreaksOnSignal` around the autoencoder."""
+    return BreaksOnSignal(IotWorkload().load_module(device))
 
 
 def fails_on_live(device: torch.device) -> torch.nn.Module:

@@ -50,6 +50,7 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_model_retry_calls", "counter"),
     ("streamproc_model_isolated_rows", "counter"),
     ("streamproc_model_broken_batches", "counter"),
+    ("streamproc_model_held", "gauge"),
     ("streamproc_device_out_of_memory", "counter"),
     ("streamproc_batch_size_cap", "gauge"),
     ("streamproc_model_serving", "gauge"),

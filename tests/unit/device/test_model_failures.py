@@ -21,11 +21,14 @@ import torch
 
 from streamproc.config import load_config
 from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Release, StagingPool
+from streamproc.device.binding import ModelBinding
+from streamproc.device.hold import ModelHold
 from streamproc.device.recovery import (
     POISON_ROWS,
     BatchCap,
     BrokenModelError,
     DeviceOutOfMemoryError,
+    ModelHeld,
     PartRunner,
 )
 from streamproc.errors import ConfigError, ModelError
@@ -78,14 +81,25 @@ def test_only_the_rows_that_fail_alone_are_failed_within_two_calls_per_level(
 def test_a_batch_where_most_rows_fail_is_not_bisected_forever() -> None:
     n = 64
     call, _ = failing_on(set(range(0, n, 2)))  # every other row
-    outcome = PartRunner(BatchCap(n, 30.0), n).run(n, call)
+    outcome = PartRunner(BatchCap(n, 30.0), n, "dead_letter").run(n, call)
     assert outcome.calls - 1 <= POISON_ROWS * 2 * math.ceil(math.log2(n))
     assert set(range(0, n, 2)) <= set(outcome.failed)  # every failing row is dead-lettered
 
 
+def test_under_hold_a_batch_where_no_call_succeeded_is_held_once_then_narrowed() -> None:
+    n = 64
+    runner = PartRunner(BatchCap(n, 30.0), n)
+    call, _ = failing_on(set(range(0, n, 2)))  # every other row: the budget ends before a
+    with pytest.raises(ModelHeld):  # call succeeds, which looks like a broken model
+        runner.run(n, call)
+    again = runner.run(n, call)  # the try again: its last row runs alone, the model works
+    assert set(range(0, n, 2)) <= set(again.failed) and n - 1 not in again.failed
+    assert not runner.broken
+
+
 def test_a_broken_model_dead_letters_every_row_and_then_costs_three_calls_per_batch() -> None:
     n = 32
-    runner = PartRunner(BatchCap(n, 30.0), n)
+    runner = PartRunner(BatchCap(n, 30.0), n, on_model_failure="dead_letter")
     call, calls = failing_on(set(range(n)))
     first = runner.run(n, call)
     assert set(first.failed) == set(range(n)) and runner.broken
@@ -110,6 +124,34 @@ def test_a_broken_model_under_stop_raises_instead_of_dead_lettering() -> None:
     # poison rows never stop it
     call, _ = failing_on({3})
     assert set(PartRunner(BatchCap(16, 30.0), 16, "stop").run(16, call).failed) == {3}
+
+
+def test_a_broken_model_under_hold_fails_no_row_and_then_costs_three_calls_per_try() -> None:
+    n = 32
+    runner = PartRunner(BatchCap(n, 30.0), n)  # the default policy: hold
+    assert runner.on_model_failure == "hold"
+    call, calls = failing_on(set(range(n)))
+    with pytest.raises(ModelHeld, match="cannot handle row") as held:
+        runner.run(n, call)  # judged broken on this batch: no row is failed
+    assert runner.broken and held.value.rows == n
+    for _ in range(3):  # the worker tries the batch again: still broken
+        calls.clear()
+        with pytest.raises(ModelHeld):
+            runner.run(n, call)
+        assert len(calls) == 3  # the batch, its first row, its last row
+    call, calls = failing_on(set())  # the model works again (or another version serves)
+    again = runner.run(n, call)
+    assert again.failed == {} and not runner.broken
+    # poison rows are isolated as before, never held
+    call, _ = failing_on({3, 20})
+    assert set(runner.run(n, call).failed) == {3, 20}
+
+
+def test_fewer_rows_than_the_verdict_needs_are_failed_not_held() -> None:
+    runner = PartRunner(BatchCap(64, 30.0), 64)
+    call, _ = failing_on(set(range(3)))
+    assert set(runner.run(3, call).failed) == {0, 1, 2}  # three poison rows in a row
+    assert not runner.broken
 
 
 class Clock:
@@ -312,6 +354,102 @@ def test_worker_under_stop_stops_on_a_broken_model_without_completing_the_batch(
     assert h.pool.in_use == 0 and h.worker.output_leak().missing == 0
 
 
+class Switch:
+    """A model check that raises on real input (the warm-up's zeros run) while ``broken``."""
+
+    def __init__(self) -> None:
+        self.broken = threading.Event()
+        self.broken.set()
+
+    def __call__(self, x: torch.Tensor) -> None:
+        if self.broken.is_set() and x.abs().sum() > 0:
+            raise RuntimeError("weights missing")
+
+
+class HoldLog:
+    """A :class:`ModelHold` whose hooks record what happened; ``held`` is set on a hold."""
+
+    def __init__(self, first_delay_s: float = 0.01, **hooks: object) -> None:
+        self.events: list[tuple[str, str | None]] = []
+        self.errors: list[str] = []
+        self.held = threading.Event()
+        self.hold = ModelHold(
+            "cpu:0",
+            on_held=self.on_held,
+            on_resumed=lambda version, held_s: self.events.append(("resumed", version)),
+            first_delay_s=first_delay_s,
+            max_delay_s=4 * first_delay_s,
+            **hooks,  # type: ignore[arg-type]
+        )
+
+    def on_held(self, version: str | None, error: str) -> None:
+        self.events.append(("held", version))
+        self.errors.append(error)
+        self.held.set()
+
+
+def test_worker_under_hold_keeps_the_batch_until_the_model_works_and_fails_no_row() -> None:
+    switch, log = Switch(), HoldLog()
+    h = Harness(doubling(switch), hold=log.hold)
+    h.worker.start()
+    try:
+        h.submit(1, [1.0] * 20)
+        h.submit(2, [3.0] * 5)
+        assert log.held.wait(30), "the batch was never held"
+        assert log.hold.held is not None and "weights missing" in log.hold.held
+        assert h.results.empty()  # neither produced nor dead-lettered while held
+        switch.broken.clear()  # the model works again: the same batch runs
+        first, second = h.result(), h.result()
+    finally:
+        h.worker.close()
+    assert not h.fatal
+    assert first.batch.batch_id == 1 and first.failed == {} and first.error is None
+    assert first.outputs[0].tolist() == [2.0] * 20
+    assert second.failed == {} and second.outputs[0].tolist() == [6.0] * 5
+    assert log.hold.held is None and log.events == [("held", None), ("resumed", None)]
+    assert "weights missing" in log.errors[0]
+    assert h.pool.in_use == 0 and h.worker.output_leak().missing == 0
+
+
+def test_worker_under_hold_runs_the_batch_on_the_version_the_rebind_gives() -> None:
+    switch = Switch()  # broken for good: only another version runs the batch
+    working = ModelBinding("1", doubling(no_poison))
+
+    def rebind(job: DeviceJob) -> None:
+        if log.held.is_set():  # a rollback: the version that served well serves again
+            job.binding = working
+
+    log = HoldLog(rebind=rebind)
+    h = Harness(doubling(no_poison), hold=log.hold)
+    h.worker.start()
+    try:
+        slab = h.pool.lease(timeout_s=10)
+        assert slab is not None
+        slab.array[:20, 0] = 2.0
+        h.worker.submit(DeviceJob(batch(1, 20), slab, binding=ModelBinding("2", doubling(switch))))
+        result = h.result()
+    finally:
+        h.worker.close()
+    assert log.events == [("held", "2"), ("resumed", "1")]
+    assert result.failed == {} and result.outputs[0].tolist() == [4.0] * 20
+
+
+def test_closing_a_worker_whose_batch_is_held_gives_its_buffers_back_without_a_result() -> None:
+    log = HoldLog(first_delay_s=60.0)  # a long backoff: the close must not wait for it
+    h = Harness(doubling(Switch()), hold=log.hold)
+    h.worker.start()
+    try:
+        h.submit(1, [1.0] * 20)
+        h.submit(2, [1.0] * 20)
+        assert log.held.wait(30), "the batch was never held"
+    finally:
+        started_s = time.monotonic()
+        h.worker.close()
+    assert time.monotonic() - started_s < 30
+    assert h.results.empty() and not h.fatal  # uncommitted, not a failure of the pipeline
+    assert h.pool.in_use == 0 and h.worker.output_leak().missing == 0
+
+
 def test_warm_up_caps_the_worker_at_the_largest_batch_that_fits() -> None:
     sizes: list[int] = []
 
@@ -409,4 +547,4 @@ def test_on_model_failure_names_the_key_and_the_allowed_values() -> None:
     assert "dead_letter" in str(err.value) and "stop" in str(err.value)
     cfg = load_config(overrides={"pipelines": [pipeline], "worker": {"on_model_failure": "stop"}})
     assert cfg.worker.on_model_failure == "stop"
-    assert load_config(overrides={"pipelines": [pipeline]}).worker.on_model_failure == "dead_letter"
+    assert load_config(overrides={"pipelines": [pipeline]}).worker.on_model_failure == "hold"

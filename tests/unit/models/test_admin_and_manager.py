@@ -160,3 +160,18 @@ def switch_and_pass_probation(versions: ModelVersions, name: str) -> None:
     versions.bind(job, 0)
     versions.observe(DeviceResult(job.batch, (), {}, None, 0.01, version=name))
     assert versions.resident() == (name,)
+
+
+def test_a_restore_reloads_a_version_that_served_well_without_pinning_it(
+    manager: ModelManager, tmp_path: Path
+) -> None:
+    add_version(tmp_path, "0")  # a version that served well before (an older name)
+    answer = manager.restore("0").result(10)
+    assert answer == {"pipeline": "p", "version": "0", "done": "pending"}
+    assert manager.pinned is None  # polling goes on: a newer version may serve later
+    record = Record(TopicPartition("t", 0), 1, None, b"x", (), 0, 0.0)
+    job = DeviceJob(Batch(1, (record,), 0.0), slab=None)  # type: ignore[arg-type]
+    manager.versions.rebind(job, 0)
+    state = manager.versions.state()
+    assert state["serving"] == "0" and state["probation"] is None  # served well: no probation
+    assert state["events"][-1]["detail"] == "1 -> 0 (rollback)"

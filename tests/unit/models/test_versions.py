@@ -221,3 +221,50 @@ def test_larger_batches_after_a_switch_are_not_taken_for_a_slower_version() -> N
     for _ in range(40):  # a catch-up burst: 8-row batches, 40 ms (5 ms per row)
         versions.observe(burst)
     assert versions.state()["pending"] is None and versions.serving == "2"
+
+
+def served_well_then_succeeded_by_2(metrics: Metrics) -> ModelVersions:
+    """Version 1 served batches, version 2 took over and passed its probation (1 let go)."""
+    rules = {"window_batches": 2, "min_batches": 1, "latency_min_batches": 1}
+    versions = ModelVersions(TOPIC, version("1"), config(rollback=rules), metrics)
+    bound(versions, 1)
+    versions.observe(result("1"))
+    versions.offer(version("2"), "swap", "new")
+    bound(versions, 2)
+    for _ in range(2):
+        versions.observe(result("2"))
+    assert versions.resident() == ("2",)  # probation passed: 1 is no longer resident
+    return versions
+
+
+def test_a_version_judged_broken_after_its_probation_names_the_one_that_served_well() -> None:
+    metrics = Metrics()
+    versions = served_well_then_succeeded_by_2(metrics)
+    assert versions.judged_broken("2") == "1"  # to reload from the source
+    assert "2" in versions.refused  # polling never loads it again
+    assert metric(metrics, "streamproc_model_rollbacks_total", reason="broken") == 1
+    assert versions.state()["events"][-1]["kind"] == "rolled_back"
+    assert versions.judged_broken("2") is None  # told again (a later held batch): once only
+    assert metric(metrics, "streamproc_model_rollbacks_total", reason="broken") == 1
+
+
+def test_a_held_batch_is_rebound_to_the_restored_version_at_once() -> None:
+    metrics = Metrics()
+    versions = served_well_then_succeeded_by_2(metrics)
+    held = bound(versions, 3)
+    versions.judged_broken("2")
+    versions.offer(version("1"), "swap", "rollback")  # the model thread reloaded it
+    versions.rebind(held, 0)
+    assert held.binding is not None and held.binding.version == "1"
+    assert held.binding.fallback is None  # it served well: no probation
+    assert versions.state()["serving"] == "1" and versions.state()["probation"] is None
+
+
+def test_a_broken_start_up_version_has_nothing_to_roll_back_to() -> None:
+    metrics = Metrics()
+    versions = ModelVersions(TOPIC, version("1"), config(), metrics)
+    bound(versions, 1)
+    versions.observe(result("1"))
+    assert versions.judged_broken("1") is None
+    assert versions.state()["serving"] == "1"
+    assert metric(metrics, "streamproc_model_rollbacks_total", reason="broken") == 0
