@@ -266,16 +266,23 @@ def test_partitions_that_never_received_a_record_count_as_committed() -> None:
 
 
 def test_ci_runs_the_test_command_then_the_compose_test() -> None:
-    """.ci/run: the README's test command, the compose test, the chart's CI subset on a real
-    cluster, then the seeded fault schedule on three brokers, in that order."""
+    """.ci/run: the README's test command, the long test tiers, the compose test, the chart's
+    CI subset on a real cluster, the seeded fault schedule on three brokers, then the GPU
+    check's dry run, in that order, each a timed step."""
     lines = [
         line.strip()
         for line in (ROOT / ".ci" / "run").read_text().splitlines()
         if "make " in line and not line.lstrip().startswith(("#", "echo"))
     ]
     assert lines == [
-        "make test",
-        "make compose-test",
-        "K8S_CHECKS=ci make k8s-test",
-        "make test-faults-ci",
+        "step make test",
+        "step make test-models",
+        "step make test-registry",
+        "step make test-failures",
+        "step make test-workloads",
+        "step make compose-test",
+        "step K8S_CHECKS=ci make k8s-test",
+        "step make test-faults-ci",
+        "step make gpu-bundle",
+        "step make gpu-dry-run",
     ]
