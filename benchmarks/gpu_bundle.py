@@ -136,19 +136,32 @@ def read_frames(path: Path) -> list[Frame]:
     """The frames :func:`write_frames` wrote.
 
     Raises:
-        ValueError: the file is cut short or has bytes past its last frame.
+        ValueError: the file is not a frames file (empty, no index line), is cut short or has
+            bytes past its last frame; the message says to rebuild it with ``make gpu-bundle``.
     """
     data = path.read_bytes()
     head, _, body = data.partition(b"\n")
     frames: list[Frame] = []
     at = 0
-    for camera_id, frame_no, size in json.loads(head):
+    try:
+        index = json.loads(head)
+        entries = [(str(c), int(n), int(s)) for c, n, s in index]
+    except (ValueError, TypeError) as exc:
+        what = "empty" if not data else "no frame index on its first line"
+        raise ValueError(
+            f"{path}: not a frames file ({what}); rebuild it with 'make gpu-bundle'"
+        ) from exc
+    for camera_id, frame_no, size in entries:
         if at + size > len(body):
-            raise ValueError(f"{path}: cut short at frame {len(frames)}")
+            raise ValueError(
+                f"{path}: cut short at frame {len(frames)}; rebuild it with 'make gpu-bundle'"
+            )
         frames.append(Frame(camera_id, frame_no, body[at : at + size]))
         at += size
     if at != len(body):
-        raise ValueError(f"{path}: {len(body) - at} bytes past the last frame")
+        raise ValueError(
+            f"{path}: {len(body) - at} bytes past the last frame; rebuild it with 'make gpu-bundle'"
+        )
     return frames
 
 

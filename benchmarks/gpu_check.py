@@ -980,7 +980,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     workload = VideoWorkload()
     sizes = [int(s) for s in args.sizes.split(",")] * args.repeat
-    distinct = read_frames(args.frames) if args.frames else iter_frames()
+    try:
+        distinct = read_frames(args.frames) if args.frames else iter_frames()
+    except ValueError as exc:  # a broken frames.bin: one line, not a traceback
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
     frames = [
         Record(TopicPartition("frames", 0), i, f.camera_id.encode(), f.jpeg, (), 0, 0.0)
         for i, f in enumerate(itertools.islice(itertools.cycle(distinct), sum(sizes)))

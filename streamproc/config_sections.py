@@ -80,6 +80,16 @@ class KafkaConfig(_Section):
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
 
+    @field_validator("transactional_id")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(
+                "blank; set a transactional.id unique per process and stable "
+                "across its restarts, or remove the key (STREAMPROC_INSTANCE_ID or a host slot)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _group_keys(self) -> KafkaConfig:
         owned = {"group.protocol": "group_protocol", "group.instance.id": "group_instance_id"}

@@ -11,9 +11,11 @@ version reference (``latest``, a version name, MLflow's ``@alias``) into such a 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISDIR, S_ISREG
 from typing import Any, Protocol
 
 from streamproc.errors import StreamprocError
@@ -21,9 +23,10 @@ from streamproc.errors import StreamprocError
 MODEL_SUFFIXES = (".pt", ".ts", ".pt2")
 METADATA_FILE = "version.json"
 
-Fingerprint = tuple[tuple[str, int, int], ...]
-"""A version folder's files as ``(path relative to the folder, size in bytes, mtime_ns)``,
-sorted by path: what changes when a file in it is written, replaced, added or removed."""
+Fingerprint = tuple[tuple[str, int, int, int, int], ...]
+"""A version folder's files as ``(path relative to the folder, size in bytes, mtime_ns,
+ctime_ns, st_mode)``, sorted by path, symlinks followed: what changes when a file in it is
+written, replaced, added, removed, or its mode changed (``chmod`` moves ctime, not mtime)."""
 
 
 class ModelSourceError(StreamprocError):
@@ -138,20 +141,43 @@ def version_files(version: str, folder: Path) -> ModelVersionFiles:
 
 def folder_fingerprint(folder: Path) -> Fingerprint:
     """The :data:`Fingerprint` of every file under ``folder`` (empty where it does not
-    exist; a file removed while it is read is left out)."""
-    found: list[tuple[str, int, int]] = []
+    exist; a file removed while it is read is left out). Symlinks are followed (weights
+    behind ``weights -> ../shared`` count), a folder already on the way down is not entered
+    again (a symlink loop ends at once), a dangling symlink is left out. Never raises."""
+    found: list[tuple[str, int, int, int, int]] = []
     try:
-        paths = list(folder.rglob("*"))
+        top = os.stat(folder)
     except OSError:
         return ()
-    for path in paths:
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        if path.is_file():
-            found.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+    _walk(folder, "", {(top.st_dev, top.st_ino)}, found)
     return tuple(sorted(found))
+
+
+def _walk(
+    folder: Path,
+    prefix: str,
+    ancestors: set[tuple[int, int]],
+    found: list[tuple[str, int, int, int, int]],
+) -> None:
+    """Add the files under ``folder`` (named ``prefix`` + their name) to ``found``; enter the
+    folders among them that are not in ``ancestors`` (device, inode)."""
+    try:
+        with os.scandir(folder) as entries:
+            listed = list(entries)
+    except OSError:
+        return
+    for entry in listed:
+        try:
+            stat = entry.stat()  # follows symlinks
+        except OSError:
+            continue  # dangling, or removed while read
+        name = prefix + entry.name
+        if S_ISDIR(stat.st_mode):
+            key = (stat.st_dev, stat.st_ino)
+            if key not in ancestors:
+                _walk(Path(entry.path), name + "/", ancestors | {key}, found)
+        elif S_ISREG(stat.st_mode):
+            found.append((name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_mode))
 
 
 def version_order(name: str) -> tuple[int, int | str]:

@@ -4,6 +4,7 @@ skipped, exactly one model file or a plug-in per version, version.json checked."
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -113,8 +114,47 @@ def test_a_versions_fingerprint_changes_when_a_file_in_it_is_written(tmp_path: P
     assert source.fingerprint("1") == ()  # not there (yet)
     folder = add_version(tmp_path, "1", "model.pt")
     before = source.fingerprint("1")
-    assert [(path, size) for path, size, _ in before] == [("model.pt", len(b"model bytes"))]
+    assert [(path, size) for path, size, *_ in before] == [("model.pt", len(b"model bytes"))]
     assert source.fingerprint("1") == before
     with (folder / "model.pt").open("ab") as out:
         out.write(b"more")
     assert source.fingerprint("1") != before
+
+
+def test_a_versions_fingerprint_changes_when_a_file_is_made_readable_again(
+    tmp_path: Path,
+) -> None:
+    """chmod moves ctime and the mode, not mtime: a version refused for a file it could not
+    read is tried again once the file is readable."""
+    folder = add_version(tmp_path, "1", "model.pt")
+    source = FolderSource(tmp_path, "scorer")
+    (folder / "model.pt").chmod(0o000)
+    unreadable = source.fingerprint("1")
+    (folder / "model.pt").chmod(0o644)
+    assert source.fingerprint("1") != unreadable
+
+
+def test_files_behind_a_symlinked_folder_are_fingerprinted(tmp_path: Path) -> None:
+    folder = add_version(tmp_path, "1", "model.pt")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "w.bin").write_bytes(b"weights")
+    (folder / "weights").symlink_to("../../shared")
+    source = FolderSource(tmp_path, "scorer")
+    before = source.fingerprint("1")
+    assert [entry[0] for entry in before] == ["model.pt", "weights/w.bin"]
+    stat = (shared / "w.bin").stat()
+    (shared / "w.bin").write_bytes(b"WEIGHTS")  # same size
+    os.utime(shared / "w.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime
+    assert source.fingerprint("1") != before
+
+
+def test_a_symlink_loop_in_a_version_is_walked_once(tmp_path: Path) -> None:
+    folder = add_version(tmp_path, "1", "model.pt")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "a.bin").write_bytes(b"a")
+    (folder / "sub" / "up").symlink_to("..")  # sub/up/sub/up/... without an end
+    (folder / "self").symlink_to(".")
+    (folder / "dangling").symlink_to("nowhere")
+    paths = [entry[0] for entry in FolderSource(tmp_path, "scorer").fingerprint("1")]
+    assert paths == ["model.pt", "sub/a.bin"]

@@ -58,3 +58,54 @@ def test_the_bundle_stays_out_of_git() -> None:
     for path in (".gpu-bundle/cp312/x.whl", ".gpu-bundle/frames.bin"):
         done = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, check=False)
         assert done.returncode == 0, f"{path} is not ignored"
+
+
+@pytest.mark.parametrize("data", [b"", b"not json\n", b"[[1, 2]]\n"])
+def test_a_broken_frames_file_is_a_value_error_saying_so(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "frames.bin"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=r"not a frames file.*make gpu-bundle"):
+        gpu_bundle.read_frames(path)
+
+
+def check_copy(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    """A repository holding only benchmarks/gpu_check.sh and the given .gpu-bundle files."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    (repo / "benchmarks" / "gpu_check.sh").write_bytes(
+        (ROOT / "benchmarks" / "gpu_check.sh").read_bytes()
+    )
+    for name, data in files.items():
+        (repo / ".gpu-bundle" / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / ".gpu-bundle" / name).write_bytes(data)
+    return repo
+
+
+TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+WHEEL = f"{TAG}/six-1.16.0-py2.py3-none-any.whl"
+
+
+@pytest.mark.parametrize(
+    ("files", "named"),
+    [
+        ({WHEEL: b"", "frames.bin": b"x"}, "requirements.txt"),
+        ({WHEEL: b"", "frames.bin": b"x", "requirements.txt": b"numpy==1.0\n"}, "numpy==1.0"),
+        ({WHEEL: b"", "frames.bin": b"", "requirements.txt": b"six==1.16.0\n"}, "frames.bin"),
+    ],
+    ids=["no-requirements", "no-wheel-for-a-requirement", "empty-frames"],
+)
+def test_a_partial_bundle_exits_2_with_one_line_and_leaves_no_scratch_folder(
+    tmp_path: Path, files: dict[str, bytes], named: str
+) -> None:
+    repo = check_copy(tmp_path, files)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    done = subprocess.run(
+        ["bash", str(repo / "benchmarks" / "gpu_check.sh"), "--device", "cpu"],
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "TMPDIR": str(scratch)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert (done.returncode, len(lines)) == (2, 1), done.stderr
+    assert named in lines[0] and "make gpu-bundle" in lines[0], lines[0]
+    assert list(scratch.iterdir()) == []  # the scratch site folder is gone
