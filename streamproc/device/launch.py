@@ -83,6 +83,7 @@ class Launcher:
         self._outputs = outputs
         self._runner = runner
         self._on_outcome = on_outcome
+        self._canary = RowCanary(backend.device)
 
     def launch(self, model: ModelFn, job: DeviceJob, slot: int) -> Launched:
         """Launch ``job`` through its bound version (:class:`BoundCall`), else ``model`` (the
@@ -94,7 +95,7 @@ class Launcher:
         """
         n = len(job.batch)
         bound = None if job.binding is None else BoundCall(job.binding, n)
-        ran = self.run(model if bound is None else bound, job.slab.tensor, n, slot)
+        ran = self.run(model if bound is None else bound, job.slab.tensor, n, slot, live=True)
         if ran.outcome.calls > 1 and self._on_outcome is not None:
             self._on_outcome(ran.outcome)
         failed, error = _failures(job, ran.outcome)
@@ -111,11 +112,12 @@ class Launcher:
             bound,
         )
 
-    def run(self, model: ModelFn, rows: torch.Tensor, n: int, slot: int) -> Ran:
+    def run(self, model: ModelFn, rows: torch.Tensor, n: int, slot: int, live: bool = False) -> Ran:
         """Copy rows ``0..n-1`` of the host tensor ``rows`` to the device, run ``model`` on
         them under ``torch.inference_mode()`` (no autograd graph, whatever the model does),
         copy the outputs into output set ``slot``, with the backend's three events: one launch,
-        the same path for live batches and start-up timings.
+        the same path for live batches and start-up timings. ``live``: a batch of real input,
+        whose rows the part runner may keep as its canary (never the start-up zeros).
 
         Raises:
             FatalPipelineError: the pipeline must stop (see :class:`PartRunner`).
@@ -139,9 +141,57 @@ class Launcher:
                 for dst, src in zip(host, outputs, strict=True):
                     dst[lo:hi].copy_(src, non_blocking=True)
 
-            outcome = self._runner.run(n, call)
+            canary = None
+            if live:
+                canary = self._canary
+                canary.bind(model, rows)
+            outcome = self._runner.run(n, call, canary)
             done = backend.record("done")
         return Ran(start, copied, done, outcome, has_outputs)
+
+
+class RowCanary:
+    """The part runner's known-good probe (:class:`~streamproc.device.recovery.Canary`): one
+    input row the model ran on, copied from the batch's host staging slab into one host row of
+    its own (allocated on the first copy, never again; the part runner copies at most once per
+    :data:`~streamproc.device.recovery.CANARY_REFRESH_S`, on a batch that ran). The same path
+    on every backend: run, it is copied to the device (a blocking copy: the host row may be
+    overwritten by the next keep) and the launch's model runs on it; its outputs are
+    discarded. The launching thread only.
+
+    Args:
+        device: the worker's device.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._row: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
+        self._model: ModelFn | None = None
+
+    def bind(self, model: ModelFn, rows: torch.Tensor) -> None:
+        """The batch launching now: its model (its bound version) and its host rows."""
+        self._model, self._rows = model, rows
+
+    def keep(self, row: int) -> None:
+        """Copy row ``row`` of the bound batch's host rows (it ran in a call that succeeded)."""
+        rows = self._rows
+        assert rows is not None, "keep before bind"
+        if self._row is None:
+            self._row = torch.empty((1, *rows.shape[1:]), dtype=rows.dtype)
+        self._row.copy_(rows[row : row + 1])
+
+    def run(self) -> None:
+        """Run the bound model on the kept row alone.
+
+        Raises:
+            Exception: what the model raised; ModelError: it returned other than one row per
+                output.
+        """
+        assert self._row is not None and self._model is not None, "run before keep"
+        outputs = self._model(self._row.to(self._device))
+        if any(out.shape[0] != 1 for out in outputs):
+            raise ModelError(f"model returned {[tuple(o.shape) for o in outputs]} for 1 row")
 
 
 @dataclass(frozen=True)

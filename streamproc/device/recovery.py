@@ -12,29 +12,40 @@ one model call and nothing else. When the call raises, the class of the error de
   :class:`DeviceOutOfMemoryError` stops the pipeline with a message naming the device.
 * **Anything else** is a row the model cannot handle (a poison row) or a broken model. The
   failing part is split in halves, recursively, and parts of up to three rows are run row by
-  row, until every row either ran inside a part that succeeded or failed alone; only the rows
-  that failed alone are dead-lettered (stage ``model``). With ``k`` poison rows among ``n``
-  at most ``2k`` parts fail per level of halving, so the extra calls are at most about
-  ``2k * log2(n)``. A batch may spend at most ``POISON_ROWS * 2 * ceil(log2(n))`` extra calls
-  on this (enough for :data:`POISON_ROWS` poison rows); the rows of parts still unresolved when
-  that budget is spent are dead-lettered with their part's error (a batch where most rows fail is
-  not bisected forever).
+  row, until every row either ran inside a part that succeeded or failed alone; a row that
+  failed alone is tried alone :data:`RETRIES_ALONE` more time (a model that fails now and then
+  must not dead-letter a valid row), and only the rows that failed alone every time are
+  dead-lettered (stage ``model``). With ``k`` poison rows among ``n`` at most ``2k`` parts
+  fail per level of halving, so the extra calls are at most about ``2k * log2(n) + k``. A
+  batch may spend at most ``POISON_ROWS * 2 * ceil(log2(n))`` extra calls on the halving
+  (enough for :data:`POISON_ROWS` poison rows; the tries again of single rows are not charged
+  to it); the rows of parts still unresolved when that budget is spent are dead-lettered with
+  their part's error (a batch where most rows fail is not bisected forever).
 
-**Broken model.** When :attr:`PartRunner.broken_after_rows` rows in a row failed (across
-batches, with no row succeeding in between: rows dead-lettered unresolved count too, unless a
-call on some rows of their batch succeeded), the model is judged broken. A model that fails on
-every row is a fault of the system, not of the records, so under the default policy ``hold``
-no row of that batch is dead-lettered: :class:`ModelHeld` is raised and the device worker keeps
-the batch and tries it again with backoff (rebound to the serving version first: a rollback,
-or a new version, takes effect on it; :mod:`streamproc.device.hold`). Each try of a model
-judged broken runs the batch whole, then its first and last rows alone; if all three fail the
-batch is held again, else the model is no longer judged broken and the batch is narrowed down
-as any other. Under ``dead_letter`` a later failing batch is not bisected either: the same
-three calls, and if they fail the whole batch is dead-lettered (two poison rows at exactly
-those places while the model is judged broken are the one way a valid row of that batch is
-dead-lettered with them). Under ``stop`` the verdict raises :class:`BrokenModelError`: the
-pipeline stops with a non-zero exit and the batch is neither produced nor dead-lettered (its
-offsets stay uncommitted). Rows that failed before the verdict (fewer than
+**The canary.** A live batch is run with the launcher's canary (:class:`Canary`): after a
+batch that ran, one of its rows that ran in a call that succeeded is copied into one staging
+row of its own (at most once per :data:`CANARY_REFRESH_S`). It tells a broken model from
+poison rows: when every call of a batch failed, the model runs the kept row alone. It runs:
+the model works, the rows are poison and are dead-lettered (never held, however many). It
+fails: the model is judged broken at once.
+
+**Broken model.** Without a kept row (no row has run since start), the model is judged broken
+when :attr:`PartRunner.broken_after_rows` rows in a row failed (across batches, with no row
+succeeding in between: rows dead-lettered unresolved count too, unless a call on some rows of
+their batch succeeded). A model that fails on every row is a fault of the system, not of the
+records, so under the default policy ``hold`` no row of that batch is dead-lettered:
+:class:`ModelHeld` is raised and the device worker keeps the batch and tries it again with
+backoff (rebound to the serving version first: a rollback, or a new version, takes effect on
+it; :mod:`streamproc.device.hold`). Each try of a model judged broken runs the batch whole;
+if it fails, the canary runs (it fails: held again; two calls a try) and, when it runs, the
+batch is narrowed down as any other. Without a canary the try runs the batch's first and last
+rows alone and then narrows the batch in full (held again only if no call of it ran: poison
+rows at both ends do not keep a batch held once the model works). Under ``dead_letter`` a
+later failing batch is not bisected either: the batch and the canary, or without one its
+first and last rows, and if they fail the whole batch is dead-lettered (``Outcome.broken``).
+Under ``stop`` the verdict raises :class:`BrokenModelError`: the pipeline stops with a
+non-zero exit and the batch is neither produced nor dead-lettered (its offsets stay
+uncommitted). Without a canary, rows that failed before the verdict (fewer than
 ``broken_after_rows``, in batches smaller than that) are poison rows as far as anyone can tell
 then, and are dead-lettered under every policy.
 
@@ -49,7 +60,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
@@ -62,6 +73,14 @@ POISON_ROWS = 4
 BROKEN_AFTER_ROWS = 16
 """Rows failing in a row (none succeeding in between) after which the model is judged broken
 (under ``dead_letter`` and ``stop``: or the slab's rows, if fewer)."""
+
+CANARY_REFRESH_S = 60.0
+"""Seconds between two refreshes of the kept known-good row (the canary): at most one row copy
+per this period, on a batch that ran."""
+
+RETRIES_ALONE = 1
+"""Further tries of a row that failed alone before it is failed (a model failing now and
+then must not dead-letter a valid row)."""
 
 OnModelFailure = Literal["hold", "dead_letter", "stop"]
 ON_MODEL_FAILURE: tuple[OnModelFailure, ...] = ("hold", "dead_letter", "stop")
@@ -151,6 +170,8 @@ class Failure:
     lo: int
     hi: int
     error: str
+    tries: int = 1
+    """Tries of this part so far (a one-row part is tried ``1 + RETRIES_ALONE`` times)."""
 
 
 @dataclass
@@ -165,6 +186,7 @@ class Outcome:
         ran: rows that ran in a call that succeeded.
         broken: the model was judged broken on this batch (policy ``dead_letter``; under
             ``hold`` such a batch raises :class:`ModelHeld` instead).
+        good: a row that ran in a call that succeeded (-1: none).
     """
 
     failed: dict[int, str] = field(default_factory=dict)
@@ -173,11 +195,24 @@ class Outcome:
     out_of_memory: int = 0
     ran: int = 0
     broken: bool = False
+    good: int = -1
 
 
 Call = Callable[[int, int], None]
 """``call(lo, hi)``: run the model on rows ``lo..hi-1`` and write their outputs in place;
 raises what the model raised."""
+
+
+class Canary(Protocol):
+    """The known-good probe of a part runner: a copy of one input row the model ran on (one
+    staging row, kept by the launcher; see :mod:`streamproc.device.launch`)."""
+
+    def keep(self, row: int) -> None:
+        """Copy row ``row`` of the batch running now (it ran in a call that succeeded)."""
+
+    def run(self) -> None:
+        """Run the model of the batch running now on the kept row alone (outputs discarded);
+        raises what the model raised."""
 
 
 class PartRunner:
@@ -215,6 +250,7 @@ class PartRunner:
         self.broken_after_rows = max(1, min(BROKEN_AFTER_ROWS, small))
         self.broken = False
         self._failing_in_a_row = 0
+        self._kept_at_s = -math.inf  # when the canary last kept a row (-inf: never)
         self._release_memory = release_memory
         self._on_cap = on_cap
         self._oom_tries = oom_tries
@@ -222,8 +258,14 @@ class PartRunner:
         self._sleep = sleep
         self._label = label
 
-    def run(self, n: int, call: Call) -> Outcome:
+    def run(self, n: int, call: Call, canary: Canary | None = None) -> Outcome:
         """Run rows ``0..n-1`` (``n >= 1``) through ``call``; returns what failed.
+
+        ``canary`` (the launcher's, live batches only): after a batch that ran, a row of it is
+        kept (at most once per :data:`CANARY_REFRESH_S`); when every call of a batch failed
+        (or a try while judged broken failed), the model runs the kept row alone to tell a
+        broken model from poison rows. Without one (warm-up and start-up timings), or before
+        any row ran, the count of rows failing in a row decides.
 
         Raises:
             DeviceOutOfMemoryError: one row does not fit on the device.
@@ -231,12 +273,22 @@ class PartRunner:
             ModelHeld: the model is judged broken and the policy is ``hold`` (no row failed).
         """
         outcome = Outcome()
+        kept = canary if canary is not None and self._kept_at_s > -math.inf else None
+        works = False  # the canary ran on this batch: the model works
         failures = self._run_parts(0, n, call, outcome)
-        if failures and self.broken:
-            failures = self._probe(n, failures, call, outcome)
+        if failures and self.broken and not outcome.ran:
+            if kept is not None:
+                failures = self._check(n, failures, kept, outcome)
+                works = not outcome.broken
+            else:
+                failures = self._probe(failures, call, outcome)
         self._narrow(n, failures, call, outcome)
-        self._judge(n, outcome)
-        if self.cap.quiet(self._clock()):
+        self._judge(n, outcome, kept, works)
+        now_s = self._clock()
+        if canary is not None and outcome.ran and now_s - self._kept_at_s >= CANARY_REFRESH_S:
+            canary.keep(outcome.good)
+            self._kept_at_s = now_s
+        if self.cap.quiet(now_s):
             self._on_cap(self.cap.limit)
         return outcome
 
@@ -256,6 +308,7 @@ class PartRunner:
             error = _attempt(call, a, b)
             if error is None:
                 outcome.ran += b - a
+                outcome.good = a
                 continue
             if not error.startswith(_OOM_PREFIX):
                 failures.append(Failure(a, b, error))
@@ -277,30 +330,57 @@ class PartRunner:
         failures.sort(key=lambda f: f.lo)
         return failures
 
-    def _probe(
-        self, n: int, failures: list[Failure], call: Call, outcome: Outcome
+    def _canary_error(self, canary: Canary, outcome: Outcome) -> str | None:
+        """Run the kept row alone (one call); None if it ran, else the error as text."""
+        outcome.calls += 1
+        try:
+            canary.run()
+        except Exception as exc:
+            return repr(exc)
+        return None
+
+    def _check(
+        self, n: int, failures: list[Failure], canary: Canary, outcome: Outcome
     ) -> list[Failure]:
-        """The model is judged broken: run the first and last failing rows alone. Both fail:
-        under ``hold`` :class:`ModelHeld` is raised, else every failing part is taken as
-        failing whole (returned unchanged, not narrowed further). Else the model works again:
-        the failing parts minus the probed rows that succeeded are returned for narrowing."""
+        """The model is judged broken and the batch failed whole: run the canary. It runs:
+        the model works again, the failing parts are returned for narrowing. It fails: under
+        ``hold`` :class:`ModelHeld` is raised, else every row is failed with its part's error
+        (``outcome.broken``) and nothing is left to narrow."""
+        error = self._canary_error(canary, outcome)
+        if error is None:
+            self.broken = False
+            return failures
+        return self._broken_batch(n, failures, error, outcome)
+
+    def _broken_batch(
+        self, n: int, failures: list[Failure], error: str, outcome: Outcome
+    ) -> list[Failure]:
+        """A batch of a model judged broken: held (``hold``: :class:`ModelHeld`), or every
+        failing row failed with its part's error (``dead_letter``); returns no part."""
+        if self.on_model_failure == "hold":
+            raise ModelHeld(n, error)
+        outcome.broken = True
+        for part in failures:
+            for row in range(part.lo, part.hi):
+                outcome.failed[row] = part.error
+        return []
+
+    def _probe(self, failures: list[Failure], call: Call, outcome: Outcome) -> list[Failure]:
+        """The model is judged broken and no canary is kept: run the first and last failing
+        rows alone. Both fail: under ``dead_letter`` every failing part is taken as failing
+        whole (nothing returned); under ``hold`` the rest is narrowed in full all the same
+        (held again only if no call runs: poison rows at both ends do not keep it held).
+        Else the model works again. The failing parts are returned for narrowing (a probed row
+        that failed: a one-row part, tried once more there)."""
         first, last = failures[0], failures[-1]
         rows = sorted({first.lo, last.hi - 1})
         probed = {row: self._run_parts(row, row + 1, call, outcome) for row in rows}
         if all(probed.values()):
-            if self.on_model_failure == "hold":
-                raise ModelHeld(n, last.error)
-            outcome.broken = True
-            for part in failures:
-                for row in range(part.lo, part.hi):
-                    outcome.failed[row] = part.error
-            return []
-        self.broken = False
-        for row, failed in probed.items():
-            for part in failed:  # the probed row failed alone
-                outcome.failed[row] = part.error
-                outcome.isolated += 1
-        rest: list[Failure] = []
+            if self.on_model_failure != "hold":
+                return self._broken_batch(0, failures, last.error, outcome)
+        else:
+            self.broken = False
+        rest: list[Failure] = [part for failed in probed.values() for part in failed]
         for part in failures:  # the probed rows are resolved either way
             lo = part.lo + (part.lo in probed)
             hi = part.hi - (part.hi - 1 in probed and part.hi - 1 >= lo)
@@ -310,18 +390,26 @@ class PartRunner:
 
     def _narrow(self, n: int, failures: list[Failure], call: Call, outcome: Outcome) -> None:
         """Halve failing parts (row by row from three rows down) until each row ran in a
-        part that succeeded or failed alone, within the batch's budget of extra calls."""
+        part that succeeded or failed alone ``1 + RETRIES_ALONE`` times, within the batch's
+        budget of extra calls (the tries again of single rows are not charged to it)."""
         budget = POISON_ROWS * 2 * max(1, math.ceil(math.log2(max(n, 2))))
         spent_at = outcome.calls
+        retries = 0
         queue = deque(failures)
         while queue:
             part = queue.popleft()
             size = part.hi - part.lo
             if size == 1:
+                if part.tries <= RETRIES_ALONE:  # a model failing now and then: once more
+                    retries += 1
+                    again = self._run_parts(part.lo, part.hi, call, outcome)
+                    queue.extend(Failure(f.lo, f.hi, f.error, part.tries + 1) for f in again)
+                    continue
                 outcome.failed[part.lo] = part.error
                 outcome.isolated += 1
                 continue
-            if outcome.calls - spent_at + (size if size <= 3 else 2) > budget:
+            spent = outcome.calls - spent_at - retries
+            if spent + (size if size <= 3 else 2) > budget:
                 for row in range(part.lo, part.hi):  # budget spent: not narrowed further
                     outcome.failed[row] = part.error
                 continue
@@ -333,26 +421,39 @@ class PartRunner:
             for lo, hi in pieces:
                 queue.extend(self._run_parts(lo, hi, call, outcome))
 
-    def _judge(self, n: int, outcome: Outcome) -> None:
-        """Count rows failing in a row; judge the model broken past ``broken_after_rows``."""
+    def _judge(self, n: int, outcome: Outcome, canary: Canary | None, works: bool) -> None:
+        """After a batch where every call failed: the canary runs (the model works: the rows
+        were poison; it fails: the model is judged broken at once), or without one, count
+        rows failing in a row and judge the model broken past ``broken_after_rows``.
+        ``works``: the canary ran on this batch already (the rows are poison)."""
         failed = len(outcome.failed)
-        if failed < n or outcome.ran:  # some row succeeded (its part, if unresolved, failed)
+        if failed < n or outcome.ran or works:  # some row (or the canary) succeeded
             self._failing_in_a_row = 0
             if not outcome.broken:
                 self.broken = False
             return
+        if outcome.broken:  # judged broken before this batch, and still
+            return
         self._failing_in_a_row += failed
-        if self._failing_in_a_row < self.broken_after_rows:
+        error = next(iter(outcome.failed.values()))
+        if canary is not None:
+            canary_error = self._canary_error(canary, outcome)
+            if canary_error is None:  # the model runs a row it ran before: poison rows
+                self._failing_in_a_row = 0
+                return
+            error = canary_error
+        elif self._failing_in_a_row < self.broken_after_rows:
             return
         if self.on_model_failure == "stop":
             raise BrokenModelError(
                 f"the model failed for every one of the last {self._failing_in_a_row} rows "
-                f"on device {self._label} (last error: {next(iter(outcome.failed.values()))}); "
-                "worker.on_model_failure is stop"
+                f"on device {self._label}"
+                + (" and on a row it ran before" if canary is not None else "")
+                + f" (last error: {error}); worker.on_model_failure is stop"
             )
         self.broken = True
         if self.on_model_failure == "hold":
-            raise ModelHeld(n, next(iter(outcome.failed.values())))
+            raise ModelHeld(n, error)
 
 
 _OOM_PREFIX = "out of memory: "

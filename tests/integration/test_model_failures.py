@@ -113,7 +113,37 @@ def test_poison_rows_alone_are_dead_lettered_and_their_batches_get_results(
     topic = topics.input
     assert metric(pipeline, "streamproc_model_isolated_rows_total", topic) == 2
     retries = metric(pipeline, "streamproc_model_retry_calls_total", topic)
-    assert 0 < retries <= 2 * 2 * math.ceil(math.log2(32))  # 2 poison rows, batches <= 32
+    # 2 poison rows, batches <= 32: the halving, and one more try of each row failing alone
+    assert 0 < retries <= 2 * 2 * math.ceil(math.log2(32)) + 2
+
+
+def test_under_hold_a_run_of_poison_rows_after_rows_that_ran_is_dead_lettered_not_held(
+    bootstrap_servers: str, topics: Topics
+) -> None:
+    # one partition: 64 rows that run, then 40 poison rows in a row (more than the 16 that
+    # judged the model broken before the canary), then 64 rows that run
+    values = [float(i + 1) for i in range(64)] + [POISON] * 40 + [float(i + 100) for i in range(64)]
+    produce_values(bootstrap_servers, topics.input, values, partitions=1)
+    config = config_for(bootstrap_servers, topics, "tests.support.faulty:poison")
+    assert config.worker.on_model_failure == "hold"
+    pipeline = Pipeline(config)
+    summary: list[RunSummary] = []
+    runner = threading.Thread(target=lambda: summary.append(pipeline.run(exit_when_idle_s=3)))
+    runner.start()
+    try:
+        runner.join(120)
+        assert not runner.is_alive(), "the lane is held: the poison rows were never dead-lettered"
+    finally:
+        pipeline.request_stop()
+        runner.join(60)
+    assert summary and summary[0].exit_code == 0, summary
+    verdict = verify(bootstrap_servers, topics.input, topics.output, topics.dlq, topics.group)
+    report("40 poison rows in a row after rows that ran, hold", verdict)
+    assert verdict.inputs == len(values) and verdict.missing == [] and verdict.duplicates == 0
+    assert verdict.dead_lettered == 40 and verdict.results == 128 and verdict.committed_equals_end
+    dead = read_topic(bootstrap_servers, topics.dlq).records.values()
+    assert all(value == b"666" for _, value, _, _ in dead)
+    assert metric(pipeline, "streamproc_model_held", topics.input) == 0
 
 
 def test_a_broken_builtin_model_holds_the_lane_dead_letters_nothing_and_resumes_by_itself(

@@ -25,6 +25,7 @@ from streamproc.device.binding import ModelBinding
 from streamproc.device.hold import ModelHold
 from streamproc.device.recovery import (
     POISON_ROWS,
+    RETRIES_ALONE,
     BatchCap,
     BrokenModelError,
     DeviceOutOfMemoryError,
@@ -43,8 +44,9 @@ Model = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 def bound(poison: int, n: int) -> int:
-    """Extra calls allowed to isolate ``poison`` rows among ``n``: 2 per poison row per level."""
-    return 2 * poison * math.ceil(math.log2(n))
+    """Extra calls allowed to isolate ``poison`` rows among ``n``: 2 per poison row per level,
+    and one more try of each row that failed alone (``RETRIES_ALONE``)."""
+    return 2 * poison * math.ceil(math.log2(n)) + poison * RETRIES_ALONE
 
 
 def failing_on(rows: set[int]) -> tuple[Callable[[int, int], None], list[tuple[int, int]]]:
@@ -103,7 +105,8 @@ def test_a_broken_model_dead_letters_every_row_and_then_costs_three_calls_per_ba
     call, calls = failing_on(set(range(n)))
     first = runner.run(n, call)
     assert set(first.failed) == set(range(n)) and runner.broken
-    assert first.calls - 1 <= POISON_ROWS * 2 * math.ceil(math.log2(n))
+    # the budget, and one more try of each row that failed alone
+    assert first.calls - 1 <= POISON_ROWS * 2 * math.ceil(math.log2(n)) + first.isolated
     for _ in range(3):
         calls.clear()
         later = runner.run(n, call)
@@ -126,7 +129,7 @@ def test_a_broken_model_under_stop_raises_instead_of_dead_lettering() -> None:
     assert set(PartRunner(BatchCap(16, 30.0), 16, "stop").run(16, call).failed) == {3}
 
 
-def test_a_broken_model_under_hold_fails_no_row_and_then_costs_three_calls_per_try() -> None:
+def test_a_broken_model_under_hold_fails_no_row_and_each_try_is_narrowed_in_full() -> None:
     n = 32
     runner = PartRunner(BatchCap(n, 30.0), n)  # the default policy: hold
     assert runner.on_model_failure == "hold"
@@ -138,7 +141,10 @@ def test_a_broken_model_under_hold_fails_no_row_and_then_costs_three_calls_per_t
         calls.clear()
         with pytest.raises(ModelHeld):
             runner.run(n, call)
-        assert len(calls) == 3  # the batch, its first row, its last row
+        # no canary (no row ever ran): the batch, its first and last rows, then the batch
+        # narrowed in full (within its budget, each row that failed alone tried once more)
+        assert (0, n) == calls[0] and {(0, 1), (n - 1, n)} <= set(calls[1:3])
+        assert len(calls) <= 3 + POISON_ROWS * 2 * math.ceil(math.log2(n)) + n
     call, calls = failing_on(set())  # the model works again (or another version serves)
     again = runner.run(n, call)
     assert again.failed == {} and not runner.broken
@@ -548,3 +554,167 @@ def test_on_model_failure_names_the_key_and_the_allowed_values() -> None:
     cfg = load_config(overrides={"pipelines": [pipeline], "worker": {"on_model_failure": "stop"}})
     assert cfg.worker.on_model_failure == "stop"
     assert load_config(overrides={"pipelines": [pipeline]}).worker.on_model_failure == "hold"
+
+
+# -- the known-good probe (canary): poison rows against a broken model --------------------------
+
+
+class Rows:
+    """A batch of row values and a model over them: a call raises while ``broken``, or when a
+    row of it is ``poison``; as the runner's canary it keeps one row's value and runs the model
+    on it alone."""
+
+    def __init__(self, values: list[float], poison: float = -1.0) -> None:
+        self.values = values
+        self.poison = poison
+        self.broken = False
+        self.kept: float | None = None
+        self.calls: list[tuple[int, int]] = []
+        self.canary_runs = 0
+
+    def check(self, values: list[float]) -> None:
+        if self.broken:
+            raise RuntimeError("weights missing")
+        if self.poison in values:
+            raise ValueError("cannot handle a poison row")
+
+    def call(self, lo: int, hi: int) -> None:
+        self.calls.append((lo, hi))
+        self.check(self.values[lo:hi])
+
+    def keep(self, row: int) -> None:
+        self.kept = self.values[row]
+
+    def run(self) -> None:
+        assert self.kept is not None, "the canary ran before a row was kept"
+        self.canary_runs += 1
+        self.check([self.kept])
+
+
+def test_under_hold_poison_rows_are_dead_lettered_once_the_model_ran_a_row() -> None:
+    runner = PartRunner(BatchCap(32, 30.0), 32, "hold", sleep=lambda s: None)
+    model = Rows([1.0] * 32)
+    assert runner.run(32, model.call, model).failed == {}  # a row ran: the canary is kept
+    assert model.kept == 1.0
+    model.values = [-1.0] * 32
+    for _ in range(50):  # 16 poison rows in a row, again and again: the model works
+        model.calls.clear()
+        outcome = runner.run(16, model.call, model)
+        assert set(outcome.failed) == set(range(16)) and not runner.broken
+    assert set(runner.run(15, model.call, model).failed) == set(range(15))
+    assert set(runner.run(1, model.call, model).failed) == {0}
+    assert model.kept == 1.0  # a poison row is never kept
+
+
+def test_a_model_broken_after_it_ran_a_row_is_judged_at_once_by_the_canary() -> None:
+    for policy in ("hold", "stop", "dead_letter"):
+        runner = PartRunner(BatchCap(32, 30.0), 32, policy)  # type: ignore[arg-type]
+        model = Rows([1.0] * 4)
+        runner.run(4, model.call, model)
+        model.broken = True  # a batch of one row: no need to wait for 16 rows in a row
+        if policy == "hold":
+            with pytest.raises(ModelHeld, match="weights missing"):
+                runner.run(1, model.call, model)
+        elif policy == "stop":
+            with pytest.raises(BrokenModelError, match="weights missing"):
+                runner.run(1, model.call, model)
+        else:
+            assert set(runner.run(1, model.call, model).failed) == {0} and runner.broken
+        assert model.canary_runs == 1
+
+
+@pytest.mark.parametrize("ran_before", [True, False])
+def test_a_held_batch_is_narrowed_in_full_once_the_model_works(ran_before: bool) -> None:
+    n = 32
+    runner = PartRunner(BatchCap(n, 30.0), n, "hold", sleep=lambda s: None)
+    model = Rows([1.0] * n)
+    if ran_before:  # a canary is kept; else nothing ever ran (the 16-row rule)
+        runner.run(n, model.call, model)
+    model.values = [float(i + 1) for i in range(n)]
+    model.values[0] = model.values[n - 1] = -1.0  # poison at the first and the last row
+    model.broken = True
+    for attempt in range(3):
+        model.calls.clear()
+        runs = model.canary_runs
+        with pytest.raises(ModelHeld):
+            runner.run(n, model.call, model)
+        if ran_before:  # held at once by the canary; then each try: the batch, the canary
+            assert model.canary_runs == runs + 1
+            assert attempt == 0 or model.calls == [(0, n)]
+    model.broken = False  # the model works again: the held batch is narrowed down
+    outcome = runner.run(n, model.call, model)
+    assert set(outcome.failed) == {0, n - 1} and outcome.ran == n - 2 and not runner.broken
+
+
+def test_a_row_that_fails_alone_once_is_tried_again_before_it_is_failed() -> None:
+    n = 32
+    alone: list[int] = []
+
+    def flaky(lo: int, hi: int) -> None:  # row 5 fails, except the second time it runs alone
+        if lo <= 5 < hi:
+            if hi - lo == 1:
+                alone.append(lo)
+                if len(alone) == 2:
+                    return
+            raise RuntimeError("intermittent")
+
+    outcome = PartRunner(BatchCap(n, 30.0), n, "hold").run(n, flaky)
+    assert outcome.failed == {} and alone == [5, 5]
+    call, calls = failing_on({5})  # a poison row: tried alone twice, then failed
+    outcome = PartRunner(BatchCap(n, 30.0), n, "hold").run(n, call)
+    assert set(outcome.failed) == {5} and calls.count((5, 6)) == 2
+
+
+class Composed:
+    """A model check: ``no_poison`` and a :class:`Switch`."""
+
+    def __init__(self, switch: Switch) -> None:
+        self.switch = switch
+
+    def __call__(self, x: torch.Tensor) -> None:
+        self.switch(x)
+        no_poison(x)
+
+
+def test_worker_under_hold_dead_letters_poison_rows_once_the_model_ran_a_row() -> None:
+    log = HoldLog()
+    h = Harness(doubling(no_poison), hold=log.hold)
+    h.worker.start()
+    try:
+        h.submit(1, [1.0] * 8)
+        first = h.result()
+        h.submit(2, [-1.0] * 20)  # 20 poison rows in a row: the model runs the canary
+        poisoned = h.result()
+        h.submit(3, [2.0] * 3)
+        after = h.result()
+    finally:
+        h.worker.close()
+    assert first.failed == {} and log.events == []  # never held
+    assert sorted(poisoned.failed) == list(range(20))
+    assert all(isinstance(e, ModelError) for e in poisoned.failed.values())
+    assert after.failed == {} and after.outputs[0].tolist() == [4.0] * 3
+    assert h.pool.in_use == 0 and h.worker.output_leak().missing == 0
+
+
+def test_worker_under_hold_narrows_the_held_batch_when_the_model_works_again() -> None:
+    switch, log = Switch(), HoldLog()
+    switch.broken.clear()
+    h = Harness(doubling(Composed(switch)), hold=log.hold)
+    h.worker.start()
+    try:
+        h.submit(1, [1.0] * 8)
+        assert h.result().failed == {}
+        switch.broken.set()  # the model breaks; the next batch has poison first and last
+        values = [float(i + 1) for i in range(32)]
+        values[0] = values[31] = -1.0
+        h.submit(2, values)
+        assert log.held.wait(30), "the batch was never held"
+        switch.broken.clear()
+        result = h.result()
+    finally:
+        h.worker.close()
+    assert sorted(result.failed) == [0, 31] and result.error is None
+    good = list(range(1, 31))
+    assert result.outputs[0][good].tolist() == [2 * values[row] for row in good]
+    assert log.events == [("held", None), ("resumed", None)]
+    assert h.pool.in_use == 0 and h.worker.output_leak().missing == 0
