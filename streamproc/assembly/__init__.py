@@ -25,6 +25,7 @@ Build order (each step needs the ones before it)::
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -43,14 +44,18 @@ from streamproc.config import Config
 from streamproc.device import DeviceWorker
 from streamproc.device.dispatch import Dispatcher
 from streamproc.device.selection import select_devices
+from streamproc.errors import ConfigError
 from streamproc.health import HealthServer, Probe
 from streamproc.intake.source import Source
 from streamproc.kafka.lag import LagMonitor
 from streamproc.kafka.protocols import ConsumerFactory, ProducerFactory
+from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.models.admin import AdminApi
 from streamproc.models.manager import ModelManager
 from streamproc.offsets.tracker import OffsetTracker
+
+log = get_logger(__name__)
 
 __all__ = ["Shared", "Stages", "TopicStages", "admin_settings", "assemble"]
 
@@ -165,6 +170,11 @@ def build_lag_monitor(
     )
 
 
+METRICS_PORTS_TRIED = 16
+"""Ports tried from the default ``metrics.port`` on: processes started from one config on one
+host (the default port not set by hand) each take the next free one instead of failing."""
+
+
 def build_health(
     config: Config,
     metrics: Metrics,
@@ -173,10 +183,40 @@ def build_health(
     managers: Mapping[str, ModelManager],
 ) -> HealthServer | None:
     """``/metrics``, ``/healthz``, ``/readyz`` and the model admin routes (``GET /models``,
-    ``POST /models/<pipeline>``) on ``metrics.port`` (None: ``port: 0``)."""
-    if not config.metrics.port:
+    ``POST /models/<pipeline>``) on ``metrics.port`` (None: ``port: 0``).
+
+    A ``metrics.port`` left at its default that another process of the host holds (several
+    ``streamproc run`` from one config) is passed over for the next free one of
+    :data:`METRICS_PORTS_TRIED` (a warning names the port taken); one set by hand is not.
+
+    Raises:
+        ConfigError: the port set by hand is in use, or every port tried is.
+    """
+    settings = config.metrics
+    if not settings.port:
         return None
     admin = AdminApi(config.admin.token, managers)
-    return HealthServer(
-        config.metrics.host, config.metrics.port, metrics.registry, live, ready, admin
+    chosen = "port" in settings.model_fields_set
+    ports = [settings.port] if chosen else range(settings.port, settings.port + METRICS_PORTS_TRIED)
+    for port in ports:
+        try:
+            server = HealthServer(settings.host, port, metrics.registry, live, ready, admin)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise ConfigError(
+                    f"metrics.port: cannot serve on {settings.host}:{port}: {exc}"
+                ) from exc
+            continue
+        if port != settings.port:
+            log.warning(
+                "metrics port in use: serving metrics, probes and the admin routes on the next "
+                "free one (set metrics.port per process to choose)",
+                default=settings.port,
+                port=port,
+            )
+        return server
+    tried = f"{settings.port}" if chosen else f"{settings.port}-{ports[-1]}"
+    raise ConfigError(
+        f"metrics.port: {settings.host}:{tried} in use by another process; set metrics.port "
+        "to a free port (STREAMPROC_METRICS__PORT), or 0 to serve no metrics endpoint"
     )

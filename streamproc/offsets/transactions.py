@@ -280,7 +280,9 @@ class Transactions:
         if err.code() in _OWNERSHIP:
             raise FatalPipelineError(
                 f"transactional producer failed fatally ({err.str()}): another instance with "
-                "the same transactional.id fenced this one, or it may not use that id"
+                "the same transactional.id fenced this one, the broker aborted its transaction "
+                "after transaction.timeout.ms (the process was stopped or stalled that long), "
+                "or it may not use that id"
             ) from None
         self._replace(f"fatal producer error: {err.str()}", err.name())
 

@@ -3,7 +3,7 @@
 Reads the whole input, output and dead-letter topics (``isolation.level=read_committed``) and
 the consumer group's committed offsets. Every input record is identified by its source
 coordinates (topic, partition, offset), which every result and dead-letter record carries in its
-``streamproc.intake.source.*`` headers.
+``streamproc.source.topic|partition|offset`` headers.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ Coord = tuple[str, int, int]
 
 @dataclass(frozen=True)
 class TopicDump:
-    """Every record of a topic: value, key, headers and timestamp (ms) per (partition, offset)."""
+    """Every record of a topic: key, value, headers and timestamp (ms) per (partition, offset)."""
 
     records: dict[tuple[int, int], tuple[bytes | None, bytes | None, dict[str, bytes], int]]
     end_offsets: dict[int, int]

@@ -3,11 +3,17 @@ started; the pipeline's close releases what was built)."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
+import pytest
+
+from streamproc.assembly import METRICS_PORTS_TRIED, build_health
 from streamproc.assembly.decoding import ProcessDecoding, ThreadDecoding
 from streamproc.assembly.shared import admin_settings, build_admission, late_results_reporter
 from streamproc.config import Config, load_config
+from streamproc.config_sections import MetricsConfig
+from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
 from streamproc.pipeline import Pipeline, State
 from streamproc.records import TopicPartition
@@ -82,3 +88,39 @@ def test_late_results_are_counted_as_they_happen() -> None:
     report(TopicPartition("t", 0), 3, True)
     report(TopicPartition("t", 0), 2, False)
     assert metrics.registry.get_sample_value("streamproc_late_results_total") == 5
+
+
+def _holding(port: int) -> socket.socket | None:
+    """A listening socket on 127.0.0.1:``port``, or None when another process holds it (busy
+    either way)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+def test_processes_of_one_config_on_one_host_take_the_next_free_metrics_port() -> None:
+    """Three `streamproc run` from one config on one host: two died at start-up with
+    "OSError: [Errno 98] Address already in use" on the default metrics port (9108). A default
+    port that is held is passed over for the next free one; one set by hand fails naming the key."""
+    default = MetricsConfig().port
+    held = _holding(default)
+    live = ready = lambda: (True, "ok")
+    try:
+        config = _config([TRADES], metrics={"host": "127.0.0.1"})
+        server = build_health(config, Metrics(), live, ready, {})
+        assert server is not None
+        try:
+            assert default < server.port < default + METRICS_PORTS_TRIED
+        finally:
+            server.close()
+        by_hand = _config([TRADES], metrics={"host": "127.0.0.1", "port": default})
+        with pytest.raises(ConfigError, match=rf"metrics.port: 127.0.0.1:{default} in use"):
+            build_health(by_hand, Metrics(), live, ready, {})
+    finally:
+        if held is not None:
+            held.close()
