@@ -30,6 +30,16 @@ CONSUMER_PROTOCOL_REFUSED = frozenset(
 """librdkafka consumer keys that ``group.protocol=consumer`` refuses (client creation fails)."""
 
 
+ASSIGNMENT_TIMEOUT_MIN_S = 3.0
+"""The shortest ``kafka.assignment_timeout_s``: three of the lag monitor's refreshes while
+``run --exit-when-idle-s`` waits (it wakes the monitor every second,
+``streamproc.pipeline.LAG_WAKE_INTERVAL_S``), so a measurement of the group begun after the quiet
+window began has time to arrive before a drained run is judged behind (a tiny value exited 1)."""
+ASSIGNMENT_TIMEOUT_MAX_S = 86_400.0
+"""The longest ``kafka.assignment_timeout_s`` (a day): finite, so a run whose group stays behind
+always ends (``inf`` never exited)."""
+
+
 class KafkaConfig(_Section):
     """Kafka client settings. ``consumer``/``producer`` pass raw librdkafka keys through.
 
@@ -41,7 +51,8 @@ class KafkaConfig(_Section):
     one) before exiting 1; it must outlast ``session.timeout.ms`` of a member that died (the
     coordinator expires it before the group rebalances). It also bounds how long a member whose
     own partitions are done waits for the rest of the group with no committed offset of the
-    input moving, before exiting 1 naming the partitions behind and their lag.
+    input moving, before exiting 1 naming the partitions behind and their lag. Seconds, finite,
+    from :data:`ASSIGNMENT_TIMEOUT_MIN_S` (3) to :data:`ASSIGNMENT_TIMEOUT_MAX_S` (86400).
     ``transactional_id`` (exactly-once only): unique per process and stable across its
     restarts; default ``<group_id>-<$STREAMPROC_INSTANCE_ID>``, else a host slot per process of
     the group (``<group_id>-<host name>[-<slot>]``, see ``streamproc.offsets.identity``).
@@ -71,7 +82,7 @@ class KafkaConfig(_Section):
     session_timeout_ms: int = Field(default=45_000, gt=0)
     max_poll_interval_ms: int = Field(default=300_000, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)
-    assignment_timeout_s: float = Field(default=120.0, gt=0)
+    assignment_timeout_s: float = 120.0
     create_topics: bool = True
     transactional_id: str | None = None
     max_transaction_aborts: int = Field(default=5, ge=1, le=1000)
@@ -87,6 +98,16 @@ class KafkaConfig(_Section):
             raise ValueError(
                 "blank; set a transactional.id unique per process and stable "
                 "across its restarts, or remove the key (STREAMPROC_INSTANCE_ID or a host slot)"
+            )
+        return value
+
+    @field_validator("assignment_timeout_s")
+    @classmethod
+    def _assignment_timeout(cls, value: float) -> float:
+        if not ASSIGNMENT_TIMEOUT_MIN_S <= value <= ASSIGNMENT_TIMEOUT_MAX_S:  # NaN too
+            raise ValueError(
+                f"must be a finite number of seconds from {ASSIGNMENT_TIMEOUT_MIN_S:g} to "
+                f"{ASSIGNMENT_TIMEOUT_MAX_S:g}"
             )
         return value
 

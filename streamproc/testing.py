@@ -97,8 +97,13 @@ class FakeConsumer:
 
     Args:
         logs: per partition, the values at offsets 0, 1, 2, ...
-        markers: per partition, offsets that hold no message (transaction markers): never
-            delivered, but the position moves past them.
+        markers: per partition, offsets that hold no message (transaction markers, aborted
+            records under read_committed): never delivered, but the position moves past them.
+
+    :meth:`position` reports none (-1001) for a partition read nothing since its assignment or
+    its last seek, as librdkafka does (measured: an ``incremental_assign`` or a ``seek``
+    resets it before returning); :attr:`stale_positions` makes it report an old position
+    there instead (a client that kept one).
 
     Rebalances are scripted: :meth:`schedule_assign`, :meth:`schedule_revoke` and
     :meth:`schedule_lost` queue a callback that the next :meth:`consume` runs first, on the
@@ -114,6 +119,8 @@ class FakeConsumer:
     commit_errors: deque[KafkaError] = field(default_factory=deque)
     committed_errors: deque[KafkaError] = field(default_factory=deque)
     positions: dict[TopicPartition, int] = field(default_factory=dict)
+    stale_positions: dict[TopicPartition, int] = field(default_factory=dict)
+    unread: set[TopicPartition] = field(default_factory=set)
     paused: set[TopicPartition] = field(default_factory=set)
     delivered: int = 0
     closed: bool = False
@@ -166,6 +173,8 @@ class FakeConsumer:
                     position += 1
                 while position in markers:  # librdkafka reads a trailing marker too
                     position += 1
+                if position != self.positions[tp]:
+                    self.unread.discard(tp)
                 self.positions[tp] = position
         self.delivered += len(out)
         return out
@@ -186,6 +195,7 @@ class FakeConsumer:
             if offset < 0:  # OFFSET_BEGINNING / OFFSET_END
                 offset = 0 if offset == -2 else len(self.logs.get(tp, ()))
             self.positions[tp] = offset
+            self.unread.add(tp)
 
     @overload
     def commit(
@@ -210,9 +220,14 @@ class FakeConsumer:
     def position(self, partitions: list[KafkaTopicPartition]) -> list[KafkaTopicPartition]:
         with self._lock:
             return [
-                KafkaTopicPartition(p.topic, p.partition, self.positions.get(_ours(p), -1001))
+                KafkaTopicPartition(p.topic, p.partition, self._position(_ours(p)))
                 for p in partitions
             ]
+
+    def _position(self, tp: TopicPartition) -> int:
+        if tp in self.unread:
+            return self.stale_positions.get(tp, -1001)
+        return self.positions.get(tp, -1001)
 
     def committed(
         self, partitions: list[KafkaTopicPartition], timeout: float = -1
@@ -234,6 +249,7 @@ class FakeConsumer:
             for part in partitions:
                 tp = _ours(part)
                 self.positions[tp] = self.committed_offsets.get(tp, 0)
+                self.unread.add(tp)
 
     def incremental_unassign(self, partitions: list[KafkaTopicPartition]) -> None:
         self.calls.append(("incremental_unassign", [_ours(p) for p in partitions]))
@@ -241,6 +257,7 @@ class FakeConsumer:
             for part in partitions:
                 self.positions.pop(_ours(part), None)
                 self.paused.discard(_ours(part))
+                self.unread.discard(_ours(part))
 
     def close(self) -> None:
         self.closed = True

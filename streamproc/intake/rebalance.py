@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.intake.lane import Lane
@@ -66,6 +66,13 @@ class Assignment:
         seek_floors: per partition sought back after a refusal, the offset the next accepted
             message must have (anything fetched before the seek took effect is dropped).
         flow_paused: partitions paused by flow control (at the ring's high watermark).
+        fresh: partitions for which the consumer reported no position (-1001) right after
+            their generation began (after ``incremental_assign``, or the rewind's ``seek``):
+            a position it reports later in this generation comes from this generation's reads,
+            even before any record was delivered (a partition of aborted transactions only).
+            librdkafka resets the position in both calls before they return (measured); one
+            that reported an old position instead is not fresh, and its position counts only
+            from its first delivered record.
         fetching: False once the pipeline drains (every partition stays paused).
         unassigned: since when and why no partition is assigned (from creation until the
             first assignment, and from a revoke or loss that took the last one until the next
@@ -82,6 +89,7 @@ class Assignment:
         self.generations: dict[TopicPartition, int] = {}
         self.seek_floors: dict[TopicPartition, int] = {}
         self.flow_paused: set[TopicPartition] = set()
+        self.fresh: set[TopicPartition] = set()
         self._positions: dict[TopicPartition, int | None] = {}
         self._assigned: frozenset[TopicPartition] = frozenset()
         self.fetching = True
@@ -115,6 +123,7 @@ class Assignment:
         for tp in tps:
             self.seek_floors.pop(tp, None)
             self.flow_paused.discard(tp)
+            self.fresh.discard(tp)
             self._positions[tp] = None
         self._assigned = self._assigned | frozenset(tps)
         self.last_rebalance_s = self._clock()
@@ -128,6 +137,7 @@ class Assignment:
             self.generations.pop(tp, None)
             self.seek_floors.pop(tp, None)
             self.flow_paused.discard(tp)
+            self.fresh.discard(tp)
             self._positions.pop(tp, None)
         self._assigned = self._assigned - frozenset(tps)
         self.last_rebalance_s = self._clock()
@@ -176,6 +186,7 @@ class RebalanceHandler:
         state.rebalances["assigned"] += 1
         self._start(tps)
         consumer.incremental_assign(partitions)
+        self._check_fresh(consumer, tps)
         if state.fetching:
             consumer.resume(partitions)
         else:
@@ -237,10 +248,23 @@ class RebalanceHandler:
             if offset < 0:
                 offset = OFFSET_BEGINNING if self._auto_offset_reset == "earliest" else OFFSET_END
             consumer.seek(KafkaTopicPartition(part.topic, part.partition, offset))
+        self._check_fresh(consumer, tps)
         if state.fetching:
             consumer.resume([ktp(tp) for tp in tps])
         log.warning("transaction aborted; rewound to committed offsets", partitions=_names(tps))
         self._on_rewound()
+
+    def _check_fresh(self, consumer: ConsumerClient, tps: list[TopicPartition]) -> None:
+        """Right after ``tps`` began a generation: mark those whose consumer position reads
+        none as :attr:`Assignment.fresh` (a position that cannot be read marks none)."""
+        try:
+            reported = consumer.position([ktp(tp) for tp in tps])
+        except KafkaException as exc:
+            log.debug("consumer position unavailable", error=str(exc))
+            return
+        for part in reported:
+            if part.error is None and part.offset < 0:
+                self._assignment.fresh.add(TopicPartition(part.topic, part.partition))
 
     def _start(self, tps: list[TopicPartition]) -> None:
         generations = self._tracker.assign(tps)

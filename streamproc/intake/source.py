@@ -430,19 +430,26 @@ class Source:
         transactional producer's records, aborted or compacted records): the commit then
         reaches the end offset and the lag of a drained partition reads 0, not 1 for ever.
 
-        Only partitions that delivered a record in this generation (a seek or rewind before
-        the first record may leave librdkafka reporting the old position) and are neither
-        paused by flow control nor sought back after a refusal; every message below the
-        position was then handed to :meth:`_route` already (this thread, between polls).
+        A partition that delivered a record in this generation counts from the offset after
+        it; one that delivered none (aborted transactions only, for a read_committed consumer)
+        only when it is :attr:`~streamproc.intake.rebalance.Assignment.fresh` (its position
+        read none when the generation began, so a position now is this generation's own; an
+        old one from before a seek or an earlier assignment never counts). Never a partition
+        paused by flow control or sought back after a refusal. Every message below the
+        position was then handed to :meth:`_route` already (this thread, between polls); the
+        tracker still holds the watermark at the first record not done.
         """
         state = self.assignment
-        mine = {
-            tp: position
-            for tp in state.assigned
-            if (position := state.position(tp)) is not None
-            and tp not in state.flow_paused
-            and tp not in state.seek_floors
-        }
+        mine: dict[TopicPartition, int] = {}
+        for tp in state.assigned:
+            if tp in state.flow_paused or tp in state.seek_floors:
+                continue
+            position = state.position(tp)
+            if position is None:
+                if tp not in state.fresh:
+                    continue
+                position = 0  # a position read (past a marker) is at least 1
+            mine[tp] = position
         if not mine:
             return
         try:

@@ -11,6 +11,11 @@ run whose own partitions are drained is not done while the group's committed off
 input partition is short of its end offset; it waits (and takes those partitions over when the
 other member leaves), or exits 1 naming them and their lag after ``kafka.assignment_timeout_s``
 without progress. (It used to exit 0 with the other member's share never processed.)
+
+And a partition that holds only an aborted transaction (issue 39, defect 3): a read_committed
+consumer is delivered nothing from it, but its position passes the aborted records and the
+abort marker; the owner commits that position, so the group's committed offset reaches the end
+and the run exits 0. (It used to exit 1 on every run: nothing was ever committed there.)
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -64,7 +69,9 @@ def _topics(bootstrap: str) -> Topics:
     return t
 
 
-def _pipeline(bootstrap: str, t: Topics, **kafka: Any) -> Pipeline:
+def _pipeline(
+    bootstrap: str, t: Topics, guarantee: str = "at_least_once", **kafka: Any
+) -> Pipeline:
     """A slow model (50 ms per batch of 4): the broker stops while most input waits."""
     settings = {"bootstrap_servers": bootstrap, "group_id": t.group, "commit_interval_ms": 200}
     slow = {"workload": "tests.support.slow:make_workload", "options": {"delay_s": 0.05}}
@@ -76,6 +83,7 @@ def _pipeline(bootstrap: str, t: Topics, **kafka: Any) -> Pipeline:
             kafka={**settings, "session_timeout_ms": SESSION_TIMEOUT_MS, **kafka},
             pipelines=[pipeline],
             shutdown_timeout_s=10,
+            processing_guarantee=guarantee,
         )
     )
 
@@ -299,3 +307,40 @@ def test_a_group_behind_past_the_assignment_timeout_exits_1_naming_partitions_an
     for tp, end in held.items():  # nothing of theirs committed: the lag is the end offset
         assert f"{tp.topic}[{tp.partition}] lag {end} " in summary.error, summary.error
     assert run.results(t.output) == TOTAL - sum(held.values())  # its own share was done
+
+
+def _abort_a_transaction(bootstrap: str, topic: str, partition: int, records: int) -> None:
+    """Write ``records`` records into ``partition`` in a transaction, then abort it."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"aborter-{uuid.uuid4().hex[:8]}"}
+    )
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for i in range(records):
+        producer.produce(topic, b'{"aborted": %d}' % i, partition=partition)
+    producer.flush(30)
+    producer.abort_transaction(60)
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_a_partition_of_only_aborted_records_is_committed_to_its_end(
+    broker: LocalKafka, guarantee: str
+) -> None:
+    bootstrap = broker.bootstrap_servers
+    suffix = uuid.uuid4().hex[:6]
+    t = Topics(f"ab.{suffix}", f"ab.out.{suffix}", f"ab.{suffix}.dlq", f"atk-{suffix}")
+    ensure_topics(bootstrap, {t.input: 3, t.output: 3, t.dlq: 1})
+    produce("trades", t.input, bootstrap, 2, limit=40, progress=False, spread=True)  # 0 and 1
+    _abort_a_transaction(bootstrap, t.input, 2, 5)  # partition 2: 5 aborted records, a marker
+    _abort_a_transaction(bootstrap, t.input, 1, 3)  # partition 1: records, then aborted ones
+    run = _Run(_pipeline(bootstrap, t, guarantee, assignment_timeout_s=15))
+    try:
+        summary = run.finish(180)
+    finally:
+        run.stop()
+    assert summary.exit_code == 0, summary.error
+    verdict = verify(bootstrap, t.input, t.output, t.dlq, t.group)
+    report(f"idle exit with an aborted-only partition ({guarantee})", verdict)
+    assert verdict.end_offsets[2] == 6, verdict.end_offsets
+    assert verdict.inputs == 40 and verdict.missing == [] and verdict.committed_equals_end
+    assert verdict.committed[2] == 6

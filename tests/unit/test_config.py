@@ -83,6 +83,25 @@ def test_max_waits_must_be_finite_and_bounded(batching: dict[str, Any], message:
         load_config(overrides={"pipelines": [PIPELINE], "batching": batching})
 
 
+@pytest.mark.parametrize("value", [math.inf, math.nan, 1e-9, 0, -1, 2.9, 86_401, 1e300])
+def test_assignment_timeout_must_be_finite_and_within_its_range(value: float) -> None:
+    # inf: a run whose group is behind never exited; 1e-9: a group measurement begun before
+    # the quiet window made a finished run exit 1
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"pipelines": [PIPELINE], "kafka": {"assignment_timeout_s": value}})
+    message = str(err.value)
+    assert "kafka.assignment_timeout_s" in message
+    assert "from 3 to 86400" in message, message
+
+
+@pytest.mark.parametrize("value", [3, 120.5, 86_400])
+def test_assignment_timeout_within_its_range_is_taken(value: float) -> None:
+    config = load_config(
+        overrides={"pipelines": [PIPELINE], "kafka": {"assignment_timeout_s": value}}
+    )
+    assert config.kafka.assignment_timeout_s == value
+
+
 def test_unknown_workload_and_bad_watermarks_fail_at_start() -> None:
     with pytest.raises(ConfigError, match=r"pipelines\.0\.workload.*allowed"):
         load_config(overrides={"pipelines": [{**PIPELINE, "workload": "audio"}]})

@@ -238,3 +238,81 @@ def test_under_exactly_once_the_transaction_commits_past_the_trailing_marker() -
     h.tracker.done_many(records)
     h.poll(advance_s=1.5)
     assert producer.committed_offsets == {TP: 3}
+
+
+ABORTED = frozenset(range(6))  # 5 aborted records and their abort marker: nothing to deliver
+
+
+def test_a_partition_of_only_aborted_records_commits_the_consumer_position() -> None:
+    # read_committed delivers nothing from it, so no record ever moved its watermark: the
+    # group's committed offset stayed short of the end for ever and --exit-when-idle-s
+    # exited 1 on every run
+    h = Harness(6, markers=ABORTED)
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    assert h.in_ring() == 0
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {TP: 6}
+    assert h.source.positions() == {TP: 6}
+
+
+def test_under_exactly_once_an_aborted_only_partition_commits_in_an_offsets_only_transaction() -> (
+    None
+):
+    producer = FakeProducer()
+    h = Harness(6, exactly_once(producer), markers=ABORTED)
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    h.poll(advance_s=1.5)
+    assert producer.committed_offsets == {TP: 6}
+    assert h.consumer.committed_offsets == {}  # not the consumer's own commit
+
+
+def test_aborted_records_after_committed_ones_commit_the_position_past_them() -> None:
+    h = Harness(9, markers=frozenset(range(3, 9)))
+    h.consumer.committed_offsets[TP] = 3  # a run before processed 0-2
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {TP: 9}
+
+
+def test_a_position_reported_before_anything_was_read_in_the_generation_is_never_committed() -> (
+    None
+):
+    # a client still reporting the position of an earlier assignment: offsets below it may
+    # hold records this generation never saw
+    h = Harness(2)
+    h.consumer.committed_offsets[TP] = 2  # nothing left to read
+    h.consumer.stale_positions[TP] = 5
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {TP: 2}
+    assert h.source.positions() == {TP: None}
+
+
+def test_an_untrusted_position_is_still_not_trusted_once_reading_starts() -> None:
+    # stale at the generation's start: the stale value and a real one cannot be told apart
+    h = Harness(6, markers=ABORTED)
+    h.consumer.stale_positions[TP] = 6
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {}
+
+
+def test_a_partition_with_records_in_flight_is_committed_only_up_to_them() -> None:
+    # another partition is aborted-only; this one's records are not done
+    h = Harness(6, markers=frozenset({4, 5}), partitions=2)
+    other = TopicPartition("in", 1)
+    h.consumer.markers = {TP: frozenset({4, 5}), other: ABORTED}
+    h.consumer.schedule_assign([TP, other])
+    h.poll()
+    records = h.cut().records
+    assert {r.tp for r in records} == {TP}
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {TP: 0, other: 6}  # 0-3 are not done
+    h.tracker.done_many(records)
+    h.poll(advance_s=1.5)
+    assert h.consumer.committed_offsets == {other: 6, TP: 6}
