@@ -191,7 +191,6 @@ _NOT_CONFIG_ENV = {
     "STREAMPROC_CONFIG",
     "STREAMPROC_CACHE_DIR",
     "STREAMPROC_INSTANCE_ID",
-    "STREAMPROC_LOCK_DIR",  # the transactional id slot folder (streamproc.offsets.identity)
     "STREAMPROC_TEST_BROKER",
     "STREAMPROC_MODEL_REPOSITORY",  # pipelines[].model.repository's default
     "STREAMPROC_ADMIN_TOKEN",  # admin.token's default

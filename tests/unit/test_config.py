@@ -151,6 +151,14 @@ def test_misspelled_environment_section_fails(monkeypatch: pytest.MonkeyPatch) -
         load_config(overrides={"pipelines": [PIPELINE]})
 
 
+def test_the_removed_lock_folder_setting_fails_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """STREAMPROC_LOCK_DIR (the old slot lock folder; slots are abstract sockets now) is no
+    longer read: a unit file that still sets it fails loudly instead of being silently ignored."""
+    monkeypatch.setenv("STREAMPROC_LOCK_DIR", "/run/streamproc")
+    with pytest.raises(ConfigError, match=r"STREAMPROC_LOCK_DIR: unknown config section"):
+        load_config(overrides={"pipelines": [PIPELINE]})
+
+
 def test_one_bad_pipeline_entry_gives_one_error_line() -> None:
     with pytest.raises(ConfigError) as err:
         load_config(overrides={"pipelines": [{**PIPELINE, "workload": "vidoe"}]})
