@@ -275,6 +275,8 @@ def test_ci_runs_the_test_command_then_the_compose_test() -> None:
         if "make " in line and not line.lstrip().startswith(("#", "echo"))
     ]
     assert lines == [
+        "step make venv kafka-jars tools",
+        "background images make images",
         "step make test",
         "step make test-models",
         "step make test-registry",
@@ -286,3 +288,21 @@ def test_ci_runs_the_test_command_then_the_compose_test() -> None:
         "step make gpu-bundle",
         "step make gpu-dry-run",
     ]
+
+
+def test_ci_awaits_each_background_build_before_the_step_that_uses_it() -> None:
+    """.ci/run builds the images and Kubernetes in the background beside the test tiers; the
+    compose test must wait for the images and the chart's step for the Kubernetes build, and
+    nothing may wait for a job that was never started."""
+    steps = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip().startswith(("step ", "background ", "await "))
+    ]
+    started = {line.split()[1]: i for i, line in enumerate(steps) if line.startswith("background ")}
+    awaited = {line.split()[1]: i for i, line in enumerate(steps) if line.startswith("await ")}
+    assert started.keys() == awaited.keys() == {"images", "kubernetes-build"}
+    assert started["images"] < steps.index("step make test") < awaited["images"]
+    assert awaited["images"] == steps.index("step make compose-test") - 1
+    assert awaited["kubernetes-build"] == steps.index("step K8S_CHECKS=ci make k8s-test") - 1
+    assert started["kubernetes-build"] < steps.index("step make test")
