@@ -153,12 +153,20 @@ decode-workers: venv kafka-jars
 PRIORITY_ARGS ?=
 .PHONY: priority-isolation
 priority-isolation: venv kafka-jars
-	$(PY) benchmarks/priority_isolation.py $(PRIORITY_ARGS)
+	$(PY) -m benchmarks.priority_isolation $(PRIORITY_ARGS)
 
 # Rebalance gaps: the longest stretch without results per partition during scale 1 -> 3, a rolling
 # restart and scale 3 -> 1, classic vs consumer group protocol, with and without static membership
 # (benchmarks/rebalance_gaps.py; docs/operations.md "Rebalances and scaling"). ~14 min per run.
 GAPS_ARGS ?= --runs 2
+# Overload: trades and iot offered at 2x their capacity for 60 s with a deadline, then at 50 %;
+# every input accounted for from the broker, goodput, the served records' P99, the recovery
+# (benchmarks/overload.py; docs/benchmarks.md "Overload"). ~3 min per workload and run.
+OVERLOAD_ARGS ?= --runs 5
+.PHONY: bench-overload
+bench-overload: venv kafka-jars
+	$(PY) -m benchmarks.overload $(OVERLOAD_ARGS)
+
 .PHONY: rebalance-gaps
 rebalance-gaps: venv kafka-jars
 	$(PY) benchmarks/rebalance_gaps.py $(GAPS_ARGS)

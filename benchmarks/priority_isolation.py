@@ -5,7 +5,7 @@ Usage (from a checkout's root, with its .venv; a local broker is started unless 
 or ``$KAFKA_BOOTSTRAP_SERVERS`` names one)::
 
     git worktree add --detach /tmp/streamproc-before main
-    .venv/bin/python benchmarks/priority_isolation.py --runs 5 \\
+    .venv/bin/python -m benchmarks.priority_isolation --runs 5 \\
         --checkout before=/tmp/streamproc-before --checkout after=.
 
 Each run starts, per checkout in alternating order (A B, then B A, ...), one consumer process
@@ -44,7 +44,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
+from benchmarks.consumer_process import load_average, wait_ready
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
 from streamproc.tools.bench.measure import format_spread
@@ -111,26 +111,6 @@ def _latencies(inputs: TopicDump, outputs: TopicDump) -> Latencies:
 
 def _window(values: Latencies, start_ms: int, end_ms: int, column: int = 1) -> list[float]:
     return [row[column] for row in values.values() if start_ms <= row[0] <= end_ms]
-
-
-def _load() -> float:
-    """The machine's 1-minute load average (the noise of a shared machine, printed per run)."""
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"consumer exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)  # polling an HTTP probe, not synchronisation between our threads
-    raise RuntimeError(f"consumer not ready within {timeout_s:.0f} s")
 
 
 def _produce_backlog(bootstrap: str, topic: str, frames: list[Message]) -> None:
@@ -194,16 +174,16 @@ def _run_one(
             stderr=subprocess.STDOUT,
         )
         try:
-            _wait_ready(port, proc, args.ready_timeout_s)
+            wait_ready(port, proc, args.ready_timeout_s)
             alone_ms = int(time.time() * 1000)
             produce("trades", trades_in, bootstrap, PARTITIONS, count, args.rate, progress=False)
             alone_end_ms = int(time.time() * 1000)
-            load_alone = _load()
+            load_alone = load_average()
             _produce_backlog(bootstrap, video_in, frames)
             backlog_ms = int(time.time() * 1000)
             produce("trades", trades_in, bootstrap, PARTITIONS, count, args.rate, progress=False)
             backlog_end_ms = int(time.time() * 1000)
-            load_backlog = _load()
+            load_backlog = load_average()
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -2,12 +2,11 @@
 
 Each script runs in-process on a tiny input (its ``--smoke`` option or a few messages), so an
 API change in streamproc fails here, not in the next measurement. Scripts that need a broker
-(lane_routes, pipeline_ab, priority_isolation, results_path, soak, quix_app) run only their pure
-parts: the
-config a run builds, the latency bookkeeping and summary, the results handed to the sink, the
-RSS summary, Quix's per-message step. The archived one-off studies (benchmarks/archive/) are
-type-checked only. The scripts change process-wide state (torch's thread count, structlog's
-configuration): every test restores both.
+(lane_routes, overload, pipeline_ab, priority_isolation, results_path, soak, quix_app) run only
+their pure parts: the config a run builds, the latency bookkeeping and summary, the results
+handed to the sink, the RSS summary, Quix's per-message step. The archived one-off studies
+(benchmarks/archive/) are type-checked only. The scripts change process-wide state (torch's
+thread count, structlog's configuration): every test restores both.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from benchmarks import (
     gpu_check,
     gpu_perf,
     lane_routes,
+    overload,
     pipeline_ab,
     precision,
     priority_isolation,
@@ -359,3 +359,36 @@ def test_lane_routes_builds_the_bench_context_it_runs_in() -> None:
 
 def runner_context() -> runner._Context:
     return runner._Context("127.0.0.1:1", "trades", runner.PLANS["trades"], "", "", ())
+
+
+def _out(
+    partition: int, offset: int, ts: int, expired: bool = False
+) -> tuple[None, bytes, dict[str, bytes], int]:
+    headers = {overload.H_PARTITION: b"%d" % partition, overload.H_OFFSET: b"%d" % offset}
+    if expired:
+        headers[overload.H_RESULT_KIND] = overload.KIND_EXPIRED
+    return (None, b"" if expired else b"r", headers, ts)
+
+
+def test_overload_accounts_for_every_input_and_finds_the_recovery() -> None:
+    """Inputs at 1 ms steps from t=0: 0-2 served fast, 3 expired, 4 dead-lettered, 5 missing;
+    after the overload's end (t=3 000) one slow window, then served within the target."""
+    inputs = TopicDump({(0, o): (None, b"v", {}, o) for o in range(6)}, {})
+    outputs = TopicDump({(0, i): _out(0, o, o + 5) for i, o in enumerate(range(3))}, {})
+    outputs.records[(0, 9)] = _out(0, 3, 50, expired=True)
+    dead = TopicDump({(0, 0): (None, b"v", {**_out(0, 4, 9)[2]}, 9)}, {})
+    rows = overload.outcomes(inputs, outputs, dead)
+    assert [r.latency_ms for r in rows] == [5.0, 5.0, 5.0, None, None, None]
+    assert [r.expired for r in rows] == [False, False, False, True, False, False]
+    assert [r.dead_letter for r in rows] == [False] * 4 + [True, False]
+    missing = [r for r in rows if r.latency_ms is None and not r.expired and not r.dead_letter]
+    assert len(missing) == 1
+
+    end = 3_000
+    after = [overload.Outcome(end + 10, 500.0, False, False)]  # window 0: over the target
+    after += [overload.Outcome(end + 1_000 + k, 5.0, False, False) for k in range(3)]
+    after += [overload.Outcome(end + 2_000 + k, 5.0, False, False) for k in range(3)]
+    assert overload.recovery_s(after, end, target_ms=30.0) == 1.0
+    expired_late = [*after, overload.Outcome(end + 2_500, None, True, False)]
+    assert overload.recovery_s(expired_late, end, target_ms=30.0) == float("inf")
+    assert overload.recovery_s(after[1:], end, target_ms=30.0) == 1.0  # an empty first window

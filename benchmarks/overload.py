@@ -1,0 +1,289 @@
+"""Overload (issue 41, item 4): a pipeline offered twice its capacity, then half of it, with a
+deadline; every input accounted for from the broker, goodput, the served records' P99, recovery.
+
+Usage (from a checkout's root, with its .venv; a local broker is started unless ``--bootstrap``
+or ``$KAFKA_BOOTSTRAP_SERVERS`` names one)::
+
+    .venv/bin/python -m benchmarks.overload --workload trades --workload iot --runs 5
+
+Per run and workload, on fresh topics (4 partitions), three consumer processes one after the
+other (``python -m streamproc run``, default settings but the ones named here), the producer (the
+real recording, ``streamproc.tools.replay``) on the same machine:
+
+1. *probe*: the recording produced as fast as the broker takes it for ``--probe-s`` seconds
+   beside a consumer without a deadline: a first estimate c0 of the capacity (low: a flooding
+   producer takes more CPU than a paced one).
+2. *capacity*: no deadline, the replay offered open loop at ``--factor`` x c0 for
+   ``--capacity-s`` seconds: capacity = results per second over the window (the most the
+   consumer serves beside a producer at the overload's own rate: like is compared with like).
+3. *overload*: ``pipelines[].max_age_ms`` = ``--max-age-ms`` (default: 3/4 of the target, so a
+   record cut at its deadline still has a quarter of the target for its batch); the same offered
+   rate for ``--overload-s`` seconds, then ``--after-factor`` x capacity for ``--after-s``
+   seconds; then SIGTERM (the consumer drains).
+
+From the broker (read_committed): every input has a result, an expired result
+(``streamproc.result.kind: expired``) or a dead-letter record (``missing`` must be 0); goodput =
+results made by the model within ``--target-ms`` (output timestamp - input timestamp, both
+CreateTime) per second of input in the overload window, as a share of the capacity; the served
+records' P99 in the overload window; the share expired; the offered rate the producer reached;
+recovery = seconds after the overload ends until the first 1-s window of inputs from which on
+every window is served within the target with nothing expired ("never" when none is). Per
+workload at the end: median [min-max] over the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.consumer_process import consumer, load_average
+from streamproc.kafka.admin import ensure_topics
+from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, KIND_EXPIRED
+from streamproc.tools.bench.measure import format_spread
+from streamproc.tools.kafka_local import broker_unless_given, free_port
+from streamproc.tools.replay import produce
+from streamproc.tools.verify import TopicDump, read_topic
+
+PARTITIONS = 4
+DEFAULT_TARGET_MS = {"trades": 30.0, "iot": 60.0}
+
+
+@dataclass
+class Row:
+    """One run of one workload (rates in msg/s, times in ms unless named _s)."""
+
+    workload: str
+    run: int
+    capacity: float
+    offered: float
+    inputs: int
+    missing: int
+    expired_share: float
+    goodput: float
+    goodput_share: float
+    served_p99_ms: float
+    recovery_s: float  # inf: never back within the target
+    load: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one input: its timestamp (ms), result latency (ms; None when none) and
+    whether it was expired or dead-lettered."""
+
+    ts_ms: int
+    latency_ms: float | None
+    expired: bool
+    dead_letter: bool
+
+
+def outcomes(inputs: TopicDump, outputs: TopicDump, dead_letters: TopicDump) -> list[Outcome]:
+    """One :class:`Outcome` per input record (inputs without any output have latency None and
+    neither flag: they are missing)."""
+    first: dict[tuple[int, int], tuple[int, bool]] = {}
+    for _, _, headers, ts in outputs.records.values():
+        coord = (int(headers[H_PARTITION]), int(headers[H_OFFSET]))
+        if coord not in first or ts < first[coord][0]:
+            first[coord] = (ts, headers.get(H_RESULT_KIND) == KIND_EXPIRED)
+    dead = {(int(h[H_PARTITION]), int(h[H_OFFSET])) for _, _, h, _ in dead_letters.records.values()}
+    rows = []
+    for coord, (_, _, _, ts) in inputs.records.items():
+        out = first.get(coord)
+        rows.append(
+            Outcome(
+                ts_ms=ts,
+                latency_ms=None if out is None or out[1] else float(out[0] - ts),
+                expired=out is not None and out[1],
+                dead_letter=coord in dead,
+            )
+        )
+    return rows
+
+
+def recovery_s(rows: list[Outcome], end_ms: int, target_ms: float) -> float:
+    """Seconds from ``end_ms`` to the start of the first 1-s window of inputs after which every
+    window is served within ``target_ms`` (P99) with nothing expired; inf when none is."""
+    windows: dict[int, list[Outcome]] = {}
+    for row in rows:
+        if row.ts_ms >= end_ms:
+            windows.setdefault((row.ts_ms - end_ms) // 1000, []).append(row)
+    good_from: float = float("inf")
+    for second in sorted(windows, reverse=True):
+        served = [r.latency_ms for r in windows[second] if r.latency_ms is not None]
+        ok = (
+            served
+            and not any(r.expired or r.dead_letter for r in windows[second])
+            and float(np.percentile(served, 99)) <= target_ms
+        )
+        if not ok:
+            break
+        good_from = float(second)
+    return good_from
+
+
+def _fresh(bootstrap: str, prefix: str) -> str:
+    topic = f"{prefix}.{uuid.uuid4().hex[:6]}"
+    ensure_topics(bootstrap, {topic: PARTITIONS})
+    return topic
+
+
+def _config(bootstrap: str, workload: str, topic: str, max_age_ms: float | None) -> dict[str, Any]:
+    pipeline: dict[str, object] = {
+        "name": workload,
+        "input_topic": topic,
+        "output_topic": f"{topic}.out",
+        "workload": workload,
+    }
+    if max_age_ms is not None:
+        pipeline["max_age_ms"] = int(max_age_ms)
+    return {
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": f"{topic}-group"},
+        "pipelines": [pipeline],
+        "metrics": {"port": free_port()},
+    }
+
+
+def _served_rate(bootstrap: str, topic: str, start_ms: float, end_ms: float) -> float:
+    """Results per second of ``topic``'s output with a timestamp in [start_ms, end_ms]."""
+    stamps = [ts for _, _, _, ts in read_topic(bootstrap, f"{topic}.out").records.values()]
+    served = [ts for ts in stamps if start_ms <= ts <= end_ms]
+    return float(len(served) / ((end_ms - start_ms) / 1000.0))
+
+
+def _probe(args: argparse.Namespace, bootstrap: str, workload: str, work: Path) -> float:
+    topic = _fresh(bootstrap, f"probe.{workload}")
+    stop = threading.Event()
+    with consumer(_config(bootstrap, workload, topic, None), Path.cwd(), work, topic):
+        start_ms = time.time() * 1000
+        timer = threading.Timer(args.probe_s, stop.set)
+        timer.start()
+        try:
+            produce(workload, topic, bootstrap, PARTITIONS, 10**9, None, False, stop=stop)
+        finally:
+            timer.cancel()
+        end_ms = time.time() * 1000
+    return _served_rate(bootstrap, topic, start_ms + args.skip_s * 1000, end_ms)
+
+
+def _capacity(
+    args: argparse.Namespace, bootstrap: str, workload: str, rate: float, work: Path
+) -> float:
+    topic = _fresh(bootstrap, f"cap.{workload}")
+    with consumer(_config(bootstrap, workload, topic, None), Path.cwd(), work, topic):
+        start_ms = time.time() * 1000
+        produce(workload, topic, bootstrap, PARTITIONS, int(rate * args.capacity_s), rate, False)
+        end_ms = time.time() * 1000
+    return _served_rate(bootstrap, topic, start_ms + args.skip_s * 1000, end_ms)
+
+
+def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, work: Path) -> Row:
+    """Measure the capacity, then the overload and the recovery, of ``workload`` once."""
+    target_ms = args.target_ms or DEFAULT_TARGET_MS.get(workload, 100.0)
+    over_rate = args.factor * _probe(args, bootstrap, workload, work)
+    capacity = _capacity(args, bootstrap, workload, over_rate, work)
+    after_rate = args.after_factor * capacity
+    topic = _fresh(bootstrap, f"over.{workload}")
+    config = _config(bootstrap, workload, topic, args.max_age_ms or 0.75 * target_ms)
+    with consumer(config, Path.cwd(), work, topic):
+        start_ms = int(time.time() * 1000)
+        sent = produce(
+            workload, topic, bootstrap, PARTITIONS, int(over_rate * args.overload_s), over_rate
+        )
+        end_ms = int(time.time() * 1000)
+        produce(workload, topic, bootstrap, PARTITIONS, int(after_rate * args.after_s), after_rate)
+        load = load_average()
+    rows = outcomes(
+        read_topic(bootstrap, topic),
+        read_topic(bootstrap, f"{topic}.out"),
+        read_topic(bootstrap, f"{topic}.dlq"),
+    )
+    during = [r for r in rows if start_ms + args.skip_s * 1000 <= r.ts_ms <= end_ms]
+    seconds = (end_ms - start_ms - args.skip_s * 1000) / 1000.0
+    served = [r.latency_ms for r in during if r.latency_ms is not None]
+    good = sum(1 for ms in served if ms <= target_ms) / seconds
+    return Row(
+        workload=workload,
+        run=run,
+        capacity=capacity,
+        offered=sent / ((end_ms - start_ms) / 1000.0),
+        inputs=len(rows),
+        missing=sum(
+            1 for r in rows if r.latency_ms is None and not r.expired and not r.dead_letter
+        ),
+        expired_share=sum(r.expired for r in during) / max(1, len(during)),
+        goodput=good,
+        goodput_share=good / capacity,
+        served_p99_ms=float(np.percentile(served, 99)) if served else float("nan"),
+        recovery_s=recovery_s(rows, end_ms, target_ms),
+        load=load,
+    )
+
+
+def _print_row(row: Row, target_ms: float) -> None:
+    print(
+        f"run {row.run} {row.workload:<7} capacity {row.capacity:8.0f} msg/s | offered "
+        f"{row.offered:8.0f} ({row.offered / row.capacity:.1f}x) | inputs {row.inputs:7d} "
+        f"missing {row.missing} | expired "
+        f"{row.expired_share:5.1%} | goodput {row.goodput:8.0f} msg/s = {row.goodput_share:5.1%} "
+        f"of capacity | served P99 {row.served_p99_ms:7.1f} ms (target {target_ms:.0f}) | "
+        f"recovery {row.recovery_s:4.0f} s | load {row.load:.1f}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", action="append", default=[], help="trades, iot (repeatable)")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--probe-s", type=float, default=10.0)
+    parser.add_argument("--capacity-s", type=float, default=30.0)
+    parser.add_argument("--overload-s", type=float, default=60.0)
+    parser.add_argument("--after-s", type=float, default=30.0)
+    parser.add_argument("--factor", type=float, default=2.0, help="offered / capacity, overload")
+    parser.add_argument("--after-factor", type=float, default=0.5, help="offered / capacity, after")
+    parser.add_argument("--target-ms", type=float, help="default: trades 30, iot 60")
+    parser.add_argument(
+        "--max-age-ms", type=float, help="pipelines[].max_age_ms; default: 3/4 of the target"
+    )
+    parser.add_argument("--skip-s", type=float, default=2.0, help="left out of each window")
+    parser.add_argument("--bootstrap")
+    args = parser.parse_args()
+    workloads = args.workload or ["trades", "iot"]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="streamproc-overload-") as tmp:
+        work = Path(tmp)
+        with broker_unless_given(args.bootstrap, work / "kafka") as bootstrap:
+            for run in range(1, args.runs + 1):
+                for workload in workloads:
+                    row = run_one(args, bootstrap, workload, run, work)
+                    rows.append(row)
+                    _print_row(row, args.target_ms or DEFAULT_TARGET_MS.get(workload, 100.0))
+    print("\nper workload, median [min-max] over the runs")
+    for workload in workloads:
+        mine = [r for r in rows if r.workload == workload]
+        finite = [r.recovery_s for r in mine if r.recovery_s != float("inf")]
+        print(
+            f"{workload:<7} capacity {format_spread([r.capacity for r in mine])} msg/s | goodput "
+            f"share {format_spread([r.goodput_share for r in mine])} | served P99 "
+            f"{format_spread([r.served_p99_ms for r in mine])} ms | expired "
+            f"{format_spread([r.expired_share for r in mine])} | recovery "
+            f"{format_spread(finite) if finite else '-'} s ({len(mine) - len(finite)} never) | "
+            f"missing {sum(r.missing for r in mine)}"
+        )
+    if any(r.missing for r in rows):
+        raise SystemExit("inputs without a result, expired result or dead-letter record")
+    print(f"(median of goodput share: {statistics.median(r.goodput_share for r in rows):.2f})")
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "overload-bench"
+    main()
