@@ -41,6 +41,7 @@ METRICS = {
     "streamproc_device_stalled",
     "streamproc_model_rollbacks_total",
     "streamproc_model_held",
+    "streamproc_latency_over_target_seconds_total",
 }
 
 
@@ -190,6 +191,7 @@ def test_prometheus_scrapes_streamproc() -> None:
         "StreamprocNotReady",
         "StreamprocModelRolledBack",
         "StreamprocModelBroken",
+        "StreamprocLatencyOverTarget",
     }
     for rule in rules:
         assert set(re.findall(r"streamproc_[a-z_]+", rule["expr"])) <= {
@@ -248,6 +250,7 @@ def test_alert_rules_have_promtool_unit_tests_for_lag_and_stalled_partitions() -
         "StreamprocConsumerLagGrowing",
         "StreamprocPartitionsStalled",
         "StreamprocModelBroken",
+        "StreamprocLatencyOverTarget",
     } <= fired
 
 
