@@ -11,7 +11,8 @@ The budget (open loop), for a target ``T`` and a scale ``s`` (the feedback below
 * **wait**: no record waits after its consume longer than :data:`WAIT_SHARE` x ``T`` x ``s``
   (its class's ``max_wait_ms`` still applies where shorter);
 * **batch cap**: the largest candidate size ``n`` (powers of two up to the devices' cap, and the
-  cap) whose expected device time ``d(n)`` fits ``wait + IN_FLIGHT_BATCHES x d(n) <= T x s``. A
+  cap) whose expected device time ``d(n)`` fits ``wait + IN_FLIGHT_BATCHES x d(n) <= T x s``
+  (``wait``: the longest of the classes' waits, as any class may share the batch). A
   cut batch may queue behind one more on its device, so two batch times count (the bench's
   latency bound counts the same two). ``d(n)`` is the median of the size's recent batches; a
   size not measured is interpolated between the nearest measured sizes, or estimated linearly
@@ -132,7 +133,8 @@ class LatencyTarget:
         # the window: per acknowledged batch (ack time, latencies), oldest first
         self._window: deque[tuple[float, np.ndarray]] = deque()
         self._samples = 0
-        self._since_adjust: list[np.ndarray] = []
+        self._since_adjust: list[np.ndarray] = []  # latencies since the last adjustment
+        self._since_samples = 0
         self._adjusted_s = -math.inf  # the first adjustment waits only for MIN_SAMPLES
         self._cuts = 0
         self._backlogged_cuts = 0
@@ -211,7 +213,11 @@ class LatencyTarget:
         if len(latencies_s):
             self._window.append((now_s, latencies_s))
             self._samples += len(latencies_s)
-            self._since_adjust.append(latencies_s)
+            since = self._since_adjust
+            since.append(latencies_s)
+            self._since_samples += len(latencies_s)
+            while self._since_samples - len(since[0]) >= MAX_SAMPLES:  # bounded, newest kept
+                self._since_samples -= len(since.pop(0))
         self._trim(now_s)
         if now_s - self._adjusted_s >= ADJUST_EVERY_S:
             self._adjust(now_s)
@@ -235,7 +241,7 @@ class LatencyTarget:
 
     def _adjust(self, now_s: float) -> None:
         recent = self._since_adjust
-        if sum(len(samples) for samples in recent) < MIN_SAMPLES:
+        if self._since_samples < MIN_SAMPLES:
             return
         p99_s = float(np.percentile(np.concatenate(recent), 99))
         scale = self.scale
@@ -249,6 +255,7 @@ class LatencyTarget:
             self.scale = scale
             self.version += 1
         self._since_adjust = []
+        self._since_samples = 0
         self._cuts = self._backlogged_cuts = 0
         self._adjusted_s = now_s
 
