@@ -19,6 +19,10 @@ The budget (open loop), for a target ``T`` and a scale ``s`` (the feedback below
   per row from the largest measured below it (an upper bound: a batch's fixed cost is shared), or,
   with none below, taken as the smallest measured above it (a smaller batch is no slower). The
   cap never goes below 1: a target that even one record cannot meet is missed, and said so.
+* **capacity first**: nor below the smallest size whose expected throughput (``n / d(n)``)
+  carries :data:`CAPACITY_HEADROOM` x the rate of results measured over the last adjustment
+  period. A cap the load does not fit in only grows a backlog, which misses the target by far
+  more than a larger batch does.
 
 The feedback (closed loop), at most once per :data:`ADJUST_EVERY_S` and only once
 :data:`MIN_SAMPLES` results were acknowledged since the last adjustment, from the P99 of those
@@ -72,6 +76,10 @@ RELAX = 0.8
 """Under target by this margin (P99 < RELAX x target) before the budget grows back."""
 MIN_SCALE = 0.125
 MAX_SCALE = 8.0
+CAPACITY_HEADROOM = 1.25
+"""The batch cap never falls below the smallest size whose expected throughput (size / device
+time) carries this many times the lane's measured rate of results (the device at most 80 %
+busy): a cap the load does not fit in grows a backlog, which misses the target by far more."""
 SATURATED_SHARE = 0.5
 """A lane is saturated when at least this share of its cuts left a full batch waiting."""
 WARN_EVERY_S = 60.0
@@ -136,6 +144,7 @@ class LatencyTarget:
         self._since_adjust: list[np.ndarray] = []  # latencies since the last adjustment
         self._since_samples = 0
         self._adjusted_s = -math.inf  # the first adjustment waits only for MIN_SAMPLES
+        self._rate_msg_s = 0.0  # results per second over the last adjustment period (0: unknown)
         self._cuts = 0
         self._backlogged_cuts = 0
         self._read_s: float | None = None
@@ -156,14 +165,26 @@ class LatencyTarget:
         after waiting ``wait_s`` (see the module docstring); 1 when none does, ``cap`` while
         nothing was measured."""
         budget_s = self.target_s * self.scale
+        sizes = candidate_sizes(max(1, cap))
         fitting = 1
-        for size in candidate_sizes(max(1, cap)):
+        for size in sizes:
             service_s = self.service_s(size)
             if service_s is not None and wait_s + IN_FLIGHT_BATCHES * service_s > budget_s:
                 break
             fitting = size
+        needed_msg_s = CAPACITY_HEADROOM * self._rate_msg_s
+        if needed_msg_s > 0.0 and not self._carries(fitting, needed_msg_s):
+            # the load does not fit: capacity first
+            larger = (size for size in sizes if size > fitting)
+            fitting = next((s for s in larger if self._carries(s, needed_msg_s)), sizes[-1])
         self._last_cap = fitting
         return fitting
+
+    def _carries(self, size: int, rate_msg_s: float) -> bool:
+        """Batches of ``size`` carry ``rate_msg_s`` by their expected device time (True while
+        nothing was measured)."""
+        service_s = self.service_s(size)
+        return service_s is None or size / service_s >= rate_msg_s
 
     def service_s(self, size: int) -> float | None:
         """Expected device seconds of a batch of ``size`` (see the module docstring); None
@@ -244,6 +265,9 @@ class LatencyTarget:
         if self._since_samples < MIN_SAMPLES:
             return
         p99_s = float(np.percentile(np.concatenate(recent), 99))
+        if self._adjusted_s > -math.inf and now_s > self._adjusted_s:
+            self._rate_msg_s = self._since_samples / (now_s - self._adjusted_s)
+            self.version += 1
         scale = self.scale
         if self._cuts and self._backlogged_cuts >= SATURATED_SHARE * self._cuts:
             scale = min(MAX_SCALE, scale * GROW)
