@@ -226,15 +226,15 @@ class Lane:
         """Results of records consumed at ``consumed_s`` (monotonic seconds, shape ``(n,)``)
         were acknowledged at ``now_s``: the latency target's measurement (see
         :meth:`Batcher.acknowledged`). Returns its reading when one is due; None without a
-        target. A waiting dispatcher is woken when the waits moved."""
+        target. A waiting dispatcher is woken when the waits or the cap moved."""
         with self._cond:
             batcher = self._batcher
             if batcher.latency is None:
                 return None
-            waits_s = batcher.waits_s
+            before = (batcher.waits_s, batcher.latency_cap)
             reading = batcher.acknowledged(consumed_s, now_s)
-            if batcher.waits_s != waits_s:
-                self._cond.notify()  # a shorter wait may already have passed
+            if (batcher.waits_s, batcher.latency_cap) != before:
+                self._cond.notify()  # a shorter wait may have passed, a smaller batch be ready
             return reading
 
     @property

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.core
 
 RATE_MSG_S = 100.0
 PACED_S = 2.0
-TIGHT_S, LOOSE_S = 0.001, 2.0
+TIGHT_S, LOOSE_S = 0.001, 5.0  # a P99 of 0.2 s measured at a load average of 9.5 on 2 cores
 
 
 def produce_paced(bootstrap: str, topics: list[str], ready: threading.Event) -> int:
