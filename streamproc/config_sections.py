@@ -254,9 +254,26 @@ class ModelConfig(_Section):
         return self
 
 
+DEFAULT_LATENCY_TARGET_MS: dict[str, float] = {"high": 30.0, "normal": 100.0, "low": 2000.0}
+"""``pipelines[].latency_target_ms`` left unset, by the pipeline's priority class (its
+``priority``, else its workload's): ``high`` 30 ms, what a trading or fraud check is judged by
+(issue 41's trades target); ``normal`` 100 ms, the budget of an interactive answer (sensor
+alerts, recommendations); ``low`` 2 s, a bulk model that must keep up rather than answer fast
+(video). docs/operations.md ("Latency target") says why."""
+LATENCY_TARGET_MAX_MS = 3_600_000.0
+"""The longest ``pipelines[].latency_target_ms`` (an hour): finite, as every max wait."""
+
+
 class PipelineConfig(_Section):
     """One input topic bound to one workload and one output topic; ``precision`` overrides
-    ``worker.precision`` for this pipeline's model."""
+    ``worker.precision`` for this pipeline's model.
+
+    ``latency_target_ms``: the P99 from consume to the acknowledgement of the result that the
+    batcher aims for (``streamproc.intake.latency``): waits and batch sizes are kept within it
+    while the device can; ``streamproc_latency_p99_seconds`` and
+    ``streamproc_latency_over_target_seconds_total`` say when it cannot. Milliseconds, above 0,
+    up to 3600000; unset: by priority (:data:`DEFAULT_LATENCY_TARGET_MS`).
+    """
 
     name: str = Field(min_length=1)
     input_topic: str = Field(min_length=1)
@@ -280,6 +297,37 @@ class PipelineConfig(_Section):
     # what a record past its deadline becomes: an `expired` result on the output topic, or a
     # dead-letter record (stage `deadline`)
     on_expired: Literal["result", "dead_letter"] = "result"
+    # the P99 consume -> acknowledgement the batcher aims for; None: by priority
+    latency_target_ms: float | None = None
+
+    @field_validator("latency_target_ms", mode="before")
+    @classmethod
+    def _latency_target(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        number: float | None = None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        if number is None or not 0.0 < number <= LATENCY_TARGET_MAX_MS:  # NaN too
+            defaults = ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LATENCY_TARGET_MS.items())
+            raise ValueError(
+                f"must be a number of milliseconds above 0, up to {LATENCY_TARGET_MAX_MS:.0f}; "
+                f"left out, the priority's default ({defaults})"
+            )
+        return number
+
+    def latency_target_s(self, priority: Priority) -> float:
+        """The latency target in seconds: ``latency_target_ms``, else the default of
+        ``priority`` (the pipeline's class, resolved with its workload's)."""
+        target_ms = self.latency_target_ms
+        if target_ms is None:
+            target_ms = DEFAULT_LATENCY_TARGET_MS[priority.label]
+        return target_ms / 1000.0
 
     @field_validator("workload")
     @classmethod

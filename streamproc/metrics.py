@@ -142,6 +142,27 @@ class Metrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=reg,
         )
+        self.latency_p99 = Gauge(
+            "streamproc_latency_p99_seconds",
+            "P99 from consume to the acknowledgement of the result, over the last 10 s of "
+            "results (as of the last result), by input topic",
+            _TOPIC,
+            registry=reg,
+        )
+        self.latency_target = Gauge(
+            "streamproc_latency_target_seconds",
+            "The pipeline's latency target (pipelines[].latency_target_ms): the P99 from "
+            "consume to acknowledgement its batcher aims for, by input topic",
+            _TOPIC,
+            registry=reg,
+        )
+        self.latency_over_target = Counter(
+            "streamproc_latency_over_target_seconds",
+            "Time the measured P99 (streamproc_latency_p99_seconds) was over the target, by "
+            "input topic",
+            _TOPIC,
+            registry=reg,
+        )
 
     def _add_flow_control(self) -> None:
         """Ring fill per partition and the partitions paused by flow control."""

@@ -52,7 +52,7 @@ FORBIDDEN_PACKAGES="pytest pytest-timeout ruff mypy testcontainers docker scikit
   matplotlib pip iniconfig pluggy wheel"
 ALERTS=(StreamprocConsumerLagGrowing StreamprocDeadLettering StreamprocCommitFailures
   StreamprocPartitionsStalled StreamprocPartitionsPausedTooLong StreamprocEndToEndLatencyHigh
-  StreamprocNotReady StreamprocModelRolledBack StreamprocModelBroken)
+  StreamprocNotReady StreamprocModelRolledBack StreamprocModelBroken StreamprocLatencyOverTarget)
 
 compose() { docker compose -f docker-compose.yml "$@"; }
 # The checks in deploy/compose/check_stack.py, run by the consumer container's own Python.

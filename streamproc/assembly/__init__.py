@@ -124,6 +124,7 @@ def assemble(
             schemas.close()  # its HTTP session: nothing else will close it
         raise
     lanes = {stages.topic: stages.lane for stages in topics}
+    sink.watch_latency(lanes)
     source = Source(config, lanes, tracker, guarantee, metrics, on_fatal, consumer_factory)
     shared.commit_now.bind(source.request_commit)
     dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)

@@ -216,9 +216,11 @@ def build_staging_pool(workload: Workload, shared: Shared) -> StagingPool:
 
 
 def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane:
-    """The pipeline's rings (``buffers``) and batch-cut policy (``batching``); a message without
-    a ``priority`` header gets the pipeline's ``priority``, else the workload's."""
+    """The pipeline's rings (``buffers``) and batch-cut policy (``batching``, and its
+    ``latency_target_ms``, by default its priority's); a message without a ``priority`` header
+    gets the pipeline's ``priority``, else the workload's."""
     batching, buffers = shared.config.batching, shared.config.buffers
+    priority = Priority.parse(spec.priority or workload.default_priority)
     return Lane(
         spec.input_topic,
         PartitionBuffers(buffers.ring_capacity, buffers.high_watermark, buffers.low_watermark),
@@ -227,9 +229,10 @@ def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane
             batching.max_batch_bytes,
             batching.max_wait_s,
             adaptive=batching.adaptive_batch_size,
+            latency_target_s=spec.latency_target_s(priority),
         ),
         shared.tracker,
-        Priority.parse(spec.priority or workload.default_priority),
+        priority,
         max_age_ms=spec.max_age_ms,
     )
 

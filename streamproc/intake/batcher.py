@@ -21,6 +21,11 @@ Every cut is at most the **batch cap**: the largest batch the lane's devices can
 it again after a quiet period, see :mod:`streamproc.device.recovery`). It bounds the target, and
 the adaptive model explores and chooses only sizes up to it.
 
+A **latency target** (``pipelines[].latency_target_ms``; :mod:`streamproc.intake.latency`)
+bounds both more: the wait of (b) is at most a share of the target, and the batch cap is at most
+the largest size whose expected device time fits the target after that wait; the P99 measured
+from consume to acknowledgement (:meth:`Batcher.acknowledged`) shrinks or grows that budget.
+
 Otherwise the answer is "wait until the earliest deadline". Records leave the rings
 earliest-deadline-first across partitions (in offset order within one), so an old low-priority
 record eventually outranks fresh high-priority ones: nothing starves. Batches are never empty.
@@ -37,6 +42,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from streamproc.intake.latency import LatencyReading, LatencyTarget
 from streamproc.intake.rings import RingView
 from streamproc.records import Priority
 
@@ -317,6 +323,13 @@ class Batcher:
         adaptive: measure and aim for the throughput-optimal batch size (see
             :class:`AdaptiveBatchSize`); else always aim for ``max_batch_size`` (or the cap,
             while :meth:`set_cap` holds it lower).
+        latency_target_s: the pipeline's latency target (P99 from consume to acknowledgement,
+            seconds, > 0; see :class:`~streamproc.intake.latency.LatencyTarget`): waits and
+            the batch cap are kept within its budget. None: no target (the configured waits
+            and sizes only).
+
+    Raises:
+        ValueError: ``max_batch_size`` below 1, or ``latency_target_s`` not above 0.
     """
 
     def __init__(
@@ -325,6 +338,7 @@ class Batcher:
         max_batch_bytes: int,
         max_wait_s: float | Mapping[Priority, float],
         adaptive: bool = False,
+        latency_target_s: float | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -335,22 +349,46 @@ class Batcher:
         )
         normal = waits.get(Priority.NORMAL, 0.02)
         # indexed by Priority value (the rings' per-class tables use the same index)
+        # (the take order's ages: records leave the rings by these, target or not)
         self.max_wait_s: tuple[float, ...] = tuple(waits.get(p, normal) for p in Priority)
+        self.waits_s = self.max_wait_s
+        """Per class, the longest wait after consume now (seconds): ``max_wait_s``, at most
+        the latency target's wait share."""
         self.sizer = AdaptiveBatchSize(max_batch_size) if adaptive else None
         self.arrivals = ArrivalGaps()
         self.cap = max_batch_size
+        self.latency = None if latency_target_s is None else LatencyTarget(latency_target_s)
+        self.latency_cap = max_batch_size
+        """The largest batch the latency target allows now (``max_batch_size`` without one)."""
+        self._latency_version = -1
+        self._refresh()
 
     @property
     def target(self) -> int:
-        """The batch size aimed for now (never above the cap)."""
-        return self.sizer.target() if self.sizer is not None else self.cap
+        """The batch size aimed for now (never above the cap nor the latency target's cap)."""
+        if self.sizer is not None:
+            return self.sizer.target()
+        return min(self.cap, self.latency_cap)
 
     def set_cap(self, cap: int) -> None:
         """The lane's devices can run at most ``cap`` rows per batch now (clamped to
         1..``max_batch_size``): no cut is larger until the cap rises again."""
         self.cap = max(1, min(cap, self.max_batch_size))
+        self._latency_version = -1
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Follow the latency target's budget (when it moved): the waits, the latency cap and
+        the adaptive model's cap (the smaller of the devices' and the latency's)."""
+        latency = self.latency
+        if latency is not None and latency.version != self._latency_version:
+            self._latency_version = latency.version
+            self.waits_s = latency.waits_s(self.max_wait_s)
+            self.latency_cap = latency.batch_cap(self.cap, max(self.waits_s))
         if self.sizer is not None:
-            self.sizer.set_cap(self.cap)
+            allowed = min(self.cap, self.latency_cap)
+            if self.sizer.cap != allowed:
+                self.sizer.set_cap(allowed)
 
     def unmeasured(self) -> int | None:
         """Next batch size the adaptive model needs measured, or None (see
@@ -358,9 +396,24 @@ class Batcher:
         return self.sizer.unmeasured() if self.sizer is not None else None
 
     def observe(self, size: int, service_s: float) -> None:
-        """Feed back one batch's device time (used by the adaptive size model)."""
+        """Feed back one batch's device time (used by the adaptive size model and the latency
+        target's device time estimates)."""
         if self.sizer is not None:
             self.sizer.observe(size, service_s)
+        if self.latency is not None:
+            self.latency.observe(size, service_s)
+            self._refresh()
+
+    def acknowledged(self, consumed_s: np.ndarray, now_s: float) -> LatencyReading | None:
+        """Results were acknowledged at ``now_s`` for records consumed at ``consumed_s``
+        (monotonic seconds, shape ``(n,)``): the latency target's measurement. Returns its
+        reading when one is due (None: not due, or no target)."""
+        latency = self.latency
+        if latency is None:
+            return None
+        reading = latency.acknowledged(np.maximum(0.0, now_s - consumed_s), now_s)
+        self._refresh()
+        return reading
 
     def cut(self, consumed_s: Sequence[float] | np.ndarray) -> None:
         """Feed back one cut batch: its messages' consume times (monotonic seconds; the
@@ -372,14 +425,20 @@ class Batcher:
         if not views:
             return Wait(None)
         target = self.target
-        if sum(v.size for v in views) >= target:
-            return Cut(target, "size")
+        waiting = sum(v.size for v in views)
+        if waiting >= target:
+            return self._cut(target, "size", waiting)
         if sum(v.bytes for v in views) >= self.max_batch_bytes:
-            return Cut(target, "bytes")
-        deadline_s = min(v.deadline_s(self.max_wait_s) for v in views)
+            return self._cut(target, "bytes", waiting)
+        deadline_s = min(v.deadline_s(self.waits_s) for v in views)
         if now_s >= deadline_s:
-            return Cut(target, "deadline")
+            return self._cut(target, "deadline", waiting)
         gap_s = self.arrivals.typical_s
         if gap_s is not None and gap_s > deadline_s - now_s:
-            return Cut(target, "sparse")
+            return self._cut(target, "sparse", waiting)
         return Wait(deadline_s)
+
+    def _cut(self, target: int, reason: str, waiting: int) -> Cut:
+        if self.latency is not None:  # a full batch more waits behind this one: saturated
+            self.latency.cut(waiting >= 2 * target)
+        return Cut(target, reason)

@@ -14,6 +14,10 @@ method                    called by            does
 :meth:`revoke`            source thread        drop rings, count what they held
 :meth:`next_cut`          dispatcher thread    wait for a cut, take its records
 :meth:`observe`           result thread        feed one batch's device time to the batcher
+:meth:`delivered`         whichever thread     results acknowledged: the latency target's
+                          polls the producer   measurement (consume to acknowledgement)
+                          (sink, results,
+                          main at flush)
 :meth:`cap_batch`         device threads,      a device's batch cap moved (out of memory,
                           start-up (warm-up)   recovery): the batcher cuts at most the
                                                smallest cap of the lane's devices
@@ -24,7 +28,9 @@ method                    called by            does
 
 Lock order: a lane's lock may be held while the offset tracker's lock is taken (``offer``
 tracks records as consumed under the lane lock, so a record is never in a ring untracked);
-never the other way round.
+never the other way round. :meth:`delivered` may be called under the transaction lock (a
+delivery report run by ``produce()`` or a flush inside it): the transaction lock comes before a
+lane's, and nothing under a lane's lock takes the transaction lock.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import numpy as np
 
 from streamproc.intake.batcher import NEAR_BEST, Batcher, Cut
 from streamproc.intake.deadlines import Deadlines
+from streamproc.intake.latency import LatencyReading
 from streamproc.intake.rings import FlowControl, PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Priority, Record, TopicPartition
@@ -214,6 +221,27 @@ class Lane:
         with self._cond:
             if whole == self._whole:
                 self._batcher.observe(size, service_s)
+
+    def delivered(self, consumed_s: np.ndarray, now_s: float) -> LatencyReading | None:
+        """Results of records consumed at ``consumed_s`` (monotonic seconds, shape ``(n,)``)
+        were acknowledged at ``now_s``: the latency target's measurement (see
+        :meth:`Batcher.acknowledged`). Returns its reading when one is due; None without a
+        target. A waiting dispatcher is woken when the waits or the cap moved."""
+        with self._cond:
+            batcher = self._batcher
+            if batcher.latency is None:
+                return None
+            before = (batcher.waits_s, batcher.latency_cap)
+            reading = batcher.acknowledged(consumed_s, now_s)
+            if (batcher.waits_s, batcher.latency_cap) != before:
+                self._cond.notify()  # a shorter wait may have passed, a smaller batch be ready
+            return reading
+
+    @property
+    def latency_target_s(self) -> float | None:
+        """The pipeline's latency target in seconds (None: none)."""
+        latency = self._batcher.latency  # set once at construction
+        return None if latency is None else latency.target_s
 
     def cap_batch(self, device: str, cap: int) -> None:
         """``device`` can run at most ``cap`` rows per batch now; batches are cut no larger

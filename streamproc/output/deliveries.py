@@ -30,6 +30,7 @@ from streamproc.offsets.guarantees import Guarantee
 from streamproc.offsets.refusals import record_refusal
 from streamproc.output.acks import RefusedResult
 from streamproc.output.dead_letters import DeadLetters
+from streamproc.output.latency import LatencyReport
 from streamproc.output.producer import ResultsProducer, unavailable
 from streamproc.records import Record
 
@@ -60,6 +61,9 @@ class ResultDeliveries:
         self._guarantee = guarantee
         self._metrics = metrics
         self._on_fatal = on_fatal
+        self.latency: LatencyReport | None = None
+        """Where acknowledged results go as latency measurements (set before the sink
+        starts: :meth:`~streamproc.output.sink.Sink.watch_latency`); None: nowhere."""
 
     def recover(self, refused: RefusedResult, report: DeliveryCallback) -> bool:
         """See :meth:`DeliveryHandler.recover` and the module docstring."""
@@ -95,7 +99,8 @@ class ResultDeliveries:
 
     def acknowledged(self, topic: str, records: Sequence[Record]) -> None:
         """Count the batch's acknowledged results and their end-to-end latency (input
-        timestamp to now), and tell the guarantee its inputs are done."""
+        timestamp to now), measure their lane's latency target (consume to now), and tell the
+        guarantee its inputs are done."""
         if not records:
             return
         self._metrics.child(self._metrics.produced, topic).inc(len(records))
@@ -103,4 +108,6 @@ class ResultDeliveries:
         self._metrics.end_to_end.labels(records[0].tp.topic).observe_many(
             np.maximum(0.0, (time.time() * 1000.0 - created_ms) / 1000.0)
         )
+        if self.latency is not None:
+            self.latency.acknowledged(records)
         self._guarantee.acknowledged(records)

@@ -27,6 +27,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from streamproc.intake.lane import Lane
 from streamproc.kafka.protocols import DeliveryCallback, ProducerClient, ProducerFactory
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import Guarantee
@@ -35,6 +36,7 @@ from streamproc.output.acks import BatchAck, OutputBatch, Row
 from streamproc.output.dead_letters import DeadLetters
 from streamproc.output.deliveries import ResultDeliveries
 from streamproc.output.headers import OutputHeaders
+from streamproc.output.latency import LatencyReport
 from streamproc.output.limits import RecordLimits
 from streamproc.output.producer import ResultsProducer, produce_waiting
 from streamproc.records import Record
@@ -76,6 +78,7 @@ class Sink:
         self._deliveries = ResultDeliveries(
             self._producer, self._dead_letters, guarantee, metrics, on_fatal
         )
+        self._metrics = metrics
 
     def set_topic_limits(self, limits: dict[str, int]) -> None:
         """Per output and dead-letter topic, its ``max.message.bytes`` (learned at start-up);
@@ -87,6 +90,18 @@ class Sink:
         if self._producer.started:
             raise RuntimeError("topic limits are set before the sink starts")
         self._limits.set_topics(limits)
+
+    def watch_latency(self, lanes: Mapping[str, Lane]) -> None:
+        """Measure each lane's latency target on its acknowledged results (``lanes`` by input
+        topic; see :mod:`streamproc.output.latency`); call before :meth:`start`: the delivery
+        callbacks read it without a lock.
+
+        Raises:
+            RuntimeError: the sink already started.
+        """
+        if self._producer.started:
+            raise RuntimeError("the latency watch is set before the sink starts")
+        self._deliveries.latency = LatencyReport(lanes, self._metrics)
 
     def start(self) -> None:
         """Start the ``sink`` thread, which polls the producers for delivery reports."""

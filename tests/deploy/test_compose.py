@@ -41,6 +41,9 @@ METRICS = {
     "streamproc_device_stalled",
     "streamproc_model_rollbacks_total",
     "streamproc_model_held",
+    "streamproc_latency_p99_seconds",
+    "streamproc_latency_target_seconds",
+    "streamproc_latency_over_target_seconds_total",
 }
 
 
@@ -190,9 +193,10 @@ def test_prometheus_scrapes_streamproc() -> None:
         "StreamprocNotReady",
         "StreamprocModelRolledBack",
         "StreamprocModelBroken",
+        "StreamprocLatencyOverTarget",
     }
     for rule in rules:
-        assert set(re.findall(r"streamproc_[a-z_]+", rule["expr"])) <= {
+        assert set(re.findall(r"streamproc_[a-z0-9_]+", rule["expr"])) <= {
             f"{m}{suffix}" for m in METRICS for suffix in ("", "_bucket")
         }, rule["alert"]
 
@@ -216,6 +220,7 @@ def test_grafana_provisioning_and_dashboard() -> None:
         "Dead-letter rate": "streamproc_messages_dead_lettered_total",
         "GPU utilisation": "streamproc_gpu_utilization_ratio",
         "GPU memory used": "streamproc_gpu_memory_used_bytes",
+        "Latency P99 against target": "streamproc_latency_target_seconds",
     }
     for prefix, metric in wanted.items():
         title = next((t for t in panels if t.startswith(prefix)), None)
@@ -223,7 +228,7 @@ def test_grafana_provisioning_and_dashboard() -> None:
         assert metric in exprs[title], title
     latency = exprs[next(t for t in panels if t.startswith("End-to-end"))]
     assert "histogram_quantile(0.5," in latency and "histogram_quantile(0.99," in latency
-    used = set(re.findall(r"streamproc_[a-z_]+", " ".join(exprs.values())))
+    used = set(re.findall(r"streamproc_[a-z0-9_]+", " ".join(exprs.values())))
     known = {f"{m}{s}" for m in METRICS for s in ("", "_bucket", "_sum", "_count")}
     assert used <= known, used - known
     ids = [p["id"] for p in dashboard["panels"]]
@@ -248,6 +253,7 @@ def test_alert_rules_have_promtool_unit_tests_for_lag_and_stalled_partitions() -
         "StreamprocConsumerLagGrowing",
         "StreamprocPartitionsStalled",
         "StreamprocModelBroken",
+        "StreamprocLatencyOverTarget",
     } <= fired
 
 

@@ -355,3 +355,27 @@ def test_on_expired_names_its_allowed_values_and_defaults_to_a_result() -> None:
         load_config(overrides={"pipelines": [{**PIPELINE, "on_expired": "drop"}]})
     config = load_config(overrides={"pipelines": [{**PIPELINE, "max_age_ms": 250}]})
     assert config.pipelines[0].max_age_ms == 250 and config.pipelines[0].on_expired == "result"
+
+
+@pytest.mark.parametrize(
+    "value", [0, -5, -0.5, "fast", float("nan"), float("inf"), True, 3_600_001]
+)
+def test_latency_target_ms_must_be_a_positive_number_and_names_the_key(value: object) -> None:
+    with pytest.raises(
+        ConfigError, match=r"pipelines\.0\.latency_target_ms: .*milliseconds above 0, up to 3600000"
+    ):
+        load_config(overrides={"pipelines": [{**PIPELINE, "latency_target_ms": value}]})
+
+
+def test_latency_target_ms_defaults_from_the_priority() -> None:
+    from streamproc.config_sections import DEFAULT_LATENCY_TARGET_MS
+    from streamproc.records import Priority
+
+    assert DEFAULT_LATENCY_TARGET_MS == {"high": 30.0, "normal": 100.0, "low": 2000.0}
+    config = load_config(overrides={"pipelines": [PIPELINE]})
+    spec = config.pipelines[0]
+    assert spec.latency_target_ms is None
+    assert spec.latency_target_s(Priority.HIGH) == 0.030
+    assert spec.latency_target_s(Priority.LOW) == 2.0
+    config = load_config(overrides={"pipelines": [{**PIPELINE, "latency_target_ms": "7.5"}]})
+    assert config.pipelines[0].latency_target_s(Priority.LOW) == 0.0075
