@@ -7,7 +7,8 @@ or ``$KAFKA_BOOTSTRAP_SERVERS`` names one)::
     .venv/bin/python -m benchmarks.overload --workload trades --workload iot --runs 5
 
 Per run and workload, on fresh topics (4 partitions), three consumer processes one after the
-other (``python -m streamproc run``, default settings but the ones named here), the producer (the
+other (``python -m streamproc run``, default settings but the ones named here; every one with
+``pipelines[].latency_target_ms`` = ``--target-ms``), the producer (the
 real recording, ``streamproc.tools.replay``) on the same machine:
 
 1. *probe*: the recording produced as fast as the broker takes it for ``--probe-s`` seconds
@@ -130,18 +131,27 @@ def recovery_s(rows: list[Outcome], end_ms: int, target_ms: float) -> float:
     return good_from
 
 
+def _target_ms(args: argparse.Namespace, workload: str) -> float:
+    """``--target-ms``, else the workload's default (pipelines[].latency_target_ms of every
+    consumer the bench starts)."""
+    return float(args.target_ms or DEFAULT_TARGET_MS.get(workload, 100.0))
+
+
 def _fresh(bootstrap: str, prefix: str) -> str:
     topic = f"{prefix}.{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, {topic: PARTITIONS})
     return topic
 
 
-def _config(bootstrap: str, workload: str, topic: str, max_age_ms: float | None) -> dict[str, Any]:
+def _config(
+    bootstrap: str, workload: str, topic: str, max_age_ms: float | None, target_ms: float
+) -> dict[str, Any]:
     pipeline: dict[str, object] = {
         "name": workload,
         "input_topic": topic,
         "output_topic": f"{topic}.out",
         "workload": workload,
+        "latency_target_ms": target_ms,
     }
     if max_age_ms is not None:
         pipeline["max_age_ms"] = int(max_age_ms)
@@ -162,7 +172,12 @@ def _served_rate(bootstrap: str, topic: str, start_ms: float, end_ms: float) -> 
 def _probe(args: argparse.Namespace, bootstrap: str, workload: str, work: Path) -> float:
     topic = _fresh(bootstrap, f"probe.{workload}")
     stop = threading.Event()
-    with consumer(_config(bootstrap, workload, topic, None), Path.cwd(), work, topic):
+    with consumer(
+        _config(bootstrap, workload, topic, None, _target_ms(args, workload)),
+        Path.cwd(),
+        work,
+        topic,
+    ):
         start_ms = time.time() * 1000
         timer = threading.Timer(args.probe_s, stop.set)
         timer.start()
@@ -178,7 +193,12 @@ def _capacity(
     args: argparse.Namespace, bootstrap: str, workload: str, rate: float, work: Path
 ) -> float:
     topic = _fresh(bootstrap, f"cap.{workload}")
-    with consumer(_config(bootstrap, workload, topic, None), Path.cwd(), work, topic):
+    with consumer(
+        _config(bootstrap, workload, topic, None, _target_ms(args, workload)),
+        Path.cwd(),
+        work,
+        topic,
+    ):
         start_ms = time.time() * 1000
         produce(workload, topic, bootstrap, PARTITIONS, int(rate * args.capacity_s), rate, False)
         end_ms = time.time() * 1000
@@ -187,12 +207,12 @@ def _capacity(
 
 def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, work: Path) -> Row:
     """Measure the capacity, then the overload and the recovery, of ``workload`` once."""
-    target_ms = args.target_ms or DEFAULT_TARGET_MS.get(workload, 100.0)
+    target_ms = _target_ms(args, workload)
     over_rate = args.factor * _probe(args, bootstrap, workload, work)
     capacity = _capacity(args, bootstrap, workload, over_rate, work)
     after_rate = args.after_factor * capacity
     topic = _fresh(bootstrap, f"over.{workload}")
-    config = _config(bootstrap, workload, topic, args.max_age_ms or 0.75 * target_ms)
+    config = _config(bootstrap, workload, topic, args.max_age_ms or 0.75 * target_ms, target_ms)
     with consumer(config, Path.cwd(), work, topic):
         start_ms = int(time.time() * 1000)
         sent = produce(
@@ -266,7 +286,7 @@ def main() -> None:
                 for workload in workloads:
                     row = run_one(args, bootstrap, workload, run, work)
                     rows.append(row)
-                    _print_row(row, args.target_ms or DEFAULT_TARGET_MS.get(workload, 100.0))
+                    _print_row(row, _target_ms(args, workload))
     print("\nper workload, median [min-max] over the runs")
     for workload in workloads:
         mine = [r for r in rows if r.workload == workload]
