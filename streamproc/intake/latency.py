@@ -142,7 +142,8 @@ class LatencyTarget:
         self._window: deque[tuple[float, np.ndarray]] = deque()
         self._samples = 0
         self._since_adjust: list[np.ndarray] = []  # latencies since the last adjustment
-        self._since_samples = 0
+        self._since_samples = 0  # the latencies kept in _since_adjust (bounded)
+        self._since_results = 0  # every result since the last adjustment (the rate's count)
         self._adjusted_s = -math.inf  # the first adjustment waits only for MIN_SAMPLES
         self._rate_msg_s = 0.0  # results per second over the last adjustment period (0: unknown)
         self._cuts = 0
@@ -237,6 +238,7 @@ class LatencyTarget:
             since = self._since_adjust
             since.append(latencies_s)
             self._since_samples += len(latencies_s)
+            self._since_results += len(latencies_s)
             while self._since_samples - len(since[0]) >= MAX_SAMPLES:  # bounded, newest kept
                 self._since_samples -= len(since.pop(0))
         self._trim(now_s)
@@ -266,7 +268,9 @@ class LatencyTarget:
             return
         p99_s = float(np.percentile(np.concatenate(recent), 99))
         if self._adjusted_s > -math.inf and now_s > self._adjusted_s:
-            self._rate_msg_s = self._since_samples / (now_s - self._adjusted_s)
+            # every result counts, not only the latencies kept (at most MAX_SAMPLES): a lane
+            # at 30,000 msg/s must not read as one at 16,384
+            self._rate_msg_s = self._since_results / (now_s - self._adjusted_s)
             self.version += 1
         scale = self.scale
         if self._cuts and self._backlogged_cuts >= SATURATED_SHARE * self._cuts:
@@ -279,7 +283,7 @@ class LatencyTarget:
             self.scale = scale
             self.version += 1
         self._since_adjust = []
-        self._since_samples = 0
+        self._since_samples = self._since_results = 0
         self._cuts = self._backlogged_cuts = 0
         self._adjusted_s = now_s
 

@@ -324,3 +324,24 @@ def test_the_cap_never_falls_below_the_size_that_carries_the_measured_rate() -> 
     now_s = settle(target, NOW_S, 0.005, periods=1)
     target.acknowledged(np.full(3000, 0.005), now_s + ADJUST_EVERY_S)  # 3,000 results a second
     assert target.batch_cap(32, 0.0025) == 32  # 16 carries 3,200 < 1.25 x 3,000; 32 4,000
+
+
+def fast_profile(size: int) -> float:
+    """2 ms + 0.02 ms per row: 64 carry 19,500 msg/s, 128 28,100, 256 36,000, 512 41,800."""
+    return 0.002 + 0.00002 * size
+
+
+def test_the_measured_rate_is_not_bounded_by_the_samples_kept() -> None:
+    """30,000 results a second (a trades lane: issue 28's runs carry 30,000 to 90,000 msg/s):
+    only the newest 16,384 latencies are kept for the P99, but the rate that capacity first
+    reads counts every result. The budget alone caps at 64 (19,500 msg/s); 1.25 x 30,000 =
+    37,500 msg/s needs 512 (41,800). A rate read from the kept samples (about 16,400/s) would
+    ask only for 20,500 and cap at 128 (28,100 msg/s): the lane would fall behind."""
+    target = LatencyTarget(0.010)
+    for size in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        target.observe(size, fast_profile(size))
+    assert target.batch_cap(512, 0.0025) == 64  # the budget alone
+    now_s = settle(target, NOW_S, 0.005, periods=1)
+    for step in range(1, 31):  # 30,000 results over one adjustment period, in batches
+        target.acknowledged(np.full(1000, 0.005), now_s + step * ADJUST_EVERY_S / 30)
+    assert target.batch_cap(512, 0.0025) == 512
