@@ -217,10 +217,15 @@ class Lane:
         """One batch of ``size`` messages took ``service_s`` seconds: on the device, or
         ``whole``, its whole time on a fused lane's thread. The adaptive batch size learns only
         the kind its lane runs now (:meth:`aim_for_throughput`); a probe's batches of the other
-        route are left out (their seconds are on another scale)."""
+        route are left out (their seconds are on another scale). A waiting dispatcher is woken when
+        the size aimed for fell (a smaller batch may be ready)."""
         with self._cond:
             if whole == self._whole:
-                self._batcher.observe(size, service_s)
+                batcher = self._batcher
+                before = batcher.target
+                batcher.observe(size, service_s)
+                if batcher.target < before:  # the latency cap or the adaptive size fell:
+                    self._cond.notify()  # a smaller batch may be ready now
 
     def delivered(self, consumed_s: np.ndarray, now_s: float) -> LatencyReading | None:
         """Results of records consumed at ``consumed_s`` (monotonic seconds, shape ``(n,)``)

@@ -345,3 +345,40 @@ def test_the_measured_rate_is_not_bounded_by_the_samples_kept() -> None:
     for step in range(1, 31):  # 30,000 results over one adjustment period, in batches
         target.acknowledged(np.full(1000, 0.005), now_s + step * ADJUST_EVERY_S / 30)
     assert target.batch_cap(512, 0.0025) == 512
+
+
+def test_a_dispatcher_waiting_is_woken_when_a_device_time_shrinks_the_cap() -> None:
+    """16 records wait below the cap (32, nothing measured) for the target's wait (25 s of a
+    100 s target). Device times then measured (1 row 5 s, 32 rows 80 s) cap the batch at 8:
+    a batch is ready now, and the waiting dispatcher is woken for it rather than sleeping out
+    the 25 s."""
+    import threading
+
+    asked = threading.Event()
+
+    def clock() -> float:
+        asked.set()  # called under the lane's lock, which the dispatcher holds until it waits
+        return NOW_S
+
+    tracker = OffsetTracker()
+    batcher = Batcher(32, 1 << 20, 60.0, latency_target_s=100.0)
+    lane = Lane("t", PartitionBuffers(256, 1.0, 0.0), batcher, tracker, clock=clock)
+    generations = tracker.assign([A])
+    lane.assign([A])
+    lane.offer(make_records(A, range(16), generations[A], consumed_at_s=NOW_S))
+    stop = threading.Event()
+    cuts: list[object] = []
+    dispatcher = threading.Thread(target=lambda: cuts.append(lane.next_cut(stop)), daemon=True)
+    dispatcher.start()
+    assert asked.wait(10)
+    lane.observe(1, 5.0)  # takes the lane's lock: the dispatcher is waiting by now
+    lane.observe(32, 80.0)
+    assert lane.target == 8
+    dispatcher.join(10)  # woken: it cuts at once (not after its 25 s wait)
+    try:
+        assert not dispatcher.is_alive(), "the dispatcher slept through the smaller cap"
+    finally:
+        stop.set()
+        lane.wake()
+    assert len(cuts[0].records) == 8  # type: ignore[attr-defined]
+
