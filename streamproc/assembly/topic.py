@@ -230,6 +230,7 @@ def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane
             batching.max_wait_s,
             adaptive=batching.adaptive_batch_size,
             latency_target_s=spec.latency_target_s(priority),
+            devices=len(shared.devices),  # one device worker on each takes the lane's batches
         ),
         shared.tracker,
         priority,

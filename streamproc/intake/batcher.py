@@ -327,9 +327,12 @@ class Batcher:
             seconds, > 0; see :class:`~streamproc.intake.latency.LatencyTarget`): waits and
             the batch cap are kept within its budget. None: no target (the configured waits
             and sizes only).
+        devices: the devices the lane's batches are placed on (the latency target's capacity
+            counts each).
 
     Raises:
-        ValueError: ``max_batch_size`` below 1, or ``latency_target_s`` not above 0.
+        ValueError: ``max_batch_size`` below 1, ``latency_target_s`` not above 0, or
+            ``devices`` below 1.
     """
 
     def __init__(
@@ -339,6 +342,7 @@ class Batcher:
         max_wait_s: float | Mapping[Priority, float],
         adaptive: bool = False,
         latency_target_s: float | None = None,
+        devices: int = 1,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -357,7 +361,9 @@ class Batcher:
         self.sizer = AdaptiveBatchSize(max_batch_size) if adaptive else None
         self.arrivals = ArrivalGaps()
         self.cap = max_batch_size
-        self.latency = None if latency_target_s is None else LatencyTarget(latency_target_s)
+        self.latency = (
+            None if latency_target_s is None else LatencyTarget(latency_target_s, devices)
+        )
         self.latency_cap = max_batch_size
         """The largest batch the latency target allows now (``max_batch_size`` without one)."""
         self._latency_version = -1

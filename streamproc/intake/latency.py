@@ -19,8 +19,9 @@ The budget (open loop), for a target ``T`` and a scale ``s`` (the feedback below
   per row from the largest measured below it (an upper bound: a batch's fixed cost is shared), or,
   with none below, taken as the smallest measured above it (a smaller batch is no slower). The
   cap never goes below 1: a target that even one record cannot meet is missed, and said so.
-* **capacity first**: nor below the smallest size whose expected throughput (``n / d(n)``)
-  carries :data:`CAPACITY_HEADROOM` x the rate of results measured over the last adjustment
+* **capacity first**: nor below the smallest size whose expected throughput (``n / d(n)`` per
+  device, times the lane's devices: each takes batches) carries :data:`CAPACITY_HEADROOM` x the
+  rate of results (all of them, not only the latencies kept) measured over the last adjustment
   period. A cap the load does not fit in only grows a backlog, which misses the target by far
   more than a larger batch does.
 
@@ -123,15 +124,20 @@ class LatencyTarget:
 
     Args:
         target_s: the target P99 from consume to acknowledgement, in seconds (> 0).
+        devices: the devices the lane's batches are placed on (each runs its own batches):
+            the lane's capacity at a size is this many times one device's.
 
     Raises:
-        ValueError: ``target_s`` not a positive finite number.
+        ValueError: ``target_s`` not a positive finite number, or ``devices`` below 1.
     """
 
-    def __init__(self, target_s: float) -> None:
+    def __init__(self, target_s: float, devices: int = 1) -> None:
         if not 0.0 < target_s < math.inf:
             raise ValueError(f"latency target must be > 0 seconds and finite, got {target_s}")
+        if devices < 1:
+            raise ValueError(f"a lane runs on at least one device, got {devices}")
         self.target_s = target_s
+        self.devices = devices
         self.scale = 1.0
         self.version = 0
         """Bumped whenever the budget may have moved (scale, device times): callers cache."""
@@ -182,10 +188,10 @@ class LatencyTarget:
         return fitting
 
     def _carries(self, size: int, rate_msg_s: float) -> bool:
-        """Batches of ``size`` carry ``rate_msg_s`` by their expected device time (True while
-        nothing was measured)."""
+        """Batches of ``size`` on every device of the lane carry ``rate_msg_s`` by their
+        expected device time (True while nothing was measured)."""
         service_s = self.service_s(size)
-        return service_s is None or size / service_s >= rate_msg_s
+        return service_s is None or self.devices * size / service_s >= rate_msg_s
 
     def service_s(self, size: int) -> float | None:
         """Expected device seconds of a batch of ``size`` (see the module docstring); None

@@ -382,3 +382,21 @@ def test_a_dispatcher_waiting_is_woken_when_a_device_time_shrinks_the_cap() -> N
         lane.wake()
     assert len(cuts[0].records) == 8  # type: ignore[attr-defined]
 
+
+def test_capacity_first_counts_every_device_of_the_lane() -> None:
+    """Two devices share a lane's batches: 3,000 results a second is 1,500 per device. Batches
+    of 8 (the 10 ms target's budget; 2,286 msg/s per device, 4,571 for both) carry 1.25 x
+    3,000: the cap stays 8. Compared with one device's throughput, capacity first would force
+    32 (8 ms a batch, the target given up) with the devices 66 % busy at 8."""
+    tracker = OffsetTracker()
+    batcher = Batcher(32, 1 << 20, 0.020, latency_target_s=0.010, devices=2)
+    lane = Lane("t", PartitionBuffers(256, 1.0, 0.0), batcher, tracker, clock=FakeClock(NOW_S))
+    for size in (1, 2, 4, 8, 16, 32):
+        lane.observe(size, 0.002 + 0.0001875 * size)  # 8 ms for 32
+    assert lane.target == 8  # the budget alone
+    now_s = NOW_S + ADJUST_EVERY_S
+    lane.delivered(np.full(MIN_SAMPLES, now_s - 0.005), now_s)
+    for step in range(1, 31):  # 3,000 results over one adjustment period, in batches
+        at_s = now_s + step * ADJUST_EVERY_S / 30
+        lane.delivered(np.full(100, at_s - 0.005), at_s)
+    assert lane.target == 8
