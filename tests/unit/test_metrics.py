@@ -29,6 +29,7 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_queue_wait_seconds", "histogram"),
     ("streamproc_inference_seconds", "histogram"),
     ("streamproc_end_to_end_seconds", "histogram"),
+    ("streamproc_stage_seconds", "histogram"),
     ("streamproc_ring_fill_ratio", "gauge"),
     ("streamproc_paused_partitions", "gauge"),
     ("streamproc_commits", "counter"),
