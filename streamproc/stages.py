@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -68,6 +69,9 @@ a partition's records that a commit covered
 
 BATCH_STAGES = ("decode", "device", "encode", "produce")
 """The stages a batch's :class:`StageClock` laps, in order."""
+
+
+_TIMESTAMP_MS: Callable[[Record], int] = attrgetter("timestamp_ms")
 
 
 class StageClock:
@@ -153,7 +157,7 @@ class StageRecorder:
             cut_s: the cut.
         """
         count = len(records)
-        timestamps_s = np.fromiter((r.timestamp_ms for r in records), np.float64, count) / 1000.0
+        timestamps_s = np.fromiter(map(_TIMESTAMP_MS, records), np.float64, count) / 1000.0
         wall_offset_s = self._wall_clock() - self._clock()  # monotonic -> epoch seconds
         series = self._series
         series["consume"].observe_many(np.maximum(0.0, consumed_s + wall_offset_s - timestamps_s))

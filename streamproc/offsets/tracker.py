@@ -183,8 +183,12 @@ class OffsetTracker:
         returns how many were current (the rest are counted as late)."""
         current = 0
         late: dict[tuple[TopicPartition, int], int] | None = None
-        runs: dict[PartitionTrack, list[int]] = {}  # per track: [last offset, records]
+        # acknowledged runs: consecutive records of one track (a batch takes each partition's
+        # records in runs, so a few per batch), noted without a lookup per record
+        run_track: PartitionTrack | None = None
+        run_last = run_count = 0
         with self._cond:
+            now_s = self._clock()
             tracks = self._tracks
             for record in records:
                 track = tracks.get(record.tp)
@@ -196,17 +200,16 @@ class OffsetTracker:
                     continue
                 track.done(record.offset)
                 current += 1
-                run = runs.get(track)
-                if run is None:
-                    runs[track] = [record.offset, 1]
-                else:
-                    run[1] += 1
-                    if record.offset > run[0]:
-                        run[0] = record.offset
-            if runs:
-                now_s = self._clock()
-                for track, (last, count) in runs.items():
-                    track.acked.append((last, count, now_s))
+                if track is run_track:
+                    run_count += 1
+                    if record.offset > run_last:
+                        run_last = record.offset
+                    continue
+                if run_track is not None:
+                    run_track.acked.append((run_last, run_count, now_s))
+                run_track, run_last, run_count = track, record.offset, 1
+            if run_track is not None:
+                run_track.acked.append((run_last, run_count, now_s))
             self._cond.notify_all()
         if late:
             for (tp, generation), count in late.items():
@@ -218,23 +221,25 @@ class OffsetTracker:
         exactly-once marks them when they join the transaction): noted per partition for the
         commit stage, like :meth:`done_many` does; records of a generation no longer current
         are left out."""
-        runs: dict[PartitionTrack, list[int]] = {}
+        run_track: PartitionTrack | None = None
+        run_last = run_count = 0
         with self._lock:
+            now_s = self._clock()
             tracks = self._tracks
             for record in records:
                 track = tracks.get(record.tp)
                 if track is None or track.generation != record.generation:
                     continue
-                run = runs.get(track)
-                if run is None:
-                    runs[track] = [record.offset, 1]
-                else:
-                    run[1] += 1
-                    if record.offset > run[0]:
-                        run[0] = record.offset
-            now_s = self._clock()
-            for track, (last, count) in runs.items():
-                track.acked.append((last, count, now_s))
+                if track is run_track:
+                    run_count += 1
+                    if record.offset > run_last:
+                        run_last = record.offset
+                    continue
+                if run_track is not None:
+                    run_track.acked.append((run_last, run_count, now_s))
+                run_track, run_last, run_count = track, record.offset, 1
+            if run_track is not None:
+                run_track.acked.append((run_last, run_count, now_s))
 
     def done(self, tp: TopicPartition, offset: int, generation: int) -> bool:
         """Mark ``offset`` done; False (and counted) when ``generation`` is not current."""
