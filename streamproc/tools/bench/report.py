@@ -102,10 +102,16 @@ def render(rows: list[Row]) -> str:
         sp = _find(mine, STREAMPROC)
         sp_rate = sp.median_rate() if sp else None
         sp_cpu = sp.median_cpu() if sp else None
-        lines.append(
-            f"{workload}: {reps} alternating repetitions, median [min-max]; "
-            "'sp/it' = streamproc's median over the row's"
-        )
+        if reps:
+            lines.append(
+                f"{workload}: {reps} alternating repetitions, median [min-max]; "
+                "'sp/it' = streamproc's median over the row's"
+            )
+        else:
+            paced = max((len(r.runs) for r in mine), default=0)
+            lines.append(
+                f"{workload}: paced rows only, {paced} repetitions alternating, median [min-max]"
+            )
         lines.append(
             f"  {'contender':<24} {'msgs':>6} {'msg/s':>31} {'msg/s sp/it':>11} "
             f"{'CPU-µs/msg':>22} {'CPU sp/it':>9} {'P50 ms':>7} {'P99 ms':>7}  note"

@@ -513,9 +513,11 @@ def main(
             broker.stop()
     load_after = os.getloadavg()
     print(render(rows))
-    only = f"; paced only, at {paced.rate:,.0f} msg/s" if paced.rate is not None else ""
+    runs = f"{repetitions} repetitions"
+    if paced.rate is not None:
+        runs = f"paced rows only, 100 % = {paced.rate:,.0f} msg/s"
     print(
-        f"(workloads {','.join(workloads)}; {repetitions} repetitions{only}"
+        f"(workloads {','.join(workloads)}; {runs}"
         f"{'; --quick' if quick else ''}; total {time.monotonic() - started:.0f} s; load average "
         f"{' '.join(f'{x:.2f}' for x in load_before)} before, "
         f"{' '.join(f'{x:.2f}' for x in load_after)} after; JSON and PNG (with the `bench` "
