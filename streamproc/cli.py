@@ -516,16 +516,37 @@ def bench_cmd(
             "paced runs.",
         ),
     ] = False,
+    loads: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated paced loads, percent of the reference rate (streamproc's "
+            "median msg/s, or --rate).",
+        ),
+    ] = "10,50,80",
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            help="Reference rate of the paced runs (msg/s, = 100 %); given, only the paced "
+            "runs run (no backlog contenders).",
+        ),
+    ] = None,
+    paced_repetitions: Annotated[
+        int | None,
+        typer.Option(help="Paced repetitions per load (default: the workload's, 3 or 1)."),
+    ] = None,
 ) -> None:
     """The side-by-side benchmark: passthrough, the honest at-least-once floor, floor + work,
     streamproc (adaptive, fixed batch, decode processes), Quix Streams, serial, model-only;
     msg/s and process CPU-µs per message (median and range over the repetitions); end-to-end
-    latency of streamproc and the floor at 10/50/80 % load."""
+    latency of streamproc and the floor at 10/50/80 % load, with P50/P99 per stage."""
+    from streamproc.tools.bench.runner import Paced
     from streamproc.tools.bench.runner import main as bench_main
 
     chosen = tuple(w.strip() for w in workloads.split(",") if w.strip())
     try:
-        code = bench_main(bootstrap, chosen, repetitions, quick)
+        fractions = tuple(float(x) / 100 for x in loads.split(",") if x.strip())
+        paced = Paced(fractions, rate, paced_repetitions)
+        code = bench_main(bootstrap, chosen, repetitions, quick, paced)
     except ValueError as exc:
         raise _fail(exc) from exc
     raise typer.Exit(code)

@@ -3,6 +3,8 @@ exposed exactly like ``prometheus_client.Histogram``."""
 
 from __future__ import annotations
 
+import bisect
+import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
@@ -22,6 +24,7 @@ class BatchHistogramSeries:
 
     def __init__(self, bounds: np.ndarray) -> None:
         self._bounds = bounds
+        self._bounds_list: list[float] = bounds.tolist()
         self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
         self._sum = 0.0
         self._lock = threading.Lock()
@@ -40,10 +43,65 @@ class BatchHistogramSeries:
             self._counts += counts
             self._sum += total
 
+    def observe_repeated(self, value: float, count: int) -> None:
+        """Count ``value`` (e.g. seconds) ``count`` times at once: what ``observe_many`` of
+        ``count`` copies of it would count, in one bucket search (a batch's duration, counted
+        once per record of the batch). ``count`` <= 0 counts nothing."""
+        if count <= 0:
+            return
+        if math.isnan(value):
+            with self._lock:
+                self._sum += value
+            return
+        index = bisect.bisect_left(self._bounds_list, value)
+        with self._lock:
+            self._counts[index] += count
+            self._sum += value * count
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (0..1) estimated from the buckets as PromQL's
+        ``histogram_quantile`` does: linear within the bucket holding it (from 0 in the first
+        one); the largest finite bound where it falls above every bound; None when nothing was
+        observed.
+
+        Raises:
+            ValueError: ``q`` outside 0..1.
+        """
+        cumulative, _ = self.snapshot()
+        return bucket_quantile(self._bounds_list, cumulative, q)
+
     def snapshot(self) -> tuple[list[int], float]:
         """Cumulative bucket counts (one per bound, then +Inf) and the sum."""
         with self._lock:
             return np.cumsum(self._counts).tolist(), self._sum
+
+
+def bucket_quantile(bounds: Sequence[float], cumulative: Sequence[int], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of a histogram given as finite upper ``bounds`` and the
+    ``cumulative`` counts per bound plus a last one for ``+Inf``, estimated as PromQL's
+    ``histogram_quantile`` does (linear within the bucket, the first from 0; the largest finite
+    bound for the ``+Inf`` bucket); None when the histogram is empty.
+
+    Raises:
+        ValueError: ``q`` outside 0..1, or ``cumulative`` not one longer than ``bounds``.
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile {q} outside 0..1")
+    if len(cumulative) != len(bounds) + 1:
+        raise ValueError(f"{len(cumulative)} cumulative counts for {len(bounds)} bounds")
+    total = cumulative[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    index = bisect.bisect_left(cumulative, rank)
+    if index >= len(bounds):
+        return float(bounds[-1])
+    lower = 0.0 if index == 0 else float(bounds[index - 1])
+    below = 0 if index == 0 else cumulative[index - 1]
+    inside = cumulative[index] - below
+    if inside <= 0:
+        return float(bounds[index])
+    return lower + (float(bounds[index]) - lower) * (rank - below) / inside
 
 
 class BatchHistogram(Collector):

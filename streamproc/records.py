@@ -11,7 +11,10 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from streamproc.stages import StageClock
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -129,6 +132,9 @@ class Batch:
     a device). Per partition, records (and expired records) are in offset order. ``priority``
     is the most urgent class among its records (device admission orders lanes by it; see
     :mod:`streamproc.device.admission`). ``len(batch)`` counts the device rows only.
+
+    ``clock`` is the batch's stage clock (:mod:`streamproc.stages`; None: not timed), its one
+    mutable part: each stage's thread laps it in turn as the batch is handed on.
     """
 
     batch_id: int
@@ -136,6 +142,7 @@ class Batch:
     cut_at_s: float
     reason: str = field(default="size")
     expired: tuple[Record, ...] = ()
+    clock: StageClock | None = field(default=None, compare=False, repr=False)
     priority: Priority = field(init=False)
 
     def __post_init__(self) -> None:

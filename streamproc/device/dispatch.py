@@ -35,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from streamproc.decode import Decoder
 from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Resequencer, StagingPool
 from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy, LaneRouter
@@ -45,6 +47,7 @@ from streamproc.intake.rings import FlowControl
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.records import Batch
+from streamproc.stages import StageRecorder
 
 log = get_logger(__name__)
 
@@ -79,6 +82,8 @@ class Dispatcher:
             workers' own models.
         resequencer: the lane's resequencer, where a batch whose every record expired goes
             (None: such a batch raises; a lane built without deadlines never cuts one).
+        stages: the lane's stage recorder (:mod:`streamproc.stages`; default: one over
+            ``metrics`` on the monotonic clock, the clock of the records' consume times).
 
     Raises:
         ValueError: ``workers`` and ``load`` disagree on the number of devices, or a fused
@@ -100,6 +105,7 @@ class Dispatcher:
         on_route: Callable[[LaneRoute], None] | None = None,
         bind: Callable[[DeviceJob, int], None] | None = None,
         resequencer: Resequencer | None = None,
+        stages: StageRecorder | None = None,
     ) -> None:
         if len(workers) != len(load.labels):
             raise ValueError(f"{len(workers)} workers for devices {load.labels}")
@@ -128,6 +134,7 @@ class Dispatcher:
         self._expired = metrics.expired.labels(topic)
         self._batch_size = metrics.batch_size.labels(topic)
         self._queue_wait = metrics.queue_wait.labels(topic)
+        self._stages = stages or StageRecorder(metrics.stage, topic)
         self._pool_in_use = metrics.pool_in_use.labels(topic)
         self._stop = threading.Event()
         self._next_batch_id = 0
@@ -216,12 +223,19 @@ class Dispatcher:
         if n:
             self.batch_sizes[n] = self.batch_sizes.get(n, 0) + 1
             self._batch_size.observe(n)
+        taken = cut.records
+        consumed_s = cut.consumed_s
+        if cut.expired:  # consumed_s is in the cut's order, before the expired were set apart
+            taken = [*cut.records, *cut.expired]
+            consumed_s = np.fromiter((r.consumed_at_s for r in taken), np.float64, len(taken))
+        clock = self._stages.cut(taken, consumed_s, cut.ready_s, cut.cut_at_s)
         return Batch(
             self._next_batch_id,
             tuple(cut.records),
             cut.cut_at_s,
             cut.reason,
             tuple(cut.expired),
+            clock,
         )
 
     def _pass_over(self, batch: Batch, route: LaneRoute) -> None:
@@ -234,6 +248,9 @@ class Dispatcher:
         """
         if self._resequencer is None:
             raise RuntimeError(f"batch {batch.batch_id}: every record expired, no resequencer")
+        if batch.clock is not None:  # neither decoded nor run: both stages take no time
+            batch.clock.lap("decode")
+            batch.clock.lap("device")
         result = DeviceResult(batch, (), {}, None, 0.0, model_calls=0)
         if route == "fused":
             self._resequencer.hand_over_here(result, _nothing_to_release)
@@ -250,6 +267,8 @@ class Dispatcher:
             self._pool.release(slab)  # e.g. the schema registry given up at close
             self._pool_in_use.set(self._pool.in_use)
             raise
+        if batch.clock is not None:
+            batch.clock.lap("decode")
         return DeviceJob(batch, slab, decoded)
 
 

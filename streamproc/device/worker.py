@@ -443,7 +443,11 @@ class DeviceWorker:
         self.on_complete(self._result(item), self._releaser(item.out_slot))
 
     def _result(self, item: Launched) -> DeviceResult:
-        """A finished batch's result: numpy views of its rows in its output buffer set."""
+        """A finished batch's result: numpy views of its rows in its output buffer set (the
+        batch's ``device`` stage ends here)."""
+        clock = item.job.batch.clock
+        if clock is not None:
+            clock.lap("device")
         n = len(item.job.batch)
         versioned = _version_of(item)
         shadow = versioned.get("shadow")

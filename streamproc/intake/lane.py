@@ -81,6 +81,9 @@ class CutRecords:
         reason: why it was cut ("size", "bytes", "deadline" or "sparse").
         expired: the records taken whose deadline (``Record.deadline_s``) had passed at
             ``cut_at_s``, in the same order; never run on a device.
+        ready_s: monotonic seconds when the dispatcher began waiting for this cut (a record
+            consumed before it waited in its ring for the dispatcher; after it, for the
+            batcher: the ``ring`` and ``batch`` stages of :mod:`streamproc.stages`).
     """
 
     records: list[Record]
@@ -89,6 +92,7 @@ class CutRecords:
     consumed_s: np.ndarray
     reason: str
     expired: list[Record] = field(default_factory=list)
+    ready_s: float = 0.0
 
 
 class Lane:
@@ -188,6 +192,7 @@ class Lane:
         is set (records still in the rings stay there, uncommitted). Records past their
         deadline at the cut are set apart in :attr:`CutRecords.expired`."""
         batcher, buffers, cond = self._batcher, self._buffers, self._cond
+        ready_s = self._clock()
         with cond:
             while not stop.is_set():
                 now_s = self._clock()
@@ -203,7 +208,9 @@ class Lane:
                     expired: list[Record] = []
                     if self._deadlines:
                         records, expired = split_expired(records, now_s)
-                    return CutRecords(records, flow, now_s, consumed_s, decision.reason, expired)
+                    return CutRecords(
+                        records, flow, now_s, consumed_s, decision.reason, expired, ready_s
+                    )
                 cond.wait(None if decision.until_s is None else decision.until_s - now_s)
         return None
 

@@ -22,6 +22,7 @@ from streamproc.offsets.refusals import Refusals
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import TopicPartition
+from streamproc.stages import observe_commits
 
 log = get_logger(__name__)
 
@@ -89,7 +90,7 @@ class AtLeastOnceCommitter:
         if not candidates:
             return True
         offsets = [ktp(tp, offset) for tp, offset in candidates.items()]
-        self._tracker.mark_committed(candidates)
+        observe_commits(self._metrics, self._tracker.mark_committed(candidates))
         try:
             if synchronous:
                 self.on_commit(None, consumer.commit(offsets=offsets, asynchronous=False))
@@ -196,7 +197,7 @@ class TransactionalCommitter:
             if self._transactions.commit(candidates, consumer.consumer_group_metadata()):
                 self._fruitless = 0
                 if candidates:
-                    self._tracker.mark_committed(candidates)
+                    observe_commits(self._metrics, self._tracker.mark_committed(candidates))
                     self._refusals.committed(candidates)
                     self._metrics.commits.inc()
                 return True

@@ -269,7 +269,9 @@ class ExactlyOnce:
         return gone
 
     def acknowledged(self, records: Sequence[Record]) -> None:
-        """Nothing to do: inputs were done when their records joined the transaction."""
+        """Inputs were done when their records joined the transaction: only their
+        acknowledgement is noted (the commit stage, :meth:`OffsetTracker.acked`)."""
+        self._tracker.acked(records)
 
     def refused(self, record: Record, err: KafkaError, how: How, dead_letter: bool) -> Handling:
         """A refusal inside the transaction.

@@ -20,10 +20,12 @@ The committers (:mod:`streamproc.offsets.committers`) turn the watermarks into c
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
 from streamproc.records import Record, TopicPartition
+from streamproc.stages import CommitWait
 
 
 class PartitionTrack:
@@ -32,10 +34,20 @@ class PartitionTrack:
     Contract checks: consumed offsets strictly increase; a done offset must have been consumed.
     """
 
-    __slots__ = ("_done", "_pending", "_stamps", "committed", "generation", "last_consumed")
+    __slots__ = (
+        "_done",
+        "_pending",
+        "_stamps",
+        "acked",
+        "committed",
+        "generation",
+        "last_consumed",
+    )
 
     def __init__(self, generation: int) -> None:
         self.generation = generation
+        # acknowledged runs not yet covered by a commit: (last offset, records, monotonic s)
+        self.acked: deque[tuple[int, int, float]] = deque()
         self._pending: deque[int] = deque()
         self._stamps: deque[int] = deque()  # per pending offset, its record's timestamp (ms)
         self._done: set[int] = set()
@@ -89,12 +101,21 @@ LateHook = Callable[[TopicPartition, int, bool], None]
 class OffsetTracker:
     """Per-partition tracks for the current assignment.
 
+    Besides the offsets it keeps, per partition, when acknowledged runs of records were
+    acknowledged (:meth:`done_many`, :meth:`acked`) until a commit covers them
+    (:meth:`mark_committed` returns their waits: the ``commit`` stage of
+    :mod:`streamproc.stages`).
+
     Args:
         on_late: called as late results happen (see :data:`LateHook`), from the thread that
             reported them (a delivery report or the completion thread), never under the lock.
+        clock: monotonic seconds (acknowledgement and commit times; injected for tests).
     """
 
-    def __init__(self, on_late: LateHook | None = None) -> None:
+    def __init__(
+        self, on_late: LateHook | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._tracks: dict[TopicPartition, PartitionTrack] = {}
@@ -158,10 +179,16 @@ class OffsetTracker:
 
     def done_many(self, records: Iterable[Record]) -> int:
         """:meth:`done` for each record (its own partition and generation), under one lock
-        acquisition; returns how many were current (the rest are counted as late)."""
+        acquisition, their acknowledgement noted for the commit stage (:meth:`acked`);
+        returns how many were current (the rest are counted as late)."""
         current = 0
         late: dict[tuple[TopicPartition, int], int] | None = None
+        # acknowledged runs: consecutive records of one track (a batch takes each partition's
+        # records in runs, so a few per batch), noted without a lookup per record
+        run_track: PartitionTrack | None = None
+        run_last = run_count = 0
         with self._cond:
+            now_s = self._clock()
             tracks = self._tracks
             for record in records:
                 track = tracks.get(record.tp)
@@ -173,11 +200,46 @@ class OffsetTracker:
                     continue
                 track.done(record.offset)
                 current += 1
+                if track is run_track:
+                    run_count += 1
+                    if record.offset > run_last:
+                        run_last = record.offset
+                    continue
+                if run_track is not None:
+                    run_track.acked.append((run_last, run_count, now_s))
+                run_track, run_last, run_count = track, record.offset, 1
+            if run_track is not None:
+                run_track.acked.append((run_last, run_count, now_s))
             self._cond.notify_all()
         if late:
             for (tp, generation), count in late.items():
                 self.late(tp, generation, count)
         return current
+
+    def acked(self, records: Iterable[Record]) -> None:
+        """The results of ``records`` were acknowledged now (inputs done before, as
+        exactly-once marks them when they join the transaction): noted per partition for the
+        commit stage, like :meth:`done_many` does; records of a generation no longer current
+        are left out."""
+        run_track: PartitionTrack | None = None
+        run_last = run_count = 0
+        with self._lock:
+            now_s = self._clock()
+            tracks = self._tracks
+            for record in records:
+                track = tracks.get(record.tp)
+                if track is None or track.generation != record.generation:
+                    continue
+                if track is run_track:
+                    run_count += 1
+                    if record.offset > run_last:
+                        run_last = record.offset
+                    continue
+                if run_track is not None:
+                    run_track.acked.append((run_last, run_count, now_s))
+                run_track, run_last, run_count = track, record.offset, 1
+            if run_track is not None:
+                run_track.acked.append((run_last, run_count, now_s))
 
     def done(self, tp: TopicPartition, offset: int, generation: int) -> bool:
         """Mark ``offset`` done; False (and counted) when ``generation`` is not current."""
@@ -219,13 +281,37 @@ class OffsetTracker:
                 and (wm := track.watermark) is not None
             }
 
-    def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
-        """Remember offsets sent for commit (same assignment only); see :meth:`forget_committed`."""
+    def mark_committed(self, offsets: dict[TopicPartition, int]) -> list[CommitWait]:
+        """Remember offsets sent for commit (same assignment only); see :meth:`forget_committed`.
+
+        Returns:
+            The acknowledged runs the commit covers (every offset of the run below the
+            committed one), each with its wait from acknowledgement to now; they are
+            forgotten (a commit that then fails does not bring them back).
+        """
+        waits: list[CommitWait] = []
         with self._lock:
+            now_s = self._clock()
             for tp, offset in offsets.items():
                 track = self._tracks.get(tp)
-                if track is not None:
-                    track.committed = offset
+                if track is None:
+                    continue
+                track.committed = offset
+                acked = track.acked
+                if not acked:
+                    continue
+                if acked[-1][0] < offset:  # the usual case: the commit covers every run
+                    waits.extend((tp.topic, now_s - at_s, count) for _, count, at_s in acked)
+                    acked.clear()
+                    continue
+                kept: deque[tuple[int, int, float]] = deque()
+                for run in acked:  # runs may be acknowledged out of offset order
+                    if run[0] < offset:
+                        waits.append((tp.topic, now_s - run[2], run[1]))
+                    else:
+                        kept.append(run)
+                track.acked = kept
+        return waits
 
     def forget_committed(self, offsets: dict[TopicPartition, int]) -> None:
         """Undo :meth:`mark_committed` for a commit that failed, so it is retried."""

@@ -28,6 +28,7 @@ from streamproc.kafka.protocols import DeliveryCallback
 from streamproc.offsets.guarantees import How
 from streamproc.output.headers import OutputHeaders
 from streamproc.records import Record
+from streamproc.stages import StageClock
 
 Row = int
 """A result's index in its batch."""
@@ -43,6 +44,8 @@ class OutputBatch:
         records: the input of each result, in batch order.
         values: each result's value.
         headers: each result's complete headers.
+        clock: the batch's stage clock (None: not timed); its ``produce`` stage ends with the
+            batch's last report.
     """
 
     topic: str
@@ -50,6 +53,7 @@ class OutputBatch:
     records: Sequence[Record]
     values: Sequence[bytes]
     headers: Sequence[OutputHeaders]
+    clock: StageClock | None = None
 
     def refused(self, row: Row, error: KafkaError, how: How) -> RefusedResult:
         """Result ``row`` refused with ``error``, judged as ``how`` says."""
@@ -165,6 +169,8 @@ class BatchAck:
         if next(self._acks) != self._size:
             return
         batch = self.batch
+        if batch.clock is not None:
+            batch.clock.lap("produce")
         records: Sequence[Record] = batch.records
         if self._failed:
             failed = self._failed

@@ -154,8 +154,11 @@ class ResultHandler:
             kept = [row[0] for row in rows]
             values = [row[1] for row in rows]
             headers = [row[2] for row in rows]
+        clock = result.batch.clock
+        if clock is not None:
+            clock.lap("encode")
         self._sink.send_results(
-            pipeline.output_topic, kept, values, headers, pipeline.dead_letter_topic
+            pipeline.output_topic, kept, values, headers, pipeline.dead_letter_topic, clock
         )
 
     def _version(self, result: DeviceResult) -> bytes:

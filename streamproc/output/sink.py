@@ -40,6 +40,7 @@ from streamproc.output.latency import LatencyReport
 from streamproc.output.limits import RecordLimits
 from streamproc.output.producer import ResultsProducer, produce_waiting
 from streamproc.records import Record
+from streamproc.stages import StageClock
 
 
 class Sink:
@@ -119,6 +120,7 @@ class Sink:
         values: Sequence[bytes],
         headers: Sequence[OutputHeaders],
         dlq_topic: str,
+        clock: StageClock | None = None,
     ) -> None:
         """Produce one batch's results to ``topic``.
 
@@ -130,10 +132,14 @@ class Sink:
                 see :func:`~streamproc.output.headers.source_headers`).
             dlq_topic: where a result the broker rejects for good is dead-lettered (stage
                 ``produce``) instead.
+            clock: the batch's stage clock (:mod:`streamproc.stages`): its ``produce`` stage
+                ends with the batch's last delivery report.
         """
         if not records:
             return
-        ack = BatchAck(self._deliveries, OutputBatch(topic, dlq_topic, records, values, headers))
+        ack = BatchAck(
+            self._deliveries, OutputBatch(topic, dlq_topic, records, values, headers, clock)
+        )
         too_large, at_risk = self._limits.oversized(topic, records, values, headers)
         plan = self._guarantee.plan(records, at_risk)
         dead = {row: (f"KafkaError.{r.error}", r.message) for row, r in plan.dead.items()}

@@ -27,6 +27,7 @@ METRICS = {
     "streamproc_batch_size_messages",
     "streamproc_queue_wait_seconds",
     "streamproc_inference_seconds",
+    "streamproc_stage_seconds",
     "streamproc_end_to_end_seconds",
     "streamproc_ring_fill_ratio",
     "streamproc_paused_partitions",
@@ -214,6 +215,7 @@ def test_grafana_provisioning_and_dashboard() -> None:
     wanted = {
         "Throughput": "streamproc_messages_consumed_total",
         "End-to-end latency P50 / P99": "streamproc_end_to_end_seconds_bucket",
+        "Latency P99 by stage": "streamproc_stage_seconds_bucket",
         "Batch size": "streamproc_batch_size_messages",
         "Consumer lag": "streamproc_consumer_lag_messages",
         "Paused partitions": "streamproc_paused_partitions",

@@ -17,6 +17,7 @@ from streamproc.config import load_config
 from streamproc.errors import ConfigError
 from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline
+from streamproc.stages import STAGES
 from streamproc.tools.kafka_local import free_port
 from streamproc.tools.replay import produce
 from tests.integration.conftest import wait_for
@@ -116,6 +117,28 @@ def test_metrics_probes_and_lag_move_during_a_real_run(bootstrap_servers: str) -
             assert total(values, "streamproc_batch_size_messages_sum", topic=inp) == count
             assert total(values, "streamproc_inference_seconds_count", topic=inp) > 0
             assert total(values, "streamproc_pinned_pool_capacity_buffers", topic=inp) > 0
+
+            def stage_count(values: dict, stage: str) -> float:  # type: ignore[type-arg]
+                return total(values, "streamproc_stage_seconds_count", topic=inp, stage=stage)
+
+            # the commit stage ends at the next periodic commit (kafka.commit_interval_ms)
+            wait_for(
+                lambda: stage_count(samples(get(f"{base}/metrics")[1]), "commit") == count,
+                60,
+                "every record's commit stage",
+            )
+            values = samples(get(f"{base}/metrics")[1])
+            assert {stage: stage_count(values, stage) for stage in STAGES} == dict.fromkeys(
+                STAGES, count
+            )
+            # back to back: a record's stages up to produce add up to its end-to-end latency
+            stages_s = sum(
+                total(values, "streamproc_stage_seconds_sum", topic=inp, stage=stage)
+                for stage in STAGES
+                if stage != "commit"
+            )
+            end_to_end_s = total(values, "streamproc_end_to_end_seconds_sum", topic=inp)
+            assert stages_s == pytest.approx(end_to_end_s, rel=0.01)
             assert get(f"{base}/nope")[0] == 404
             metrics_text = get(f"{base}/metrics")[1]
         finally:

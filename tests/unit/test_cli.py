@@ -24,6 +24,7 @@ from streamproc.config import Config
 from streamproc.errors import StreamprocError
 from streamproc.offsets.outcomes import Outcome, Produced
 from streamproc.pipeline import RunSummary
+from streamproc.tools.bench.runner import Paced
 
 PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload": "trades"}
 
@@ -322,7 +323,20 @@ def test_bench_splits_the_workload_list_and_exits_with_the_runner_code(
     monkeypatch.setattr("streamproc.tools.bench.runner.main", bench)
     result = invoke("bench", "--workloads", " iot, ,trades", "--repetitions", "2", "--quick")
     assert result.exit_code == 3
-    assert calls == [(None, ("iot", "trades"), 2, True)]
+    assert calls == [(None, ("iot", "trades"), 2, True, Paced())]
+    calls.clear()
+    result = invoke(
+        "bench", "--workloads", "trades", "--loads", "80", "--rate", "50000",
+        "--paced-repetitions", "4",
+    )  # fmt: skip
+    assert result.exit_code == 3
+    assert calls == [(None, ("trades",), 5, False, Paced((0.8,), 50_000.0, 4))]
+
+
+def test_bench_refuses_a_load_out_of_range_naming_the_option() -> None:
+    result = invoke("bench", "--workloads", "trades", "--loads", "80,0", "--rate", "1000")
+    assert result.exit_code == 2
+    assert "--loads: percentages in (0, 200]" in result.stderr
 
 
 def test_an_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,6 +32,7 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_latency_p99_seconds", "gauge"),
     ("streamproc_latency_target_seconds", "gauge"),
     ("streamproc_latency_over_target_seconds", "counter"),
+    ("streamproc_stage_seconds", "histogram"),
     ("streamproc_ring_fill_ratio", "gauge"),
     ("streamproc_paused_partitions", "gauge"),
     ("streamproc_commits", "counter"),

@@ -39,6 +39,7 @@ from streamproc.config import Config, load_config
 from streamproc.errors import RecordError
 from streamproc.pipeline import Pipeline
 from streamproc.records import Priority, Record, TopicPartition
+from streamproc.stages import stage_quantiles
 from streamproc.tools.bench.cpu import CpuMeter, own_cpu_s
 from streamproc.workloads import BUILTIN_WORKLOADS, load_workload
 
@@ -254,7 +255,9 @@ def run_streamproc(
 
     Returns:
         ``batch_sizes`` (size -> batches), ``bound_ms`` (max wait of the workload's priority
-        class + 2 x the mean batch device time), ``mean_batch_device_ms``.
+        class + 2 x the mean batch device time), ``mean_batch_device_ms``, ``stages_ms``
+        (per stage of :data:`~streamproc.stages.STAGES`, its P50 and P99 in ms from
+        ``streamproc_stage_seconds``, None where nothing was counted).
     """
     spec = config.pipelines[0]
     pipeline = Pipeline(
@@ -291,10 +294,15 @@ def run_streamproc(
     priority = Priority.parse(spec.priority or BUILTIN_WORKLOADS[spec.workload].default_priority)
     mean_device_ms = 1000 * (spent_s or 0.0) / max(1.0, batches or 0.0)
     sizes = next(iter(summary.batch_sizes.values()), {})
+    stages = stage_quantiles(pipeline.metrics.stage, spec.input_topic)
     return {
         "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
         "bound_ms": 1000 * config.batching.max_wait_s[priority] + 2 * mean_device_ms,
         "mean_batch_device_ms": mean_device_ms,
+        "stages_ms": {
+            name: [None if s is None else 1000 * s for s in quantiles]
+            for name, quantiles in stages.items()
+        },
     }
 
 

@@ -3,7 +3,9 @@
 A :class:`Row` is one contender of one workload with its repetitions (:class:`Run`); the
 table prints, per row, the median and range (min-max) of msg/s and of process CPU-µs per
 message, and two ratios against the adaptive ``streamproc`` row, from the medians: its msg/s
-over the row's, and its CPU-µs/msg over the row's. Below each light workload's table, the
+over the row's, and its CPU-µs/msg over the row's; under each paced row, its P50/P99 per stage
+of the record path (``streamproc_stage_seconds``, :mod:`streamproc.stages`; the floor has only
+its total). Below each light workload's table, the
 ratios against the floors per repetition (runs of one repetition ran next to each other), the
 P99 comparison at 50 % load and the per-thread CPU of the floors and of streamproc.
 """
@@ -100,10 +102,16 @@ def render(rows: list[Row]) -> str:
         sp = _find(mine, STREAMPROC)
         sp_rate = sp.median_rate() if sp else None
         sp_cpu = sp.median_cpu() if sp else None
-        lines.append(
-            f"{workload}: {reps} alternating repetitions, median [min-max]; "
-            "'sp/it' = streamproc's median over the row's"
-        )
+        if reps:
+            lines.append(
+                f"{workload}: {reps} alternating repetitions, median [min-max]; "
+                "'sp/it' = streamproc's median over the row's"
+            )
+        else:
+            paced = max((len(r.runs) for r in mine), default=0)
+            lines.append(
+                f"{workload}: paced rows only, {paced} repetitions alternating, median [min-max]"
+            )
         lines.append(
             f"  {'contender':<24} {'msgs':>6} {'msg/s':>31} {'msg/s sp/it':>11} "
             f"{'CPU-µs/msg':>22} {'CPU sp/it':>9} {'P50 ms':>7} {'P99 ms':>7}  note"
@@ -120,8 +128,20 @@ def render(rows: list[Row]) -> str:
                 f"{rate_ratio:>11} {format_spread(r.cpus):>22} {cpu_ratio:>9} {p50:>7} "
                 f"{p99:>7}  {r.note}"
             )
+            if r.paced and r.extra.get("stages_ms"):
+                lines.append(f"  {'':<24} {stage_line(r.extra['stages_ms'])}")
         lines.extend(_summary(mine))
     return "\n".join(lines)
+
+
+def stage_line(stages_ms: dict[str, list[float]]) -> str:
+    """A paced row's stages as ``P50/P99 ms by stage: consume 0.4/2.0, ring ..., total 4/17``
+    (medians over the row's runs; ``total``: its end-to-end P50 and P99)."""
+    shown = [
+        f"{name} {format_number(p50)}/{format_number(p99)}"
+        for name, (p50, p99) in stages_ms.items()
+    ]
+    return "P50/P99 ms by stage: " + ", ".join(shown)
 
 
 FUSED, STAGED = "streamproc fused", "streamproc staged"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamproc.records import Priority, Record, TopicPartition
+from streamproc.stages import STAGES
 from streamproc.tools.bench.child import TORCH_THREADS, Job, Outcome, run_child, run_replay
 from streamproc.tools.bench.contenders import pipeline_config, run_quix
 from streamproc.tools.bench.cpu import CpuTrace
@@ -297,6 +298,7 @@ def _paced_row(ctx: _Context, contender: str, load: float, runs: list[Run]) -> R
         "latency_quantiles_ms": middle["quantiles_ms"],
         "p99_ms_runs": [lat["p99_ms"] for lat in latencies],
         "p50_ms_runs": [lat["p50_ms"] for lat in latencies],
+        "stages_ms": stage_medians(runs, p50.median, p99.median),
     }
     notes = []
     if len(latencies) > 1:
@@ -324,14 +326,36 @@ def _paced_row(ctx: _Context, contender: str, load: float, runs: list[Run]) -> R
     return row
 
 
-def _paced(ctx: _Context, top_rate: float) -> list[Row]:
-    """Paced runs at each load, ``paced_repetitions`` times, streamproc and (light) the floor
-    alternately at each rate."""
+def stage_medians(runs: list[Run], p50_ms: float, p99_ms: float) -> dict[str, list[float]]:
+    """Per stage (:data:`~streamproc.stages.STAGES`, where the runs counted it), the median
+    over ``runs`` of its P50 and of its P99 in ms; then ``total``: the row's end-to-end
+    ``p50_ms`` and ``p99_ms`` (the floor, which has no stages, shows only that)."""
+    out: dict[str, list[float]] = {}
+    for name in STAGES:
+        pairs = [r.info["stages_ms"].get(name) for r in runs if "stages_ms" in r.info]
+        p50s = [pair[0] for pair in pairs if pair and pair[0] is not None]
+        p99s = [pair[1] for pair in pairs if pair and pair[1] is not None]
+        if p50s and p99s:
+            out[name] = [statistics.median(p50s), statistics.median(p99s)]
+    out["total"] = [p50_ms, p99_ms]
+    return out
+
+
+def paced_seconds(plan: Plan, load: float) -> float:
+    """The replay duration of a paced run at ``load``: the plan's for that load (10, 50 or
+    80 %), else the plan's longest."""
+    return dict(zip(LOADS, plan.paced_s, strict=True)).get(load, max(plan.paced_s))
+
+
+def _paced(ctx: _Context, top_rate: float, loads: tuple[float, ...] = LOADS) -> list[Row]:
+    """Paced runs at each load (fractions of ``top_rate``), ``paced_repetitions`` times,
+    streamproc and (light) the floor alternately at each rate."""
     plan = ctx.plan
     contenders = ("streamproc", "floor") if plan.light else ("streamproc",)
     runs: dict[tuple[str, float], list[Run]] = {}
     for repetition in range(plan.paced_repetitions):
-        for load, seconds in zip(LOADS, plan.paced_s, strict=True):
+        for load in loads:
+            seconds = paced_seconds(plan, load)
             for contender in contenders:
                 run = _paced_run(ctx, contender, top_rate * load, seconds)
                 runs.setdefault((contender, load), []).append(run)
@@ -343,14 +367,25 @@ def _paced(ctx: _Context, top_rate: float) -> list[Row]:
                 )
     return [
         _paced_row(ctx, contender, load, runs[(contender, load)])
-        for load in LOADS
+        for load in loads
         for contender in contenders
     ]
 
 
-def run_workload(bootstrap: str, workload: str, plan: Plan, repetitions: int) -> list[Row]:
-    """Every contender of one workload, ``repetitions`` times alternating, then paced runs."""
+def run_workload(
+    bootstrap: str,
+    workload: str,
+    plan: Plan,
+    repetitions: int,
+    loads: tuple[float, ...] = LOADS,
+    rate: float | None = None,
+) -> list[Row]:
+    """Every contender of one workload, ``repetitions`` times alternating, then paced runs at
+    ``loads`` (fractions) of streamproc's median msg/s; with ``rate`` (msg/s) only the paced
+    runs, at ``loads`` of that rate."""
     suffix = uuid.uuid4().hex[:6]
+    if rate is not None:
+        return _paced(_Context(bootstrap, workload, plan, "", suffix, ()), rate, loads)
     source = f"bench.{workload}.{suffix}"
     create_topics(bootstrap, [source], PARTITIONS)
     produce(workload, source, bootstrap, PARTITIONS, plan.messages, None, progress=False)
@@ -375,7 +410,7 @@ def run_workload(bootstrap: str, workload: str, plan: Plan, repetitions: int) ->
     out = list(rows.values())
     top = rows[STREAMPROC].median_rate()
     if top:
-        out += _paced(ctx, top)
+        out += _paced(ctx, top, loads)
     return out
 
 
@@ -398,12 +433,29 @@ def _annotate(rows: dict[str, Row]) -> None:
             row.note += f"; {len(problems)} runs: {problems[0]}"
 
 
+@dataclass(frozen=True)
+class Paced:
+    """What the paced runs do (``streamproc bench --loads/--rate/--paced-repetitions``).
+
+    Attributes:
+        loads: fractions of the reference rate, in run order.
+        rate: the reference rate (msg/s); None: streamproc's median msg/s of the backlog
+            runs. Given, only the paced runs run.
+        repetitions: paced repetitions (None: the plan's).
+    """
+
+    loads: tuple[float, ...] = LOADS
+    rate: float | None = None
+    repetitions: int | None = None
+
+
 def run(
     bootstrap: str,
     out_dir: Path,
     workloads: tuple[str, ...] = tuple(PLANS),
     repetitions: int = REPETITIONS,
     quick: bool = False,
+    paced: Paced = Paced(),
 ) -> list[Row]:
     """Run every contender of ``workloads``; write ``bench.json`` and ``bench.png`` (the
     ``bench`` extra) to ``out_dir``."""
@@ -411,7 +463,9 @@ def run(
     rows: list[Row] = []
     for workload in workloads:
         plan = PLANS[workload].quick() if quick else PLANS[workload]
-        rows += run_workload(bootstrap, workload, plan, repetitions)
+        if paced.repetitions is not None:
+            plan = replace(plan, paced_repetitions=paced.repetitions)
+        rows += run_workload(bootstrap, workload, plan, repetitions, paced.loads, paced.rate)
         (out_dir / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     plot(rows, out_dir / "bench.png")
     return rows
@@ -422,14 +476,26 @@ def main(
     workloads: tuple[str, ...] = tuple(PLANS),
     repetitions: int = REPETITIONS,
     quick: bool = False,
+    paced: Paced = Paced(),
 ) -> int:
-    """Entry point of ``streamproc bench``: a local broker of its own unless one is given."""
+    """Entry point of ``streamproc bench``: a local broker of its own unless one is given.
+
+    Raises:
+        ValueError: an unknown workload, a load outside (0, 2], a rate or paced repetitions
+            below 1.
+    """
     from streamproc import logs
     from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 
     unknown = sorted(set(workloads) - set(PLANS))
     if unknown:
         raise ValueError(f"unknown workloads {unknown}; allowed: {list(PLANS)}")
+    if not paced.loads or any(not 0 < load <= 2 for load in paced.loads):
+        raise ValueError(f"--loads: percentages in (0, 200], got {[x * 100 for x in paced.loads]}")
+    if paced.rate is not None and paced.rate < 1:
+        raise ValueError(f"--rate: at least 1 msg/s, got {paced.rate}")
+    if paced.repetitions is not None and paced.repetitions < 1:
+        raise ValueError(f"--paced-repetitions: at least 1, got {paced.repetitions}")
     logs.configure("warning", "console")
     broker = None
     bootstrap = bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -441,14 +507,17 @@ def main(
                 Path(f"/tmp/streamproc-bench-{uuid.uuid4().hex[:6]}"), ensure_kafka_jars()
             )
             bootstrap = broker.start()
-        rows = run(bootstrap, Path("benchmarks/results"), workloads, repetitions, quick)
+        rows = run(bootstrap, Path("benchmarks/results"), workloads, repetitions, quick, paced)
     finally:
         if broker is not None:
             broker.stop()
     load_after = os.getloadavg()
     print(render(rows))
+    runs = f"{repetitions} repetitions"
+    if paced.rate is not None:
+        runs = f"paced rows only, 100 % = {paced.rate:,.0f} msg/s"
     print(
-        f"(workloads {','.join(workloads)}; {repetitions} repetitions"
+        f"(workloads {','.join(workloads)}; {runs}"
         f"{'; --quick' if quick else ''}; total {time.monotonic() - started:.0f} s; load average "
         f"{' '.join(f'{x:.2f}' for x in load_before)} before, "
         f"{' '.join(f'{x:.2f}' for x in load_after)} after; JSON and PNG (with the `bench` "

@@ -33,6 +33,7 @@ class Sent:
         values: list[bytes],
         headers: list[list[tuple[str, bytes]]],
         dlq: str,
+        clock: object = None,
     ) -> None:
         assert topic == "out"
         for record, value, row in zip(records, values, headers, strict=True):

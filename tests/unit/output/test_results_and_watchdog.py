@@ -30,6 +30,7 @@ class MemorySink:
         values: list[bytes],
         headers: list[list[tuple[str, bytes]]],
         dlq: str,
+        clock: object = None,
     ) -> None:
         for record, value, row_headers in zip(records, values, headers, strict=True):
             assert dict(row_headers)["streamproc.source.offset"] == b"%d" % record.offset

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, TIMING_FORMAT
+from streamproc.stages import STAGES
 from streamproc.tools.bench.cpu import TICK_S, CpuTrace, parse_stat, read_stat, thread_deltas
 from streamproc.tools.bench.floor import DeliveredOffsets
 from streamproc.tools.bench.measure import (
@@ -17,6 +18,7 @@ from streamproc.tools.bench.measure import (
     paired_ratios,
 )
 from streamproc.tools.bench.report import Row, Run, render, thread_group, thread_profile
+from streamproc.tools.bench.runner import stage_medians
 from streamproc.tools.verify import TopicDump
 
 # -- the floor's commit positions ------------------------------------------------------------
@@ -247,3 +249,31 @@ def test_thread_profile_groups_roles_and_takes_the_median_per_message() -> None:
     assert profile["dispatch"] == pytest.approx(0.0)  # median of 1, 0, 0
     assert thread_group("dispatch-bench.trades.ab12cd") == "dispatch"
     assert thread_group("rdk:broker1") == "rdk:broker1"
+
+
+def test_paced_rows_print_each_stages_median_p50_and_p99_under_the_row() -> None:
+    def run(consume: tuple[float, float], ring: tuple[float, float] | None) -> Run:
+        stages: dict[str, list[float | None]] = {name: [None, None] for name in STAGES}
+        stages["consume"] = list(consume)
+        if ring is not None:
+            stages["ring"] = list(ring)
+        return Run(100, 50_000.0, 20.0, {"stages_ms": stages})
+
+    runs = [run((1.0, 9.0), (300.0, 900.0)), run((3.0, 5.0), None), run((2.0, 7.0), (100.0, 500.0))]
+    stages = stage_medians(runs, p50_ms=450.0, p99_ms=1200.0)
+    # per stage the median over the runs that counted it; stages never counted are left out
+    assert stages == {
+        "consume": [2.0, 7.0],
+        "ring": [200.0, 700.0],
+        "total": [450.0, 1200.0],
+    }
+    row = Row(
+        "trades", "streamproc @ 80%", runs, paced=True, p50_ms=450, p99_ms=1200,
+        extra={"stages_ms": stages},
+    )  # fmt: skip
+    lines = render([row]).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  streamproc @ 80%"))
+    assert lines[at + 1].strip() == (
+        "P50/P99 ms by stage: consume 2.0/7.0, ring 200/700, total 450/1,200"
+    )
+    assert lines[0] == "trades: paced rows only, 3 repetitions alternating, median [min-max]"
