@@ -22,8 +22,12 @@ real recording, ``streamproc.tools.replay``) on the same machine:
    rate for ``--overload-s`` seconds, then ``--after-factor`` x capacity for ``--after-s``
    seconds; then SIGTERM (the consumer drains).
 
-From the broker (read_committed): every input has a result, an expired result
-(``streamproc.result.kind: expired``) or a dead-letter record (``missing`` must be 0); goodput =
+After the last phase the bench waits up to ``--drain-s`` seconds for the group to commit the end
+of every partition. From the broker (read_committed): every input below the group's committed
+offset has a result, an expired result (``streamproc.result.kind: expired``) or a dead-letter
+record (``missing`` must be 0: a record committed without one is lost); ``undrained`` counts the
+inputs not yet run when the drain timed out (not lost: at or past the committed offset, the
+group's next consumer runs them); goodput =
 results made by the model within ``--target-ms`` (output timestamp - input timestamp, both
 CreateTime) per second of input in the overload window, as a share of the capacity; the served
 records' P99 in the overload window; the share expired; the offered rate the producer reached;
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.consumer_process import consumer, load_average
 from streamproc.kafka.admin import ensure_topics
@@ -52,7 +57,7 @@ from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, KIND
 from streamproc.tools.bench.measure import format_spread
 from streamproc.tools.kafka_local import broker_unless_given, free_port
 from streamproc.tools.replay import produce
-from streamproc.tools.verify import TopicDump, read_topic
+from streamproc.tools.verify import TopicDump, committed_offsets, read_topic
 
 PARTITIONS = 4
 DEFAULT_TARGET_MS = {"trades": 30.0, "iot": 60.0}
@@ -67,7 +72,8 @@ class Row:
     capacity: float
     offered: float
     inputs: int
-    missing: int
+    missing: int  # below the group's committed offset, yet no result, expired result or DLQ
+    undrained: int  # not yet run when the drain timed out (at or above the committed offset)
     expired_share: float
     goodput: float
     goodput_share: float
@@ -82,6 +88,8 @@ class Outcome:
     whether it was expired or dead-lettered."""
 
     ts_ms: int
+    partition: int
+    offset: int
     latency_ms: float | None
     expired: bool
     dead_letter: bool
@@ -102,6 +110,8 @@ def outcomes(inputs: TopicDump, outputs: TopicDump, dead_letters: TopicDump) -> 
         rows.append(
             Outcome(
                 ts_ms=ts,
+                partition=coord[0],
+                offset=coord[1],
                 latency_ms=None if out is None or out[1] else float(out[0] - ts),
                 expired=out is not None and out[1],
                 dead_letter=coord in dead,
@@ -221,11 +231,13 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
         end_ms = int(time.time() * 1000)
         produce(workload, topic, bootstrap, PARTITIONS, int(after_rate * args.after_s), after_rate)
         load = load_average()
+        committed = _drained(bootstrap, f"{topic}-group", topic, args.drain_s)
     rows = outcomes(
         read_topic(bootstrap, topic),
         read_topic(bootstrap, f"{topic}.out"),
         read_topic(bootstrap, f"{topic}.dlq"),
     )
+    unaccounted = [r for r in rows if r.latency_ms is None and not r.expired and not r.dead_letter]
     during = [r for r in rows if start_ms + args.skip_s * 1000 <= r.ts_ms <= end_ms]
     seconds = (end_ms - start_ms - args.skip_s * 1000) / 1000.0
     served = [r.latency_ms for r in during if r.latency_ms is not None]
@@ -236,9 +248,8 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
         capacity=capacity,
         offered=sent / ((end_ms - start_ms) / 1000.0),
         inputs=len(rows),
-        missing=sum(
-            1 for r in rows if r.latency_ms is None and not r.expired and not r.dead_letter
-        ),
+        missing=sum(1 for r in unaccounted if r.offset < committed.get(r.partition, 0)),
+        undrained=sum(1 for r in unaccounted if r.offset >= committed.get(r.partition, 0)),
         expired_share=sum(r.expired for r in during) / max(1, len(during)),
         goodput=good,
         goodput_share=good / capacity,
@@ -248,11 +259,37 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
     )
 
 
+def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "overload-ends"})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(PARTITIONS)
+        }
+    finally:
+        consumer.close()
+
+
+def _drained(bootstrap: str, group: str, topic: str, timeout_s: float) -> dict[int, int]:
+    """Wait up to ``timeout_s`` seconds for ``group`` to commit the end of every partition of
+    ``topic`` (the backlog drained); return its committed offsets as they are then."""
+    deadline = time.monotonic() + timeout_s
+    partitions = list(range(PARTITIONS))
+    while True:
+        ends = _end_offsets(bootstrap, topic)
+        committed = committed_offsets(bootstrap, group, topic, partitions)
+        if all(committed.get(p, -1) >= end for p, end in ends.items() if end > 0):
+            return committed
+        if time.monotonic() > deadline:
+            return committed
+        time.sleep(2.0)  # polling the broker's view of the group, not our own threads
+
+
 def _print_row(row: Row, target_ms: float) -> None:
     print(
         f"run {row.run} {row.workload:<7} capacity {row.capacity:8.0f} msg/s | offered "
         f"{row.offered:8.0f} ({row.offered / row.capacity:.1f}x) | inputs {row.inputs:7d} "
-        f"missing {row.missing} | expired "
+        f"missing {row.missing} undrained {row.undrained} | expired "
         f"{row.expired_share:5.1%} | goodput {row.goodput:8.0f} msg/s = {row.goodput_share:5.1%} "
         f"of capacity | served P99 {row.served_p99_ms:7.1f} ms (target {target_ms:.0f}) | "
         f"recovery {row.recovery_s:4.0f} s | load {row.load:.1f}",
@@ -273,6 +310,9 @@ def main() -> None:
     parser.add_argument("--target-ms", type=float, help="default: trades 30, iot 60")
     parser.add_argument(
         "--max-age-ms", type=float, help="pipelines[].max_age_ms; default: 3/4 of the target"
+    )
+    parser.add_argument(
+        "--drain-s", type=float, default=180.0, help="most s to wait for the backlog at the end"
     )
     parser.add_argument("--skip-s", type=float, default=2.0, help="left out of each window")
     parser.add_argument("--bootstrap")
@@ -297,7 +337,7 @@ def main() -> None:
             f"{format_spread([r.served_p99_ms for r in mine])} ms | expired "
             f"{format_spread([r.expired_share for r in mine])} | recovery "
             f"{format_spread(finite) if finite else '-'} s ({len(mine) - len(finite)} never) | "
-            f"missing {sum(r.missing for r in mine)}"
+            f"missing {sum(r.missing for r in mine)} | undrained {sum(r.undrained for r in mine)}"
         )
     if any(r.missing for r in rows):
         raise SystemExit("inputs without a result, expired result or dead-letter record")

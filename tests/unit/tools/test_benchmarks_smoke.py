@@ -382,13 +382,13 @@ def test_overload_accounts_for_every_input_and_finds_the_recovery() -> None:
     assert [r.expired for r in rows] == [False, False, False, True, False, False]
     assert [r.dead_letter for r in rows] == [False] * 4 + [True, False]
     missing = [r for r in rows if r.latency_ms is None and not r.expired and not r.dead_letter]
-    assert len(missing) == 1
+    assert [(r.partition, r.offset) for r in missing] == [(0, 5)]
 
     end = 3_000
-    after = [overload.Outcome(end + 10, 500.0, False, False)]  # window 0: over the target
-    after += [overload.Outcome(end + 1_000 + k, 5.0, False, False) for k in range(3)]
-    after += [overload.Outcome(end + 2_000 + k, 5.0, False, False) for k in range(3)]
+    after = [overload.Outcome(end + 10, 0, 0, 500.0, False, False)]  # window 0: over the target
+    after += [overload.Outcome(end + 1_000 + k, 0, k, 5.0, False, False) for k in range(3)]
+    after += [overload.Outcome(end + 2_000 + k, 0, k, 5.0, False, False) for k in range(3)]
     assert overload.recovery_s(after, end, target_ms=30.0) == 1.0
-    expired_late = [*after, overload.Outcome(end + 2_500, None, True, False)]
+    expired_late = [*after, overload.Outcome(end + 2_500, 0, 9, None, True, False)]
     assert overload.recovery_s(expired_late, end, target_ms=30.0) == float("inf")
     assert overload.recovery_s(after[1:], end, target_ms=30.0) == 1.0  # an empty first window
