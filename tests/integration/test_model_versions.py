@@ -153,10 +153,12 @@ def versions_per_transaction(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[i
     current = threading.local()
     send_results, produce_many = Sink.send_results, Transactions.produce_many
 
-    def send(self: Sink, topic: str, records: Any, values: Any, headers: Any, dlq: str) -> Any:
+    def send(
+        self: Sink, topic: str, records: Any, values: Any, headers: Any, dlq: str, *rest: Any
+    ) -> Any:
         current.versions = {dict(h)[H_MODEL_VERSION].decode() for h in headers}
         try:
-            return send_results(self, topic, records, values, headers, dlq)
+            return send_results(self, topic, records, values, headers, dlq, *rest)
         finally:
             current.versions = set()
 
