@@ -179,9 +179,20 @@ def _served_rate(bootstrap: str, topic: str, start_ms: float, end_ms: float) -> 
     return float(len(served) / ((end_ms - start_ms) / 1000.0))
 
 
-def _probe(args: argparse.Namespace, bootstrap: str, workload: str, work: Path) -> float:
-    topic = _fresh(bootstrap, f"probe.{workload}")
+def _served(
+    args: argparse.Namespace,
+    bootstrap: str,
+    workload: str,
+    work: Path,
+    seconds: float,
+    rate: float | None,
+) -> float:
+    """Results per second of a consumer without a deadline while the recording is offered for
+    ``seconds``: open loop at ``rate`` msg/s, or as fast as the broker takes it (None)."""
+    topic = _fresh(bootstrap, f"{'cap' if rate else 'probe'}.{workload}")
     stop = threading.Event()
+    timer = threading.Timer(seconds, stop.set)
+    limit = int(rate * seconds) if rate else 10**9
     with consumer(
         _config(bootstrap, workload, topic, None, _target_ms(args, workload)),
         Path.cwd(),
@@ -189,28 +200,12 @@ def _probe(args: argparse.Namespace, bootstrap: str, workload: str, work: Path) 
         topic,
     ):
         start_ms = time.time() * 1000
-        timer = threading.Timer(args.probe_s, stop.set)
-        timer.start()
+        if rate is None:
+            timer.start()
         try:
-            produce(workload, topic, bootstrap, PARTITIONS, 10**9, None, False, stop=stop)
+            produce(workload, topic, bootstrap, PARTITIONS, limit, rate, False, stop=stop)
         finally:
             timer.cancel()
-        end_ms = time.time() * 1000
-    return _served_rate(bootstrap, topic, start_ms + args.skip_s * 1000, end_ms)
-
-
-def _capacity(
-    args: argparse.Namespace, bootstrap: str, workload: str, rate: float, work: Path
-) -> float:
-    topic = _fresh(bootstrap, f"cap.{workload}")
-    with consumer(
-        _config(bootstrap, workload, topic, None, _target_ms(args, workload)),
-        Path.cwd(),
-        work,
-        topic,
-    ):
-        start_ms = time.time() * 1000
-        produce(workload, topic, bootstrap, PARTITIONS, int(rate * args.capacity_s), rate, False)
         end_ms = time.time() * 1000
     return _served_rate(bootstrap, topic, start_ms + args.skip_s * 1000, end_ms)
 
@@ -218,8 +213,8 @@ def _capacity(
 def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, work: Path) -> Row:
     """Measure the capacity, then the overload and the recovery, of ``workload`` once."""
     target_ms = _target_ms(args, workload)
-    over_rate = args.factor * _probe(args, bootstrap, workload, work)
-    capacity = _capacity(args, bootstrap, workload, over_rate, work)
+    over_rate = args.factor * _served(args, bootstrap, workload, work, args.probe_s, None)
+    capacity = _served(args, bootstrap, workload, work, args.capacity_s, over_rate)
     after_rate = args.after_factor * capacity
     topic = _fresh(bootstrap, f"over.{workload}")
     config = _config(bootstrap, workload, topic, args.max_age_ms or 0.75 * target_ms, target_ms)

@@ -37,10 +37,7 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -51,7 +48,7 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
-from benchmarks.consumer_process import load_average, wait_ready
+from benchmarks.consumer_process import consumer, load_average
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, parse_timing
 from streamproc.tools.bench.measure import format_spread
@@ -160,37 +157,19 @@ def _run_one(
         ],
         "metrics": {"port": port},
     }
-    config_path = work / f"{name}-{run}.json"  # YAML is a superset of JSON
-    config_path.write_text(json.dumps(config))
-    log_path = work / f"{name}-{run}.log"
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
     count = int(args.rate * args.seconds)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamproc", "run", "--config", str(config_path)],
-            cwd=checkout,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_ready(port, proc, args.ready_timeout_s)
-            alone_ms = int(time.time() * 1000)
-            produce("trades", trades_in, bootstrap, PARTITIONS, count, args.rate, progress=False)
-            alone_end_ms = int(time.time() * 1000)
-            load_alone = load_average()
-            _produce_backlog(bootstrap, video_in, frames)
-            backlog_ms = int(time.time() * 1000)
-            produce("trades", trades_in, bootstrap, PARTITIONS, count, args.rate, progress=False)
-            backlog_end_ms = int(time.time() * 1000)
-            load_backlog = load_average()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(args.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with consumer(
+        config, checkout, work, f"{name}-{run}", args.ready_timeout_s, args.stop_timeout_s
+    ):
+        alone_ms = int(time.time() * 1000)
+        produce("trades", trades_in, bootstrap, PARTITIONS, count, args.rate, progress=False)
+        alone_end_ms = int(time.time() * 1000)
+        load_alone = load_average()
+        _produce_backlog(bootstrap, video_in, frames)
+        backlog_ms = int(time.time() * 1000)
+        produce("trades", trades_in, bootstrap, PARTITIONS, count, args.rate, progress=False)
+        backlog_end_ms = int(time.time() * 1000)
+        load_backlog = load_average()
     trades = _latencies(read_topic(bootstrap, trades_in), read_topic(bootstrap, f"{trades_in}.out"))
     skip_ms = int(args.skip_s * 1000)
     alone = _window(trades, alone_ms + skip_ms, alone_end_ms)
@@ -198,7 +177,9 @@ def _run_one(
     video_ts = [ts for _, _, _, ts in read_topic(bootstrap, f"{video_in}.out").records.values()]
     during = [ts for ts in video_ts if backlog_ms <= ts <= backlog_end_ms]
     if not alone or not backlog:
-        raise RuntimeError(f"{name} run {run}: no trades results matched (log: {log_path})")
+        raise RuntimeError(
+            f"{name} run {run}: no trades results matched (log: {work}/{name}-{run}.log)"
+        )
     a99, b99 = (float(np.percentile(v, 99)) for v in (alone, backlog))
     return Row(
         checkout=name,
