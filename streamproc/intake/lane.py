@@ -9,7 +9,7 @@ set below, each of which takes it once.
 ========================  ===================  ==============================================
 method                    called by            does
 ========================  ===================  ==============================================
-:meth:`offer`             source thread        push records, track them as consumed
+:meth:`offer_runs`        source thread        push records, track them as consumed
 :meth:`assign`            source thread        fresh rings for newly assigned partitions
 :meth:`revoke`            source thread        drop rings, count what they held
 :meth:`next_cut`          dispatcher thread    wait for a cut, take its records
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,18 +52,24 @@ from streamproc.records import Priority, Record, TopicPartition
 
 @dataclass(frozen=True, slots=True)
 class Offered:
-    """What :meth:`Lane.offer` did with one poll's records of a lane.
+    """What :meth:`Lane.offer_runs` did with one poll's records of a lane.
 
     Attributes:
-        accepted: records now in their rings (tracked as consumed), in poll order.
+        runs: per partition, its records now in its ring (tracked as consumed), in offset
+            order; a partition none of whose records was taken is absent.
         refused: per partition whose ring was full (or not assigned), the first refused
             offset: the source pauses it and seeks back there.
         pause: partitions that reached the ring's high watermark.
     """
 
-    accepted: list[Record]
+    runs: dict[TopicPartition, list[Record]]
     refused: dict[TopicPartition, int]
     pause: tuple[TopicPartition, ...]
+
+    @property
+    def accepted(self) -> list[Record]:
+        """Every record taken, partition by partition."""
+        return [record for run in self.runs.values() for record in run]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,33 +141,46 @@ class Lane:
 
     # -- source thread ---------------------------------------------------------------------
     def offer(self, records: Sequence[Record], deadlines: bool = False) -> Offered:
-        """Push one poll's records of this lane into their rings (one lock acquisition).
+        """:meth:`offer_runs` of ``records`` in any order, grouped by partition here (each
+        partition's records in offset order)."""
+        runs: dict[TopicPartition, list[Record]] = {}
+        for record in records:
+            run = runs.get(record.tp)
+            if run is None:
+                runs[record.tp] = [record]
+            else:
+                run.append(record)
+        return self.offer_runs(runs, deadlines)
+
+    def offer_runs(
+        self, runs: Mapping[TopicPartition, list[Record]], deadlines: bool = False
+    ) -> Offered:
+        """Push one poll's records of this lane, per partition a run in offset order, into
+        their rings (one lock acquisition, one ring push and one tracker pass per partition).
 
         A partition whose ring refuses a record (full, or no longer assigned) refuses the rest
-        of its records in this call; accepted records are tracked as consumed before the lock
-        is released, and a waiting dispatcher is woken. ``deadlines``: some of ``records`` has
-        a deadline (``Record.deadline_s`` finite); from then on every cut looks for expired
-        records.
+        of its run; accepted records are tracked as consumed before the lock is released, and
+        a waiting dispatcher is woken. ``deadlines``: some record has a deadline
+        (``Record.deadline_s`` finite); from then on every cut looks for expired records.
         """
         refused: dict[TopicPartition, int] = {}
         pause: list[TopicPartition] = []
-        accepted: list[Record] = []
+        accepted: dict[TopicPartition, list[Record]] = {}
         buffers = self._buffers
         with self._cond:
             if deadlines:
                 self._deadlines = True
-            for record in records:
-                if record.tp in refused:
-                    continue
-                flow = buffers.push(record)
-                if flow is None:
-                    refused[record.tp] = record.offset
-                    continue
-                accepted.append(record)
-                if flow.pause:
-                    pause.extend(flow.pause)
+            for tp, run in runs.items():
+                kept, paused = buffers.push_run(tp, run)
+                if kept < len(run):
+                    refused[tp] = run[kept].offset
+                    run = run[:kept]
+                if paused:
+                    pause.append(tp)
+                if kept:
+                    accepted[tp] = run
             if accepted:
-                self._tracker.consumed_many(accepted)
+                self._tracker.consumed_runs(accepted)
                 self._cond.notify()
         return Offered(accepted, refused, tuple(pause))
 

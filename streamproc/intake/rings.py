@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from streamproc.records import Record, TopicPartition
@@ -79,6 +79,91 @@ class RingBuffer:
         self.bytes += record.size_bytes
         self._classes[record.priority].append(record.consumed_at_s)
         return True
+
+    def push_many(self, records: Sequence[Record]) -> int:
+        """Append ``records`` (one partition's, in offset order) while there is room; returns
+        how many were kept: ``records[:n]`` (the rest are refused)."""
+        capacity, size = self.capacity, self._size
+        n = min(capacity - size, len(records))
+        if n <= 0:
+            return 0
+        kept = records if n == len(records) else records[:n]
+        start = (self._head + size) % capacity
+        end = start + n
+        slots = self._slots
+        if end <= capacity:
+            slots[start:end] = kept
+        else:  # wraps around the slot array
+            split = capacity - start
+            slots[start:] = kept[:split]
+            slots[: end - capacity] = kept[split:]
+        self._size = size + n
+        classes = self._classes
+        added = 0
+        for record in kept:
+            added += len(record.key or b"") + len(record.value or b"")
+            classes[record.priority].append(record.consumed_at_s)
+        self.bytes += added
+        return n
+
+    def pop_run(
+        self,
+        out: list[Record],
+        count: int,
+        bytes_left: float,
+        max_wait_s: tuple[float, ...],
+        until: tuple[float, int],
+        index: int,
+    ) -> tuple[int, float, bool]:
+        """Pop records onto ``out`` (the cut being built) in offset order while ``out`` holds
+        fewer than ``count``, the popped key+value bytes stay within ``bytes_left`` (the cut's
+        first record is always taken) and the ring's next deadline ``(deadline, index)``
+        stays at or before ``until`` (the runner-up ring's).
+
+        Returns:
+            The bytes popped, the ring's earliest deadline after the last pop (inf: empty),
+            and whether the byte limit stopped it.
+        """
+        slots, capacity = self._slots, self.capacity
+        head, size = self._head, self._size
+        high, normal, low = classes = self._classes
+        wait_high, wait_normal, wait_low = max_wait_s
+        popped = 0
+        deadline = math.inf
+        taken = len(out)
+        inf = math.inf
+        while taken < count and size:
+            record = slots[head]
+            assert record is not None
+            record_bytes = len(record.key or b"") + len(record.value or b"")
+            if taken and popped + record_bytes > bytes_left:
+                self._head, self._size = head, size
+                self.bytes -= popped
+                return popped, deadline, True
+            slots[head] = None
+            head += 1
+            if head == capacity:
+                head = 0
+            size -= 1
+            popped += record_bytes
+            classes[record.priority].popleft()
+            out.append(record)
+            taken += 1
+            # the ring's earliest deadline now (RingBuffer.deadline, unrolled)
+            deadline = high[0] + wait_high if high else inf
+            if normal:
+                candidate = normal[0] + wait_normal
+                if candidate < deadline:
+                    deadline = candidate
+            if low:
+                candidate = low[0] + wait_low
+                if candidate < deadline:
+                    deadline = candidate
+            if (deadline, index) > until:
+                break
+        self._head, self._size = head, size
+        self.bytes -= popped
+        return popped, deadline, False
 
     def peek(self) -> Record | None:
         """The oldest record, or None when empty."""
@@ -199,6 +284,25 @@ class PartitionBuffers:
             return FlowControl(pause=(record.tp,))
         return NO_CHANGE
 
+    def push_run(self, tp: TopicPartition, records: Sequence[Record]) -> tuple[int, bool]:
+        """Append one partition's consumed records (in offset order) to its ring.
+
+        Returns:
+            How many were kept (``records[:n]``; the rest are refused: the caller must not
+            track them and must seek the partition back to the first refused offset; none are
+            kept when ``tp`` is not assigned), and whether ``tp`` is to be paused now (it
+            reached the high watermark in this call).
+        """
+        ring = self._rings.get(tp)
+        if ring is None:
+            return 0, False
+        kept = ring.push_many(records)
+        paused = self._paused
+        pause = len(ring) >= self.high and tp not in paused
+        if pause or kept < len(records):
+            paused.add(tp)
+        return kept, pause
+
     def views(self) -> list[RingView]:
         """Non-empty rings, for the batcher."""
         return [
@@ -234,7 +338,7 @@ class PartitionBuffers:
         ]
         heapq.heapify(heap)
         taken: list[Record] = []
-        size_bytes = 0
+        bytes_left = math.inf if max_bytes is None else float(max_bytes)
         touched: set[TopicPartition] = set()
         while heap and len(taken) < count:
             _, index, tp = heap[0]
@@ -244,19 +348,10 @@ class PartitionBuffers:
             # runner-up's (a run of pops per heap operation, not one heap operation per record).
             # (deadline, index) of the runner-up: the smaller child of the heap's root.
             runner_up = min(heap[1:3])[:2] if len(heap) > 1 else (math.inf, 0)
-            deadline = math.inf
-            while len(taken) < count:
-                head = ring.peek()
-                if head is None:
-                    break
-                head_bytes = head.size_bytes
-                if max_bytes is not None and taken and size_bytes + head_bytes > max_bytes:
-                    return taken, self._resumable(touched)
-                taken.append(ring.pop())
-                size_bytes += head_bytes
-                deadline = ring.deadline(wait)
-                if (deadline, index) > runner_up:
-                    break
+            popped, deadline, full = ring.pop_run(taken, count, bytes_left, wait, runner_up, index)
+            if full:
+                return taken, self._resumable(touched)
+            bytes_left -= popped
             if not len(ring):
                 heapq.heappop(heap)
             else:

@@ -47,6 +47,10 @@ queued meanwhile waits at most this long)."""
 GAUGE_INTERVAL_S = 1.0
 """Ring fill gauges are refreshed at least this often (and at every pause and resume)."""
 
+_Entry = list[Any]
+"""Per partition of one poll (``Source._route``): ``[TopicPartition, generation or None, Lane,
+lane has max_age_ms, the partition's records so far or None]``."""
+
 _STOP_FETCHING = "stop_fetching"
 _COMMIT_NOW = "commit_now"
 
@@ -268,15 +272,16 @@ class Source:
         generations = self.assignment.generations
         floors = self.assignment.seek_floors
         lanes = self._lanes
-        by_lane: dict[str, list[Record]] = {}
+        # per lane, per partition: this poll's records of it, in offset order
+        by_lane: dict[str, dict[TopicPartition, list[Record]]] = {}
         wall_ms = self._wall_clock() * 1000.0
         with_deadline: set[str] = set()  # lanes offered a record with a deadline in this poll
         invalid: dict[str, int] = {}  # per lane: records whose deadline header was invalid
         inf = math.inf
-        # per topic and partition of this poll: its TopicPartition, generation and lane (and
-        # whether the lane has max_age_ms), looked up once per poll instead of building and
-        # hashing a TopicPartition per message
-        known: dict[str, dict[int, tuple[TopicPartition, int | None, Lane, bool]]] = {}
+        # per topic and partition of this poll: its TopicPartition, generation, lane, whether
+        # the lane has max_age_ms, and the partition's run of records (None until its first),
+        # looked up once per poll instead of building and hashing a TopicPartition per message
+        known: dict[str, dict[int, _Entry]] = {}
         for message in messages:
             if message.error() is not None:
                 self._on_message_error(message)
@@ -291,8 +296,8 @@ class Source:
                 tp = TopicPartition(topic, partition)
                 lane = lanes[topic]
                 timed = lane.deadlines.max_age_ms is not None
-                entry = partitions[partition] = (tp, generations.get(tp), lane, timed)
-            tp, generation, lane, timed = entry
+                entry = partitions[partition] = [tp, generations.get(tp), lane, timed, None]
+            tp, generation, lane, timed, run = entry
             if generation is None:
                 continue  # not ours (revoked between fetch and delivery)
             if floors:
@@ -324,15 +329,19 @@ class Source:
                 Priority.of(headers, default) if headers else default,
                 deadline_s,
             )
-            batch = by_lane.get(topic)
-            if batch is None:
-                by_lane[topic] = [record]
+            if run is None:
+                run = entry[4] = [record]
+                runs = by_lane.get(topic)
+                if runs is None:
+                    by_lane[topic] = {tp: run}
+                else:
+                    runs[tp] = run
             else:
-                batch.append(record)
+                run.append(record)
         for topic, count in invalid.items():
             self._metrics.child(self._metrics.deadline_header_invalid, topic).inc(count)
-        for topic, records in by_lane.items():
-            self._offer(topic, lanes[topic], records, topic in with_deadline)
+        for topic, runs in by_lane.items():
+            self._offer(topic, lanes[topic], runs, topic in with_deadline)
 
     def _on_message_error(self, message: MessageLike) -> None:
         err = message.error()
@@ -343,11 +352,17 @@ class Source:
             raise KafkaException(err)
         log.warning("consumer error", error=str(err))
 
-    def _offer(self, topic: str, lane: Lane, records: list[Record], deadlines: bool) -> None:
-        """Offer one lane's records (``deadlines``: some has one); a partition whose ring is
-        full refuses the rest of its records, is paused, and is sought back to the first
-        refused offset."""
-        offered = lane.offer(records, deadlines)
+    def _offer(
+        self,
+        topic: str,
+        lane: Lane,
+        runs: dict[TopicPartition, list[Record]],
+        deadlines: bool,
+    ) -> None:
+        """Offer one lane's records, per partition a run in offset order (``deadlines``: some
+        has one); a partition whose ring is full refuses the rest of its run, is paused, and
+        is sought back to the first refused offset."""
+        offered = lane.offer_runs(runs, deadlines)
         state = self.assignment
         consumer = self._consumer
         for tp, offset in offered.refused.items():
@@ -355,17 +370,19 @@ class Source:
             state.seek_floors[tp] = offset
             consumer.pause([ktp(tp)])
             consumer.seek(ktp(tp, offset))
-        accepted = offered.accepted
-        if accepted:
-            self._last_input_s = accepted[-1].consumed_at_s
-            read_up_to, again = self._read_up_to, 0
-            for record in accepted:
-                state.advance(record.tp, record.offset + 1)
-                if record.offset < read_up_to.get(record.tp, 0):
-                    again += 1
-                else:
-                    read_up_to[record.tp] = record.offset + 1
-            self._metrics.child(self._metrics.consumed, topic).inc(len(accepted))
+        if offered.runs:
+            read_up_to, again, accepted = self._read_up_to, 0, 0
+            for tp, run in offered.runs.items():
+                end = run[-1].offset + 1
+                state.advance(tp, end)
+                accepted += len(run)
+                up_to = read_up_to.get(tp, 0)
+                if run[0].offset < up_to:  # some of it was read before (a rewind, a seek)
+                    again += sum(1 for record in run if record.offset < up_to)
+                if end > up_to:
+                    read_up_to[tp] = end
+                self._last_input_s = run[-1].consumed_at_s
+            self._metrics.child(self._metrics.consumed, topic).inc(accepted)
             if again:
                 self._metrics.child(self._metrics.read_again, topic).inc(again)
         if offered.pause:

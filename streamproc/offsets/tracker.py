@@ -22,7 +22,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import pairwise
 
 from streamproc.records import Record, TopicPartition
 from streamproc.stages import CommitWait
@@ -60,6 +61,20 @@ class PartitionTrack:
         self.last_consumed = offset
         self._pending.append(offset)
         self._stamps.append(timestamp_ms)
+
+    def consumed_run(self, records: Sequence[Record]) -> None:
+        """:meth:`consumed` for each of ``records`` (this partition's, in offset order), in
+        one pass: the order is checked, then the offsets appended at once."""
+        offsets = [record.offset for record in records]
+        last = self.last_consumed
+        if last is not None and offsets[0] <= last:
+            raise ValueError(f"offset {offsets[0]} consumed after {last}")
+        for earlier, later in pairwise(offsets):
+            if later <= earlier:
+                raise ValueError(f"offset {later} consumed after {earlier}")
+        self.last_consumed = offsets[-1]
+        self._pending.extend(offsets)
+        self._stamps.extend([record.timestamp_ms for record in records])
 
     def passed(self, position: int) -> None:
         """The consumer's position is ``position``: every offset below it was consumed or
@@ -158,6 +173,14 @@ class OffsetTracker:
             tracks = self._tracks
             for record in records:
                 tracks[record.tp].consumed(record.offset, record.timestamp_ms)
+
+    def consumed_runs(self, runs: Mapping[TopicPartition, Sequence[Record]]) -> None:
+        """:meth:`consumed` for each record of ``runs`` (per partition, a non-empty list of its
+        records in offset order), under one lock acquisition and one pass per partition."""
+        with self._lock:
+            tracks = self._tracks
+            for tp, records in runs.items():
+                tracks[tp].consumed_run(records)
 
     def passed(self, positions: dict[TopicPartition, tuple[int, int]]) -> None:
         """Per partition, ``(generation, position)``: the consumer's position moved to

@@ -135,3 +135,59 @@ def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
         expected = _reference_take(mirror, count, max_bytes, wait)
         got, _ = buffers.take(count, max_bytes, wait)
         assert [(r.tp, r.offset) for r in got] == [(r.tp, r.offset) for r in expected]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_push_run_matches_a_record_at_a_time_push(seed: int) -> None:
+    """Runs pushed at once (across the slot array's wrap-around, into full rings) keep, refuse
+    and pause exactly as pushing their records one at a time does."""
+    import random
+
+    rng = random.Random(seed)
+    wait = (0.002, 0.020, 0.050)
+    tps = [TopicPartition("t", p) for p in range(rng.randint(1, 3))]
+    capacity = rng.randint(1, 12)
+    by_run, one_by_one = (PartitionBuffers(capacity, 0.75, 0.25) for _ in range(2))
+    for buffers in (by_run, one_by_one):
+        buffers.assign(tps)
+    next_offset = dict.fromkeys(tps, 0)
+    clock = 0.0
+    for _ in range(rng.randint(5, 30)):
+        tp = rng.choice(tps)
+        clock += 0.001
+        run = []
+        for _ in range(rng.randint(1, 2 * capacity)):
+            size = rng.randint(0, 40)
+            run.append(
+                Record(
+                    tp, next_offset[tp], None, b"x" * size, (), 0, clock, 1, rng.choice((0, 1, 2))
+                )
+            )
+            next_offset[tp] += 1
+        kept, pause = by_run.push_run(tp, run)
+        flows = []
+        for record in run:
+            flow = one_by_one.push(record)
+            if flow is None:
+                break
+            flows.append(flow)
+        assert kept == len(flows)
+        assert pause == any(flow.pause for flow in flows)
+        assert by_run.paused == one_by_one.paused
+        next_offset[tp] = run[kept].offset if kept < len(run) else next_offset[tp]  # sought back
+        if rng.random() < 0.5:
+            count, max_bytes = rng.randint(1, capacity), rng.choice((None, 30, 200))
+            got, flow = by_run.take(count, max_bytes, wait)
+            expected, expected_flow = one_by_one.take(count, max_bytes, wait)
+            assert [(r.tp, r.offset) for r in got] == [(r.tp, r.offset) for r in expected]
+            assert flow == expected_flow
+        assert [(v.tp, v.size, v.bytes) for v in by_run.views()] == [
+            (v.tp, v.size, v.bytes) for v in one_by_one.views()
+        ]
+
+
+def test_push_run_to_an_unassigned_partition_keeps_nothing() -> None:
+    bufs = PartitionBuffers(capacity=4, high_watermark=1.0, low_watermark=0.0)
+    bufs.assign([A])
+    assert bufs.push_run(B, [rec(B, 0), rec(B, 1)]) == (0, False)
+    assert bufs.total() == 0

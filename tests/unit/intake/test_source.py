@@ -121,6 +121,8 @@ def test_an_aborted_transaction_rewinds_to_the_committed_offsets_with_a_new_gene
     assert h.late == [(TP, 1, True)]
     h.poll()
     assert [r.offset for r in h.cut().records] == [2, 3, 4, 5]  # processed again
+    assert h.count("streamproc_messages_read_again_total", topic="in") == 4
+    assert h.count("streamproc_messages_consumed_total", topic="in") == 4 + 4  # 0-3, then 2-5
 
 
 def test_the_rewind_after_an_abort_retries_a_coordinator_that_moved() -> None:

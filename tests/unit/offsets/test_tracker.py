@@ -153,3 +153,17 @@ def test_passed_offsets_move_the_watermark_of_a_drained_partition_only() -> None
     assert tracker.watermarks([A]) == {A: 3}
     with pytest.raises(ValueError):
         tracker.consumed(A, 2)  # below the position passed
+
+
+def test_consumed_runs_reject_a_run_out_of_order_and_track_none_of_it() -> None:
+    tracker = OffsetTracker()
+    generation = tracker.assign([A])[A]
+    tracker.consumed_runs({A: _records(A, range(5, 7), generation)})
+    with pytest.raises(ValueError, match="offset 6 consumed after 6"):
+        tracker.consumed_runs({A: _records(A, range(6, 8), generation)})
+    backwards = [*_records(A, range(8, 10), generation), *_records(A, range(9, 10), generation)]
+    with pytest.raises(ValueError, match="offset 9 consumed after 9"):
+        tracker.consumed_runs({A: backwards})
+    assert tracker.backlog()[A][0] == 2  # 5 and 6 only
+    tracker.consumed_runs({A: _records(A, range(7, 9), generation)})
+    assert tracker.backlog()[A][0] == 4
