@@ -58,12 +58,13 @@ class Priority(enum.IntEnum):
         unknown header value: a bad header never costs the message)."""
         for key, value in headers:
             if key == PRIORITY_HEADER:
-                return _PRIORITY_HEADER_VALUES.get(value, default)
+                return PRIORITY_HEADER_VALUES.get(value, default)
         return default
 
 
 _PRIORITY_NAMES = {p.name.lower(): p for p in Priority}
-_PRIORITY_HEADER_VALUES = {name.encode(): p for name, p in _PRIORITY_NAMES.items()}
+PRIORITY_HEADER_VALUES = {name.encode(): p for name, p in _PRIORITY_NAMES.items()}
+"""The ``priority`` header's values (``b"high"``, ...) and their classes."""
 
 
 class TopicPartition(NamedTuple):

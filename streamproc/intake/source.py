@@ -28,6 +28,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from streamproc.config import Config
+from streamproc.intake.deadlines import DEADLINE_HEADER
 from streamproc.intake.lane import Lane
 from streamproc.intake.rebalance import Assignment, RebalanceHandler
 from streamproc.intake.rings import FlowControl
@@ -37,7 +38,13 @@ from streamproc.logs import get_logger, kafka_logger, redact
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import Guarantee
 from streamproc.offsets.tracker import OffsetTracker
-from streamproc.records import Priority, Record, TopicPartition
+from streamproc.records import (
+    PRIORITY_HEADER,
+    PRIORITY_HEADER_VALUES,
+    Headers,
+    Record,
+    TopicPartition,
+)
 
 log = get_logger(__name__)
 
@@ -307,11 +314,24 @@ class Source:
                         continue  # fetched before our seek took effect; it will come again
                     del floors[tp]
             raw_headers = message.headers()
-            headers = tuple(raw_headers) if raw_headers else ()
-            default = lane.default_priority
+            priority = lane.default_priority
             timestamp_ms = message.timestamp()[1]
             deadline_s = inf
-            if headers or timed:
+            dated = timed
+            if raw_headers:
+                headers: Headers = tuple(raw_headers)
+                # one scan for both headers read here (the first of each name counts, as in
+                # Priority.of and Deadlines.deadline_s)
+                named = False
+                for key, value in headers:
+                    if key == PRIORITY_HEADER and not named:
+                        priority = PRIORITY_HEADER_VALUES.get(value, priority)
+                        named = True
+                    elif key == DEADLINE_HEADER:
+                        dated = True
+            else:
+                headers = ()
+            if dated:
                 deadline_s, bad = lane.deadlines.deadline_s(headers, timestamp_ms, wall_ms, now_s)
                 if bad:
                     invalid[topic] = invalid.get(topic, 0) + 1
@@ -326,7 +346,7 @@ class Source:
                 timestamp_ms,
                 now_s,
                 generation,
-                Priority.of(headers, default) if headers else default,
+                priority,
                 deadline_s,
             )
             if run is None:

@@ -20,7 +20,7 @@ from streamproc.intake.deadlines import (
 from streamproc.intake.lane import Lane, split_expired
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
-from streamproc.records import Batch, Record, TopicPartition
+from streamproc.records import Batch, Priority, Record, TopicPartition
 from streamproc.testing import FakeMessage
 from tests.unit.source_harness import TP as TP_IN
 from tests.unit.source_harness import Harness
@@ -201,3 +201,44 @@ def test_source_applies_max_age_to_records_without_headers() -> None:
     h.source._route([old, fresh], time.monotonic())
     cut = h.cut()
     assert [r.offset for r in cut.expired] == [0] and [r.offset for r in cut.records] == [1]
+
+
+def test_source_reads_priority_and_deadline_headers_in_one_scan_first_of_each_counting() -> None:
+    h = Harness(0)
+    h.lane.deadlines = Deadlines(max_age_ms=None)
+    h.consumer.schedule_assign([TP_IN])
+    h.poll()
+    h.source._wall_clock = lambda: NOW_MS / 1000
+    mono_s = time.monotonic()
+    soon, later = b"%d" % (NOW_MS + 60_000), b"%d" % (NOW_MS + 120_000)
+    messages = [
+        FakeMessage("in", 0, 0, b"v", None, [("priority", b"high")], NOW_MS),
+        FakeMessage("in", 0, 1, b"v", None, [("priority", b"urgent")], NOW_MS),  # unknown
+        FakeMessage(
+            "in",
+            0,
+            2,
+            b"v",
+            None,
+            [("x", b"1"), ("priority", b"low"), (DEADLINE_HEADER, soon), ("priority", b"high")],
+            NOW_MS,
+        ),
+        FakeMessage(
+            "in", 0, 3, b"v", None, [(DEADLINE_HEADER, later), (DEADLINE_HEADER, soon)], NOW_MS
+        ),
+    ]
+    h.source._route(messages, mono_s)
+    cut = h.cut()
+    default = h.lane.default_priority
+    assert [(r.offset, r.priority) for r in cut.records] == [
+        (0, Priority.HIGH),
+        (1, default),
+        (2, Priority.LOW),
+        (3, default),
+    ]
+    assert [r.deadline_s for r in cut.records] == [
+        math.inf,
+        math.inf,
+        pytest.approx(mono_s + 60),
+        pytest.approx(mono_s + 120),
+    ]
