@@ -33,6 +33,7 @@ from benchmarks import (
     gpu_bundle,
     gpu_check,
     gpu_perf,
+    intake_costs,
     lane_routes,
     overload,
     pipeline_ab,
@@ -71,6 +72,14 @@ def _process_state() -> Iterator[None]:
 def test_batch_costs_runs_a_tiny_backlog(inline: str, capsys: pytest.CaptureFixture[str]) -> None:
     batch_costs.main(["--messages", "16", "--batch", "4", "--inline", inline])
     assert "4 batches" in capsys.readouterr().out
+
+
+def test_intake_costs_routes_cuts_and_acknowledges_every_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    intake_costs.main(["--messages", "600", "--rounds", "1", "--backlog", "2"])
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()] == ["route", "cut", "ack", "total"]
 
 
 def test_codecs_compares_the_frozen_codecs_with_the_live_ones(
