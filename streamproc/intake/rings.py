@@ -71,14 +71,9 @@ class RingBuffer:
         return self._size == self.capacity
 
     def push(self, record: Record) -> bool:
-        """Append ``record``; return False (and keep nothing) when full."""
-        if self._size == self.capacity:
-            return False
-        self._slots[(self._head + self._size) % self.capacity] = record
-        self._size += 1
-        self.bytes += record.size_bytes
-        self._classes[record.priority].append(record.consumed_at_s)
-        return True
+        """Append ``record``; return False (and keep nothing) when full (:meth:`push_many`
+        of one record)."""
+        return self.push_many((record,)) == 1
 
     def push_many(self, records: Sequence[Record]) -> int:
         """Append ``records`` (one partition's, in offset order) while there is room; returns
@@ -274,15 +269,10 @@ class PartitionBuffers:
             must not track it and must seek the partition back to ``record.offset``. Otherwise
             the flow-control change (pause at the high watermark), possibly :data:`NO_CHANGE`.
         """
-        ring = self._rings.get(record.tp)
-        if ring is None or not ring.push(record):
-            if ring is not None:
-                self._paused.add(record.tp)
+        kept, pause = self.push_run(record.tp, (record,))
+        if not kept:
             return None
-        if len(ring) >= self.high and record.tp not in self._paused:
-            self._paused.add(record.tp)
-            return FlowControl(pause=(record.tp,))
-        return NO_CHANGE
+        return FlowControl(pause=(record.tp,)) if pause else NO_CHANGE
 
     def push_run(self, tp: TopicPartition, records: Sequence[Record]) -> tuple[int, bool]:
         """Append one partition's consumed records (in offset order) to its ring.

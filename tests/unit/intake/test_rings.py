@@ -138,18 +138,20 @@ def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_push_run_matches_a_record_at_a_time_push(seed: int) -> None:
-    """Runs pushed at once (across the slot array's wrap-around, into full rings) keep, refuse
-    and pause exactly as pushing their records one at a time does."""
+def test_push_run_matches_a_list_model_of_the_rings(seed: int) -> None:
+    """Runs pushed at once (across the slot array's wrap-around, into full rings) keep, refuse,
+    pause, resume and cut as a model of plain lists says (record-at-a-time ``push`` is
+    ``push_run`` of one record, so the model, not ``push``, is the reference)."""
     import random
 
     rng = random.Random(seed)
     wait = (0.002, 0.020, 0.050)
     tps = [TopicPartition("t", p) for p in range(rng.randint(1, 3))]
     capacity = rng.randint(1, 12)
-    by_run, one_by_one = (PartitionBuffers(capacity, 0.75, 0.25) for _ in range(2))
-    for buffers in (by_run, one_by_one):
-        buffers.assign(tps)
+    buffers = PartitionBuffers(capacity, 0.75, 0.25)
+    buffers.assign(tps)
+    mirror: dict[TopicPartition, list[Record]] = {tp: [] for tp in tps}
+    paused: set[TopicPartition] = set()
     next_offset = dict.fromkeys(tps, 0)
     clock = 0.0
     for _ in range(rng.randint(5, 30)):
@@ -164,25 +166,27 @@ def test_push_run_matches_a_record_at_a_time_push(seed: int) -> None:
                 )
             )
             next_offset[tp] += 1
-        kept, pause = by_run.push_run(tp, run)
-        flows = []
-        for record in run:
-            flow = one_by_one.push(record)
-            if flow is None:
-                break
-            flows.append(flow)
-        assert kept == len(flows)
-        assert pause == any(flow.pause for flow in flows)
-        assert by_run.paused == one_by_one.paused
-        next_offset[tp] = run[kept].offset if kept < len(run) else next_offset[tp]  # sought back
+        kept, pause = buffers.push_run(tp, run)
+        expected_kept = min(capacity - len(mirror[tp]), len(run))
+        mirror[tp].extend(run[:expected_kept])
+        expected_pause = len(mirror[tp]) >= buffers.high and tp not in paused
+        if expected_pause or expected_kept < len(run):
+            paused.add(tp)
+        assert (kept, pause) == (expected_kept, expected_pause)
+        assert buffers.paused == paused
+        if kept < len(run):
+            next_offset[tp] = run[kept].offset  # sought back to the first refused offset
         if rng.random() < 0.5:
             count, max_bytes = rng.randint(1, capacity), rng.choice((None, 30, 200))
-            got, flow = by_run.take(count, max_bytes, wait)
-            expected, expected_flow = one_by_one.take(count, max_bytes, wait)
+            got, flow = buffers.take(count, max_bytes, wait)
+            expected = _reference_take(mirror, count, max_bytes, wait)
             assert [(r.tp, r.offset) for r in got] == [(r.tp, r.offset) for r in expected]
-            assert flow == expected_flow
-        assert [(v.tp, v.size, v.bytes) for v in by_run.views()] == [
-            (v.tp, v.size, v.bytes) for v in one_by_one.views()
+            resumed = set(flow.resume)
+            assert resumed <= paused and all(len(mirror[r]) <= buffers.low for r in resumed)
+            paused -= resumed
+            assert buffers.paused == paused
+        assert [(v.tp, v.size, v.bytes) for v in buffers.views()] == [
+            (tp, len(held), sum(r.size_bytes for r in held)) for tp, held in mirror.items() if held
         ]
 
 
