@@ -40,7 +40,9 @@ it; :mod:`streamproc.device.hold`). Each try of a model judged broken runs the b
 if it fails, the canary runs (it fails: held again; two calls a try) and, when it runs, the
 batch is narrowed down as any other. Without a canary the try runs the batch's first and last
 rows alone and then narrows the batch in full (held again only if no call of it ran: poison
-rows at both ends do not keep a batch held once the model works). Under ``dead_letter`` a
+rows at both ends do not keep a batch held once the model works; when the model comes back
+during that narrowing, the rows that failed before it did are narrowed again, so only rows
+that fail once it works are failed). Under ``dead_letter`` a
 later failing batch is not bisected either: the batch and the canary, or without one its
 first and last rows, and if they fail the whole batch is dead-lettered (``Outcome.broken``).
 Under ``stop`` the verdict raises :class:`BrokenModelError`: the pipeline stops with a
@@ -275,6 +277,7 @@ class PartRunner:
         outcome = Outcome()
         kept = canary if canary is not None and self._kept_at_s > -math.inf else None
         works = False  # the canary ran on this batch: the model works
+        narrowed_broken = False  # narrowed in full while judged broken (hold, no canary)
         failures = self._run_parts(0, n, call, outcome)
         if failures and self.broken and not outcome.ran:
             if kept is not None:
@@ -282,7 +285,10 @@ class PartRunner:
                 works = not outcome.broken
             else:
                 failures = self._probe(failures, call, outcome)
+                narrowed_broken = self.broken
         self._narrow(n, failures, call, outcome)
+        if narrowed_broken and outcome.ran and outcome.failed:
+            self._narrow_again(n, call, outcome)
         self._judge(n, outcome, kept, works)
         now_s = self._clock()
         if canary is not None and outcome.ran and now_s - self._kept_at_s >= CANARY_REFRESH_S:
@@ -420,6 +426,22 @@ class PartRunner:
                 pieces = [(part.lo, mid), (mid, part.hi)]
             for lo, hi in pieces:
                 queue.extend(self._run_parts(lo, hi, call, outcome))
+
+    def _narrow_again(self, n: int, call: Call, outcome: Outcome) -> None:
+        """The model came back while a batch of a model judged broken was narrowed in full:
+        the rows that failed before it did failed for the model, not for themselves. Every
+        failed row is narrowed again (a fresh budget; runs of adjacent rows as one part), now
+        that the model runs: only the rows that fail again are failed."""
+        rows = sorted(outcome.failed)
+        parts: list[Failure] = []
+        for row in rows:
+            if parts and parts[-1].hi == row:
+                parts[-1] = Failure(parts[-1].lo, row + 1, parts[-1].error)
+            else:
+                parts.append(Failure(row, row + 1, outcome.failed[row]))
+        outcome.failed.clear()
+        outcome.isolated = 0
+        self._narrow(n, parts, call, outcome)
 
     def _judge(self, n: int, outcome: Outcome, canary: Canary | None, works: bool) -> None:
         """After a batch where every call failed: the canary runs (the model works: the rows

@@ -718,3 +718,38 @@ def test_worker_under_hold_narrows_the_held_batch_when_the_model_works_again() -
     assert result.outputs[0][good].tolist() == [2 * values[row] for row in good]
     assert log.events == [("held", None), ("resumed", None)]
     assert h.pool.in_use == 0 and h.worker.output_leak().missing == 0
+
+
+class ComesBack(Rows):
+    """:class:`Rows` whose model is broken until ``back_after`` calls of the try under way
+    (``calls`` cleared before it) were made: a device that comes back during a held try."""
+
+    def __init__(self, values: list[float], back_after: int) -> None:
+        super().__init__(values)
+        self.back_after = back_after
+
+    def call(self, lo: int, hi: int) -> None:
+        if len(self.calls) >= self.back_after:
+            self.broken = False
+        super().call(lo, hi)
+
+
+@pytest.mark.parametrize("back_after", [1, 3, 8, 20, 30, 40])
+def test_a_held_batch_fails_no_valid_row_when_the_model_comes_back_during_a_try(
+    back_after: int,
+) -> None:
+    # CI (2026-12-05): the model came back while a held batch was narrowed in full; the rows
+    # that had failed alone before it did were dead-lettered, though the model ran them
+    n = 32
+    runner = PartRunner(BatchCap(n, 30.0), n, "hold", sleep=lambda s: None)
+    model = ComesBack([float(i + 1) for i in range(n)], back_after=10**9)
+    model.values[7] = -1.0  # one poison row: it alone is failed once the model works
+    model.broken = True
+    with pytest.raises(ModelHeld):  # nothing ever ran: held on the 16-row rule
+        runner.run(n, model.call, model)
+    model.calls.clear()
+    model.back_after = back_after
+    outcome = runner.run(n, model.call, model)  # the try during which the model comes back
+    assert len(model.calls) > back_after  # it came back during the try, not after it
+    assert set(outcome.failed) == {7} and outcome.isolated == 1
+    assert outcome.ran == n - 1 and not runner.broken
