@@ -11,12 +11,19 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from streamproc.stages import StageClock
+from typing import NamedTuple, Protocol
 
 Headers = tuple[tuple[str, bytes], ...]
+
+
+class Laps(Protocol):
+    """A batch's stage clock as the stages see it (:class:`streamproc.stages.StageClock`)."""
+
+    def lap(self, stage: str) -> float:
+        """``stage`` ended now: count its seconds once per record; returns now (monotonic
+        seconds)."""
+        ...
+
 
 PRIORITY_HEADER = "priority"
 """The message header that sets a record's priority class (``high``, ``normal`` or ``low``)."""
@@ -143,7 +150,7 @@ class Batch:
     cut_at_s: float
     reason: str = field(default="size")
     expired: tuple[Record, ...] = ()
-    clock: StageClock | None = field(default=None, compare=False, repr=False)
+    clock: Laps | None = field(default=None, compare=False, repr=False)
     priority: Priority = field(init=False)
 
     def __post_init__(self) -> None:

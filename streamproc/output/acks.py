@@ -27,8 +27,7 @@ from confluent_kafka import KafkaError
 from streamproc.kafka.protocols import DeliveryCallback
 from streamproc.offsets.guarantees import How
 from streamproc.output.headers import OutputHeaders
-from streamproc.records import Record
-from streamproc.stages import StageClock
+from streamproc.records import Laps, Record
 
 Row = int
 """A result's index in its batch."""
@@ -53,7 +52,7 @@ class OutputBatch:
     records: Sequence[Record]
     values: Sequence[bytes]
     headers: Sequence[OutputHeaders]
-    clock: StageClock | None = None
+    clock: Laps | None = None
 
     def refused(self, row: Row, error: KafkaError, how: How) -> RefusedResult:
         """Result ``row`` refused with ``error``, judged as ``how`` says."""

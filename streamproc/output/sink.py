@@ -39,8 +39,7 @@ from streamproc.output.headers import OutputHeaders
 from streamproc.output.latency import LatencyReport
 from streamproc.output.limits import RecordLimits
 from streamproc.output.producer import ResultsProducer, produce_waiting
-from streamproc.records import Record
-from streamproc.stages import StageClock
+from streamproc.records import Laps, Record
 
 
 class Sink:
@@ -120,7 +119,7 @@ class Sink:
         values: Sequence[bytes],
         headers: Sequence[OutputHeaders],
         dlq_topic: str,
-        clock: StageClock | None = None,
+        clock: Laps | None = None,
     ) -> None:
         """Produce one batch's results to ``topic``.
 
