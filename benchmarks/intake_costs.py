@@ -34,7 +34,7 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import TopicPartition
-from streamproc.testing import FakeConsumer, factory
+from tests.support.kafka_fakes import FakeConsumer, factory
 
 TOPIC = "in"
 

@@ -130,7 +130,7 @@ class RoutePolicy(Generic[W]):
         parallel: the way that hands it to other threads.
         subject: what is routed, the first word of :attr:`last_probe` (``decode``, ``lane``).
         clock: monotonic seconds (injected; tests pass a
-            :class:`~streamproc.testing.FakeClock`).
+            :class:`~tests.support.kafka_fakes.FakeClock`).
         start: the way at start, kept until a probe shows the other better.
         probe_batches: batches each way per probe (>= 1).
         stint: batches in a row one way during a probe (1: alternate batch by batch).

@@ -48,7 +48,7 @@ class DecodeRoutePolicy(RoutePolicy[Route]):
 
     Args:
         clock: monotonic seconds (injected; tests pass a
-            :class:`~streamproc.testing.FakeClock`).
+            :class:`~tests.support.kafka_fakes.FakeClock`).
         start: the way at start, kept until a probe shows the other better.
         probe_batches, margin, recheck_s, max_recheck_s, drift, drift_batches: as
             :class:`~streamproc.routes.RoutePolicy`.

@@ -99,7 +99,7 @@ class DecodeSizingPolicy:
         minimum, maximum: bounds of the count (1 <= minimum <= maximum).
         start: the count at start (within the bounds).
         clock: monotonic seconds (injected; tests pass a
-            :class:`~streamproc.testing.FakeClock`).
+            :class:`~tests.support.kafka_fakes.FakeClock`).
         window_s: seconds per evaluation window.
         grow_share: share at or above which a lane is decode-bound.
         shrink_share: share expected after a shrink below which one worker is retired.

@@ -2,9 +2,9 @@
 
 The stages never build a ``confluent_kafka`` client themselves from a hard-wired class: they
 take a factory (default: the real client, through :func:`~streamproc.kafka.clients.build_client`)
-whose product satisfies one of these protocols. ``streamproc.testing`` holds in-package fakes
-of them for unit tests of our own logic (seek-back, rewind, commit retry, revoke with in-flight
-batches, late results); integration tests always use a real broker.
+whose product satisfies one of these protocols. ``tests/support/kafka_fakes.py`` (outside the
+package) holds fakes of them for unit tests of our own logic (seek-back, rewind, commit
+retry, revoke with in-flight batches, late results); integration tests always use a real broker.
 
 Only the methods listed here may be called on a client; that list is the contract.
 """

@@ -1,4 +1,5 @@
-"""Small test helpers shared by several unit-test modules, on top of ``streamproc.testing``."""
+"""Small test helpers shared by several unit-test modules, on top of
+``tests.support.kafka_fakes``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.records import Priority, Record, TopicPartition
-from streamproc.testing import FakeProducer
+from tests.support.kafka_fakes import FakeProducer
 
 
 def make_records(

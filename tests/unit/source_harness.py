@@ -1,4 +1,4 @@
-"""The source over the in-package fake consumer, driven by the test (no source thread): the
+"""The source over the fake consumer, driven by the test (no source thread): the
 harness the source, refusal, idle and producer-recovery tests share, and the inputs they
 consume again under a fresh generation."""
 
@@ -17,7 +17,7 @@ from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeClock, FakeConsumer, FakeProducer, factory
+from tests.support.kafka_fakes import FakeClock, FakeConsumer, FakeProducer, factory
 
 TP = TopicPartition("in", 0)
 PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload": "trades"}

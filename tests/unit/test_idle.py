@@ -1,6 +1,6 @@
 """``run --exit-when-idle-s``: time with no partition assigned is never idle, nor is the time
 before an assigned partition's first fetch (streamproc.idle), over the source and its rebalance
-handler on the in-package fake consumer and clock, and the lag monitor's measurement of
+handler on the fake consumer and clock, and the lag monitor's measurement of
 partitions with nothing to read; and that this member being idle is not enough: the group's
 committed offsets of every input partition must reach their end offsets (issue 39, item 2).
 The same on a real broker whose only node stops mid-stream, and with a second member that

@@ -30,8 +30,8 @@ from streamproc.output.results import ResultHandler
 from streamproc.output.sink import Sink
 from streamproc.records import Record, TopicPartition
 from streamproc.stages import BATCH_STAGES, STAGES, StageRecorder
-from streamproc.testing import FakeClock, FakeConsumer, FakeProducer, factory
 from streamproc.workloads import Encoded, Workload
+from tests.support.kafka_fakes import FakeClock, FakeConsumer, FakeProducer, factory
 from tests.support.waiting import wait_until
 
 TPS = (TopicPartition("in", 0), TopicPartition("in", 1))

@@ -1,4 +1,4 @@
-"""The assembly over the in-package fake clients: what it builds for a config (nothing is
+"""The assembly over the fake clients: what it builds for a config (nothing is
 started; the pipeline's close releases what was built)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
 from streamproc.pipeline import Pipeline, State
 from streamproc.records import TopicPartition
-from streamproc.testing import FakeConsumer, FakeProducer, factory
+from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory
 
 TRADES = {"name": "t", "input_topic": "t", "output_topic": "to", "workload": "trades"}
 IOT = {"name": "i", "input_topic": "i", "output_topic": "io", "workload": "iot"}

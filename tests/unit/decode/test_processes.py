@@ -95,7 +95,7 @@ _ORPHAN_SCRIPT = """
 import sys
 from streamproc.decode import DecodeProcesses, LaneSpec, ProcessDecoder
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 from streamproc.device import StagingPool
 from streamproc.workloads import load_workload
 

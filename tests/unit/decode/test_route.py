@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from streamproc.decode.route import DecodeRoutePolicy, Route
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 
 
 @dataclass

@@ -18,7 +18,7 @@ import pytest
 from streamproc.decode.protocol import DecodeSample
 from streamproc.decode.sizing import DecodeSizer, DecodeSizingPolicy
 from streamproc.metrics import Metrics
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 
 
 @dataclass

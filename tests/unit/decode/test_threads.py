@@ -13,8 +13,8 @@ from streamproc.decode.route import DecodeRoutePolicy
 from streamproc.decode.threads import DecodeThreads, ThreadDecoder
 from streamproc.device import StagingPool
 from streamproc.errors import DecodeError
-from streamproc.testing import FakeClock
 from streamproc.workloads import load_workload
+from tests.support.kafka_fakes import FakeClock
 from tests.unit.decode.batches import ROWS, batch
 
 

@@ -12,7 +12,7 @@ import torch
 from streamproc.device.admission import AdmissionPolicy, Admitted, DeviceAdmission
 from streamproc.device.intra_op import IntraOpThreads
 from streamproc.records import Priority
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 from tests.support.waiting import wait_until
 
 HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW

@@ -20,7 +20,7 @@ from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 from tests.support.waiting import wait_until
 
 TPS = (TopicPartition("in", 0), TopicPartition("in", 1))

@@ -27,7 +27,7 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.routes import RoutePolicy
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 from tests.support.waiting import wait_until
 from tests.unit.device.test_dispatch import TPS, GatedModel, OffsetDecoder
 

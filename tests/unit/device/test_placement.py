@@ -8,7 +8,7 @@ import structlog
 
 from streamproc.device.placement import DeviceLoad, Placement
 from streamproc.metrics import Metrics
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 
 
 def simulate(

@@ -19,10 +19,10 @@ from streamproc.device.precision import build_model, check_precision, supported_
 from streamproc.errors import ConfigError
 from streamproc.pipeline import Pipeline
 from streamproc.records import Batch, Record, TopicPartition
-from streamproc.testing import FakeConsumer, FakeProducer, factory
 from streamproc.workloads import Workload, load_workload
 from streamproc.workloads.iot import IotWorkload, windows
 from streamproc.workloads.sampledata import cycling
+from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory
 
 CPU = torch.device("cpu")
 TP = TopicPartition("frames", 0)

@@ -13,7 +13,7 @@ from streamproc.config import load_config
 from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Release
 from streamproc.pipeline import Pipeline
 from streamproc.records import Batch, Priority, Record, TopicPartition
-from streamproc.testing import FakeConsumer, FakeProducer, factory
+from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory
 from tests.support.waiting import wait_until
 
 

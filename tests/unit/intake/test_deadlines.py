@@ -21,7 +21,7 @@ from streamproc.intake.lane import Lane, split_expired
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Batch, Priority, Record, TopicPartition
-from streamproc.testing import FakeMessage
+from tests.support.kafka_fakes import FakeMessage
 from tests.unit.source_harness import TP as TP_IN
 from tests.unit.source_harness import Harness
 

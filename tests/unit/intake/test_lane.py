@@ -16,7 +16,7 @@ from streamproc.intake.lane import CutRecords, Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 from tests.unit.fakes import make_records
 
 A = TopicPartition("in", 0)

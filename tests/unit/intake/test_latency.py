@@ -22,7 +22,7 @@ from streamproc.intake.latency import (
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Priority, Record, TopicPartition
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 from tests.unit.fakes import make_records
 
 A = TopicPartition("t", 0)

@@ -1,4 +1,4 @@
-"""The rebalance handler (``streamproc.intake.rebalance``) over the in-package fake consumer:
+"""The rebalance handler (``streamproc.intake.rebalance``) over the fake consumer:
 assign, revoke and lost callbacks, the commit before a revoke, and the rewind after an aborted
 transaction. The callbacks are called directly, as librdkafka calls them from ``consume``.
 """
@@ -25,7 +25,7 @@ from streamproc.offsets.guarantees import ExactlyOnce
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeClock, FakeConsumer, FakeProducer, kafka_error
+from tests.support.kafka_fakes import FakeClock, FakeConsumer, FakeProducer, kafka_error
 from tests.unit.fakes import make_records
 
 A = TopicPartition("in", 0)

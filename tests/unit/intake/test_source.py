@@ -1,5 +1,5 @@
-"""The source, its rebalance handler and committers over the in-package fake consumer and
-producer (``streamproc.testing``): seek-back, rewind, commit retry, revoke with in-flight batches
+"""The source, its rebalance handler and committers over the fake consumer and producer
+(``tests.support.kafka_fakes``): seek-back, rewind, commit retry, revoke with in-flight batches
 and late results, without a broker. The same behaviour on a real broker is covered by
 tests/integration.
 """
@@ -11,7 +11,7 @@ import threading
 from confluent_kafka import KafkaError
 
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeProducer, kafka_error
+from tests.support.kafka_fakes import FakeProducer, kafka_error
 from tests.unit.source_harness import TP, Harness, exactly_once
 
 

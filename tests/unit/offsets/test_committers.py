@@ -1,4 +1,4 @@
-"""The committers over the in-package fake consumer and producer (``streamproc.testing``); how
+"""The committers over the fake consumer and producer (``tests.support.kafka_fakes``); how
 the source drives them through rebalances and rewinds is in tests/unit/intake/test_source.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from streamproc.offsets.refusals import Refusals
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import TopicPartition
-from streamproc.testing import FakeConsumer, FakeProducer, kafka_error
+from tests.support.kafka_fakes import FakeConsumer, FakeProducer, kafka_error
 
 A, B = TopicPartition("in", 0), TopicPartition("in", 1)
 

@@ -1,4 +1,4 @@
-"""The processing guarantees (``streamproc.offsets.guarantees``) over the in-package fakes:
+"""The processing guarantees (``streamproc.offsets.guarantees``) over the fakes:
 at-least-once commits an input only after its result's delivery report and never past a gap;
 exactly-once puts results and input offsets in one transaction, drops the work of an assignment
 that is gone, and sorts refused records into recover / abort / fatal.
@@ -21,7 +21,7 @@ from streamproc.offsets.outcomes import Produced
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import GROUP_METADATA, FakeConsumer, FakeProducer, kafka_error
+from tests.support.kafka_fakes import GROUP_METADATA, FakeConsumer, FakeProducer, kafka_error
 from tests.unit.fakes import OffsetsProducer, make_records
 
 TP = TopicPartition("in", 0)

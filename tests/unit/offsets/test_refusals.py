@@ -1,5 +1,5 @@
-"""Records refused inside a transaction (exactly-once), over the in-package fakes
-(``streamproc.testing``): the refused result is remembered across the abort and dead-lettered
+"""Records refused inside a transaction (exactly-once), over the fakes
+(``tests.support.kafka_fakes``): the refused result is remembered across the abort and dead-lettered
 when its input comes back, its neighbours commit, and aborts that teach nothing are bounded.
 The same against a real broker: tests/integration/test_refused_records.py.
 """
@@ -17,7 +17,7 @@ from streamproc.offsets.transactions import Transactions
 from streamproc.output.headers import H_CLASS, H_OFFSET, H_STAGE, H_VALUE_OMITTED, source_headers
 from streamproc.output.sink import Sink
 from streamproc.records import Record
-from streamproc.testing import FakeConsumer, FakeProducer, Produced, kafka_error
+from tests.support.kafka_fakes import FakeConsumer, FakeProducer, Produced, kafka_error
 from tests.unit.source_harness import TP, Harness, consume_again, exactly_once
 
 LIMIT = 1000  # the output topic's max.message.bytes

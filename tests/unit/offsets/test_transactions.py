@@ -15,7 +15,7 @@ from streamproc.errors import FatalPipelineError
 from streamproc.kafka.protocols import ProducerClient
 from streamproc.offsets.transactions import Transactions, WedgedCall, bounded
 from streamproc.records import TopicPartition
-from streamproc.testing import kafka_error
+from tests.support.kafka_fakes import kafka_error
 from tests.unit.fakes import OffsetsProducer
 
 TP = TopicPartition("in", 0)

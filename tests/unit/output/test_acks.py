@@ -1,5 +1,5 @@
 """A batch's acknowledgement through its narrow protocol (:class:`DeliveryHandler`): a recording
-handler, no sink; the reports come from the in-package fake producer (``streamproc.testing``),
+handler, no sink; the reports come from the fake producer (``tests.support.kafka_fakes``),
 whose failed reports carry the value but no headers, as the real client's do."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 from streamproc.kafka.protocols import DeliveryCallback
 from streamproc.output.acks import BatchAck, DeliveryHandler, OutputBatch, RefusedResult
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeProducer
+from tests.support.kafka_fakes import FakeProducer
 
 TP = TopicPartition("in", 0)
 REFUSED = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)

@@ -1,5 +1,5 @@
 """The dead-letter ladder, step by step: in the batch, then alone, then without the value, then
-fatal; over the in-package fake producers (``streamproc.testing``), at-least-once."""
+fatal; over the fake producers (``tests.support.kafka_fakes``), at-least-once."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from streamproc.output.headers import H_CLASS, H_OFFSET, H_STAGE, H_VALUE_OMITTE
 from streamproc.output.limits import DEAD_LETTER_OVERHEAD_BYTES, RecordLimits
 from streamproc.output.producer import ResultsProducer
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeProducer, Produced, factory
+from tests.support.kafka_fakes import FakeProducer, Produced, factory
 
 TP = TopicPartition("in", 0)
 DLQ = "in.dlq"

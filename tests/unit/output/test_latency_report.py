@@ -15,7 +15,7 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.output.latency import LatencyReport
 from streamproc.records import TopicPartition
-from streamproc.testing import FakeClock
+from tests.support.kafka_fakes import FakeClock
 from tests.unit.fakes import make_records
 
 A = TopicPartition("in", 0)

@@ -1,4 +1,4 @@
-"""A transactional producer that cannot go on (exactly-once), over the in-package fakes: a call
+"""A transactional producer that cannot go on (exactly-once), over the fakes: a call
 that never returns, a fatal error from ``poll``, an abort that fails.
 
 librdkafka 2.16 can wait forever in ``send_offsets_to_transaction`` for a group coordinator that
@@ -33,7 +33,7 @@ from streamproc.offsets.transactions import WEDGED, Transactions
 from streamproc.output.headers import source_headers
 from streamproc.output.sink import Sink
 from streamproc.records import Record
-from streamproc.testing import FakeConsumer, FakeProducer, factory, kafka_error
+from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory, kafka_error
 from tests.unit.source_harness import TP, consume_again
 
 BOUND_S = 30.0  # the test's own bound on a commit (old code: it never returned)

@@ -1,6 +1,6 @@
 """Batch delivery accounting: a batch's inputs are done only when every report is in.
 
-A real :class:`Sink` over the in-package fake producer (``streamproc.testing``): the results
+A real :class:`Sink` over the fake producer (``tests.support.kafka_fakes``): the results
 producer holds records until the test delivers them, in any order, with any error.
 """
 
@@ -14,7 +14,7 @@ from streamproc.offsets.tracker import OffsetTracker
 from streamproc.output.headers import H_OFFSET, H_STAGE, source_headers
 from streamproc.output.sink import Sink
 from streamproc.records import Record, TopicPartition
-from streamproc.testing import FakeProducer, factory
+from tests.support.kafka_fakes import FakeProducer, factory
 
 TP = TopicPartition("in", 0)
 

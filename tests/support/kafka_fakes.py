@@ -1,4 +1,4 @@
-"""In-package fakes of the Kafka clients and the clock, for unit tests of streamproc's own logic.
+"""Fakes of the Kafka clients and the clock, for unit tests of streamproc's own logic.
 
 They implement the protocols of ``kafka.protocols`` with in-memory state and record every call,
 so seek-back, rewind, commit retries, revokes with in-flight batches and late results are
