@@ -14,7 +14,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from streamproc.workloads.iot import WEIGHTS, WINDOW, Autoencoder, reconstruction_error, windows
+from streamproc.workloads.iot import (
+    WEIGHTS,
+    WINDOW,
+    SensorAutoencoder,
+    reconstruction_error,
+    windows,
+)
 from streamproc.workloads.sampledata import cycling
 
 SEED = 0
@@ -31,7 +37,7 @@ def main() -> None:
     val = torch.from_numpy(windows(series[cut:], 1))
     flat = torch.from_numpy(series[:cut])
     mean, std = flat.mean(dim=0), flat.std(dim=0).clamp_min(1e-3)
-    model = Autoencoder()
+    model = SensorAutoencoder()
     optimiser = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-5)
     for epoch in range(EPOCHS):
         model.train()

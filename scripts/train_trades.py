@@ -19,7 +19,7 @@ import torch
 from streamproc.workloads.trades import (
     SPLIT_DATE,
     WEIGHTS,
-    Autoencoder,
+    TradeAutoencoder,
     all_trades,
     features,
     score,
@@ -63,7 +63,7 @@ def main() -> None:
     train = torch.from_numpy(x[is_train])
     val = torch.from_numpy(x[~is_train])
     mean, std = train.mean(dim=0), train.std(dim=0).clamp_min(1e-3)
-    model = Autoencoder()
+    model = TradeAutoencoder()
     optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
     for epoch in range(EPOCHS):
         model.train()

@@ -52,7 +52,7 @@ _CAUSES = {
 }
 
 
-class Verdict(enum.Enum):
+class IdleDecision(enum.Enum):
     """What :meth:`IdleExit.check` decided."""
 
     BUSY = "busy"
@@ -104,7 +104,7 @@ class IdleExit:
         unfetched: Collection[TopicPartition],
         drained: Callable[[], bool],
         group: GroupOffsets | None,
-    ) -> Verdict:
+    ) -> IdleDecision:
         """Decide at ``now_s`` (monotonic seconds).
 
         Args:
@@ -121,18 +121,18 @@ class IdleExit:
         verdict = self._member(
             now_s, unassigned, last_input_s, last_rebalance_s, unfetched, drained
         )
-        if verdict is not Verdict.IDLE:
+        if verdict is not IdleDecision.IDLE:
             self._waiting_since_s = None  # working or unassigned: a later wait starts afresh
             return verdict
         quiet_since_s = max(last_input_s, last_rebalance_s)
         progressed = group is not None and self._progressed(group)
         if group is not None and group.measured_s >= quiet_since_s and not group.behind():
-            return Verdict.IDLE
+            return IdleDecision.IDLE
         if self._waiting_since_s is None or progressed:
             self._waiting_since_s = now_s
         if now_s - self._waiting_since_s >= self.assignment_timeout_s:
-            return Verdict.GROUP_BEHIND_TOO_LONG
-        return Verdict.GROUP_BEHIND
+            return IdleDecision.GROUP_BEHIND_TOO_LONG
+        return IdleDecision.GROUP_BEHIND
 
     def _member(
         self,
@@ -142,18 +142,18 @@ class IdleExit:
         last_rebalance_s: float,
         unfetched: Collection[TopicPartition],
         drained: Callable[[], bool],
-    ) -> Verdict:
+    ) -> IdleDecision:
         """The verdict on this member alone (IDLE: its own partitions are done)."""
         if unassigned is not None:
             waited_s = now_s - max(unassigned.since_s, self.started_s)
             if waited_s >= self.assignment_timeout_s:
-                return Verdict.UNASSIGNED_TOO_LONG
-            return Verdict.UNASSIGNED
+                return IdleDecision.UNASSIGNED_TOO_LONG
+            return IdleDecision.UNASSIGNED
         if now_s - max(last_input_s, last_rebalance_s) < self.idle_s or not drained():
-            return Verdict.BUSY
+            return IdleDecision.BUSY
         if unfetched and now_s - last_rebalance_s < self.assignment_timeout_s:
-            return Verdict.UNFETCHED
-        return Verdict.IDLE
+            return IdleDecision.UNFETCHED
+        return IdleDecision.IDLE
 
     def _progressed(self, group: GroupOffsets) -> bool:
         """Whether ``group`` is a newer measurement than the last one seen in which some
@@ -167,7 +167,7 @@ class IdleExit:
         )
 
     def group_error(self, group_id: str) -> FatalPipelineError:
-        """The exit-1 reason for :attr:`Verdict.GROUP_BEHIND_TOO_LONG`: the timeout, the group
+        """The exit-1 reason for :attr:`IdleDecision.GROUP_BEHIND_TOO_LONG`: the timeout, the group
         and each partition behind with its lag (end - committed offset), from the newest
         measurement seen."""
         seen = self._seen
@@ -194,7 +194,7 @@ class IdleExit:
         )
 
     def error(self, unassigned: Unassigned, group_id: str, topics: list[str]) -> FatalPipelineError:
-        """The exit-1 reason for :attr:`Verdict.UNASSIGNED_TOO_LONG`, naming the timeout, the
+        """The exit-1 reason for :attr:`IdleDecision.UNASSIGNED_TOO_LONG`, naming the timeout, the
         group, the topics and what left the consumer without partitions."""
         return FatalPipelineError(
             f"no partition assigned within {self.assignment_timeout_s:g} s "

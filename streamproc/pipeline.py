@@ -33,7 +33,7 @@ from streamproc.config import Config
 from streamproc.decode.sizing import DecodeSizer
 from streamproc.device import DeviceWorker, PoolLeak
 from streamproc.errors import FatalPipelineError, RegistryUnavailable
-from streamproc.idle import IdleExit, Verdict, not_yet_fetched
+from streamproc.idle import IdleDecision, IdleExit, not_yet_fetched
 from streamproc.intake.source import Source
 from streamproc.kafka.admin import (
     cluster_metadata,
@@ -45,7 +45,7 @@ from streamproc.kafka.clients import build_admin
 from streamproc.kafka.protocols import AdminFactory, ConsumerFactory, ProducerFactory
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
-from streamproc.offsets.outcomes import Outcome
+from streamproc.offsets.outcomes import RunCounts
 from streamproc.offsets.tracker import OffsetTracker
 
 log = get_logger(__name__)
@@ -60,7 +60,7 @@ MODEL_THREAD_JOIN_S = 5.0
 takes longer ends with the process; what it would offer is never switched to)."""
 
 
-_MEASURE = (Verdict.UNFETCHED, Verdict.GROUP_BEHIND)
+_MEASURE = (IdleDecision.UNFETCHED, IdleDecision.GROUP_BEHIND)
 """The idle-exit verdicts that wait for a measurement of the lag monitor."""
 
 
@@ -83,7 +83,7 @@ class RunSummary:
     batch_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     error: str | None = None
     device_batches: dict[str, dict[str, int]] = field(default_factory=dict)
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    outcomes: dict[str, RunCounts] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -313,12 +313,12 @@ class Pipeline:
             outcomes=self.outcomes(),
         )
 
-    def outcomes(self) -> dict[str, Outcome]:
+    def outcomes(self) -> dict[str, RunCounts]:
         """Per input topic: records read (and read again) and produced so far, counted as
         readers of the topics see them (:mod:`streamproc.offsets.outcomes`)."""
         metrics, guarantee = self.metrics, self.stages.shared.guarantee
         return {
-            spec.input_topic: Outcome(
+            spec.input_topic: RunCounts(
                 round(metrics.counter_value(metrics.consumed, topic=spec.input_topic)),
                 round(metrics.counter_value(metrics.read_again, topic=spec.input_topic)),
                 guarantee.produced(metrics, spec),
@@ -342,16 +342,16 @@ class Pipeline:
             verdict = watch.check(
                 now_s, unassigned, last_input_s, last_rebalance_s, unfetched, self.idle, group
             )
-            if verdict is Verdict.UNASSIGNED_TOO_LONG:
+            if verdict is IdleDecision.UNASSIGNED_TOO_LONG:
                 assert unassigned is not None
                 topics = [p.input_topic for p in config.pipelines]
                 self._on_fatal(watch.error(unassigned, config.kafka.group_id, topics))
-            elif verdict is Verdict.GROUP_BEHIND_TOO_LONG:
+            elif verdict is IdleDecision.GROUP_BEHIND_TOO_LONG:
                 self._on_fatal(watch.group_error(config.kafka.group_id))
             elif verdict in _MEASURE and now_s >= next_wake_s:
                 self.stages.lag.wake()  # measure now, not in metrics.lag_interval_s
                 next_wake_s = now_s + LAG_WAKE_INTERVAL_S
-            elif verdict is Verdict.IDLE:
+            elif verdict is IdleDecision.IDLE:
                 quiet_s = now_s - max(last_input_s, last_rebalance_s)
                 log.info("idle; exiting", idle_s=round(quiet_s, 1))
                 return

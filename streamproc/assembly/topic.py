@@ -31,7 +31,7 @@ from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy
 from streamproc.device.hold import ModelHold
 from streamproc.device.placement import DeviceLoad
 from streamproc.device.precision import build_model
-from streamproc.device.recovery import Outcome
+from streamproc.device.recovery import RunOutcome
 from streamproc.device.selection import DeviceSpec
 from streamproc.device.staging import report_leaks
 from streamproc.errors import ConfigError
@@ -336,7 +336,7 @@ def cap_reporter(lane: Lane, device: str, shared: Shared) -> Callable[[int], Non
     return report
 
 
-def outcome_counter(topic: str, device: str, metrics: Metrics) -> Callable[[Outcome], None]:
+def outcome_counter(topic: str, device: str, metrics: Metrics) -> Callable[[RunOutcome], None]:
     """A device worker's ``on_outcome``: counts the re-runs of batches whose model call
     raised."""
     retries = metrics.model_retry_calls.labels(topic, device)
@@ -344,7 +344,7 @@ def outcome_counter(topic: str, device: str, metrics: Metrics) -> Callable[[Outc
     broken = metrics.model_broken_batches.labels(topic, device)
     out_of_memory = metrics.device_out_of_memory.labels(topic, device)
 
-    def count(outcome: Outcome) -> None:
+    def count(outcome: RunOutcome) -> None:
         retries.inc(outcome.calls - 1)
         isolated.inc(outcome.isolated)
         broken.inc(outcome.broken)

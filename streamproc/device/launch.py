@@ -27,7 +27,7 @@ from streamproc.device.backend import DeviceBackend, Event
 from streamproc.device.binding import BoundCall
 from streamproc.device.jobs import DeviceJob
 from streamproc.device.outputs import OutputSets
-from streamproc.device.recovery import Outcome, PartRunner
+from streamproc.device.recovery import PartRunner, RunOutcome
 from streamproc.errors import ModelError, RecordError
 from streamproc.workloads.base import ModelFn
 
@@ -69,7 +69,7 @@ class Launcher:
         backend: the worker's device backend.
         outputs: the worker's output buffer sets.
         runner: the worker's part runner (failures, out-of-memory re-runs).
-        on_outcome: called with the :class:`Outcome` of each batch whose model call raised.
+        on_outcome: called with the :class:`RunOutcome` of each batch whose model call raised.
     """
 
     def __init__(
@@ -77,7 +77,7 @@ class Launcher:
         backend: DeviceBackend,
         outputs: OutputSets,
         runner: PartRunner,
-        on_outcome: Callable[[Outcome], None] | None,
+        on_outcome: Callable[[RunOutcome], None] | None,
     ) -> None:
         self._backend = backend
         self._outputs = outputs
@@ -202,11 +202,13 @@ class Ran:
     start: Event
     copied: Event
     done: Event
-    outcome: Outcome
+    outcome: RunOutcome
     has_outputs: bool
 
 
-def _failures(job: DeviceJob, outcome: Outcome) -> tuple[dict[int, RecordError], ModelError | None]:
+def _failures(
+    job: DeviceJob, outcome: RunOutcome
+) -> tuple[dict[int, RecordError], ModelError | None]:
     """The rows of ``job`` that failed (decode errors kept, model errors of rows that failed
     alone added) and the batch's error when no row ran."""
     if not outcome.failed:

@@ -44,7 +44,7 @@ rows at both ends do not keep a batch held once the model works; when the model 
 during that narrowing, the rows that failed before it did are narrowed again, so only rows
 that fail once it works are failed). Under ``dead_letter`` a
 later failing batch is not bisected either: the batch and the canary, or without one its
-first and last rows, and if they fail the whole batch is dead-lettered (``Outcome.broken``).
+first and last rows, and if they fail the whole batch is dead-lettered (``RunOutcome.broken``).
 Under ``stop`` the verdict raises :class:`BrokenModelError`: the pipeline stops with a
 non-zero exit and the batch is neither produced nor dead-lettered (its offsets stay
 uncommitted). Without a canary, rows that failed before the verdict (fewer than
@@ -177,7 +177,7 @@ class Failure:
 
 
 @dataclass
-class Outcome:
+class RunOutcome:
     """What running one batch took.
 
     Attributes:
@@ -260,7 +260,7 @@ class PartRunner:
         self._sleep = sleep
         self._label = label
 
-    def run(self, n: int, call: Call, canary: Canary | None = None) -> Outcome:
+    def run(self, n: int, call: Call, canary: Canary | None = None) -> RunOutcome:
         """Run rows ``0..n-1`` (``n >= 1``) through ``call``; returns what failed.
 
         ``canary`` (the launcher's, live batches only): after a batch that ran, a row of it is
@@ -274,7 +274,7 @@ class PartRunner:
             BrokenModelError: the model is judged broken and the policy is ``stop``.
             ModelHeld: the model is judged broken and the policy is ``hold`` (no row failed).
         """
-        outcome = Outcome()
+        outcome = RunOutcome()
         kept = canary if canary is not None and self._kept_at_s > -math.inf else None
         works = False  # the canary ran on this batch: the model works
         narrowed_broken = False  # narrowed in full while judged broken (hold, no canary)
@@ -298,7 +298,7 @@ class PartRunner:
             self._on_cap(self.cap.limit)
         return outcome
 
-    def _run_parts(self, lo: int, hi: int, call: Call, outcome: Outcome) -> list[Failure]:
+    def _run_parts(self, lo: int, hi: int, call: Call, outcome: RunOutcome) -> list[Failure]:
         """Run rows ``lo..hi-1`` in parts of at most the cap (re-running what ran out of
         memory in smaller parts); returns the parts that raised anything else."""
         failures: list[Failure] = []
@@ -336,7 +336,7 @@ class PartRunner:
         failures.sort(key=lambda f: f.lo)
         return failures
 
-    def _canary_error(self, canary: Canary, outcome: Outcome) -> str | None:
+    def _canary_error(self, canary: Canary, outcome: RunOutcome) -> str | None:
         """Run the kept row alone (one call); None if it ran, else the error as text."""
         outcome.calls += 1
         try:
@@ -346,7 +346,7 @@ class PartRunner:
         return None
 
     def _check(
-        self, n: int, failures: list[Failure], canary: Canary, outcome: Outcome
+        self, n: int, failures: list[Failure], canary: Canary, outcome: RunOutcome
     ) -> list[Failure]:
         """The model is judged broken and the batch failed whole: run the canary. It runs:
         the model works again, the failing parts are returned for narrowing. It fails: under
@@ -359,7 +359,7 @@ class PartRunner:
         return self._broken_batch(n, failures, error, outcome)
 
     def _broken_batch(
-        self, n: int, failures: list[Failure], error: str, outcome: Outcome
+        self, n: int, failures: list[Failure], error: str, outcome: RunOutcome
     ) -> list[Failure]:
         """A batch of a model judged broken: held (``hold``: :class:`ModelHeld`), or every
         failing row failed with its part's error (``dead_letter``); returns no part."""
@@ -371,7 +371,7 @@ class PartRunner:
                 outcome.failed[row] = part.error
         return []
 
-    def _probe(self, failures: list[Failure], call: Call, outcome: Outcome) -> list[Failure]:
+    def _probe(self, failures: list[Failure], call: Call, outcome: RunOutcome) -> list[Failure]:
         """The model is judged broken and no canary is kept: run the first and last failing
         rows alone. Both fail: under ``dead_letter`` every failing part is taken as failing
         whole (nothing returned); under ``hold`` the rest is narrowed in full all the same
@@ -394,7 +394,7 @@ class PartRunner:
                 rest.append(Failure(lo, hi, part.error))
         return rest
 
-    def _narrow(self, n: int, failures: list[Failure], call: Call, outcome: Outcome) -> None:
+    def _narrow(self, n: int, failures: list[Failure], call: Call, outcome: RunOutcome) -> None:
         """Halve failing parts (row by row from three rows down) until each row ran in a
         part that succeeded or failed alone ``1 + RETRIES_ALONE`` times, within the batch's
         budget of extra calls (the tries again of single rows are not charged to it)."""
@@ -427,7 +427,7 @@ class PartRunner:
             for lo, hi in pieces:
                 queue.extend(self._run_parts(lo, hi, call, outcome))
 
-    def _narrow_again(self, n: int, call: Call, outcome: Outcome) -> None:
+    def _narrow_again(self, n: int, call: Call, outcome: RunOutcome) -> None:
         """The model came back while a batch of a model judged broken was narrowed in full:
         the rows that failed before it did failed for the model, not for themselves. Every
         failed row is narrowed again (a fresh budget; runs of adjacent rows as one part), now
@@ -443,7 +443,7 @@ class PartRunner:
         outcome.isolated = 0
         self._narrow(n, parts, call, outcome)
 
-    def _judge(self, n: int, outcome: Outcome, canary: Canary | None, works: bool) -> None:
+    def _judge(self, n: int, outcome: RunOutcome, canary: Canary | None, works: bool) -> None:
         """After a batch where every call failed: the canary runs (the model works: the rows
         were poison; it fails: the model is judged broken at once), or without one, count
         rows failing in a row and judge the model broken past ``broken_after_rows``.

@@ -68,7 +68,7 @@ from streamproc.device.hold import HoldAbandoned, ModelHold
 from streamproc.device.jobs import DeviceJob, DeviceResult, Release
 from streamproc.device.launch import Launched, Launcher
 from streamproc.device.outputs import OutputSets
-from streamproc.device.recovery import BatchCap, ModelHeld, OnModelFailure, Outcome, PartRunner
+from streamproc.device.recovery import BatchCap, ModelHeld, OnModelFailure, PartRunner, RunOutcome
 from streamproc.device.staging import PoolLeak, StagingPool
 from streamproc.errors import FatalPipelineError
 from streamproc.logs import get_logger
@@ -109,7 +109,7 @@ class DeviceWorker:
             doubles again (``worker.oom_recovery_s``).
         on_cap: called with the worker's batch cap (rows) whenever it moves (warm-up, an
             out-of-memory error, recovery); the lane cuts no larger batches.
-        on_outcome: called on the device thread with the :class:`Outcome` of each batch whose
+        on_outcome: called on the device thread with the :class:`RunOutcome` of each batch whose
             model call raised (metrics).
         hold: what a batch held under ``hold`` does (its hooks: metrics, rollback, rebind;
             default: a :class:`~streamproc.device.hold.ModelHold` without hooks).
@@ -133,7 +133,7 @@ class DeviceWorker:
         on_model_failure: OnModelFailure = "hold",
         oom_recovery_s: float = 30.0,
         on_cap: Callable[[int], None] | None = None,
-        on_outcome: Callable[[Outcome], None] | None = None,
+        on_outcome: Callable[[RunOutcome], None] | None = None,
         hold: ModelHold | None = None,
     ) -> None:
         self.backend = backend if backend is not None else backend_for(device, streams)

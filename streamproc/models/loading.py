@@ -159,7 +159,9 @@ def signature_of(outputs: Sequence[torch.Tensor]) -> OutputSignature:
     return tuple((tuple(out.shape[1:]), out.dtype) for out in outputs)
 
 
-def warm_up(fn: ModelFn, workload: Workload, device: torch.device, rows: int) -> OutputSignature:
+def output_signature(
+    fn: ModelFn, workload: Workload, device: torch.device, rows: int
+) -> OutputSignature:
     """Run ``fn`` on zeros of every power-of-two batch size up to ``rows`` and ``rows`` (the
     sizes the adaptive batcher cuts), each checked to return that many rows.
 
@@ -257,7 +259,7 @@ def load_version(
             raise VersionRefused(
                 "load", f"version {files.version} does not load: {type(exc).__name__}: {exc}"
             ) from exc
-        signature = warm_up(fn, workload, device, rows)
+        signature = output_signature(fn, workload, device, rows)
         settle(device)
         fns.append(fn)
     if serving is not None and serving.signature and signature != serving.signature:

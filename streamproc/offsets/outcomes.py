@@ -39,7 +39,7 @@ class Produced:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class RunCounts:
     """One pipeline's numbers for one run (see the module docstring)."""
 
     read: int

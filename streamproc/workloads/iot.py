@@ -108,7 +108,7 @@ MODEL_NAME = "iot autoencoder (cycling recording)"
 _SAMPLE_LENGTH = f"Expected `array` of length {CHANNELS} - at `$.window["
 
 
-class Autoencoder(torch.nn.Module):
+class SensorAutoencoder(torch.nn.Module):
     """MLP autoencoder over a flattened standardised window: (n, WINDOW*4) -> same shape."""
 
     def __init__(
@@ -141,7 +141,7 @@ def reconstruction_error(
     model: torch.nn.Module, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
 ) -> torch.Tensor:
     """Per-window mean squared error of standardised windows: (n, WINDOW, C) -> (n,).
-    ``model``: an :class:`Autoencoder`."""
+    ``model``: an :class:`SensorAutoencoder`."""
     z = ((x - mean) / std).flatten(1)
     reconstruction: torch.Tensor = model(z)
     return (reconstruction - z).pow(2).mean(dim=1)
@@ -168,7 +168,7 @@ class IotWorkload(StructFormats, CheckpointScorer):
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
     weights = WEIGHTS
-    model_class = Autoencoder
+    model_class = SensorAutoencoder
 
     straight_windows: Windows | None = None
 

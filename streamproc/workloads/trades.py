@@ -144,7 +144,7 @@ def feature_rows(fields: np.ndarray) -> np.ndarray:
     return np.stack([ret, np.log(size * TRADES_PER_BAR / adv_20), sign, sign * ret], axis=1)
 
 
-class Autoencoder(torch.nn.Module):
+class TradeAutoencoder(torch.nn.Module):
     """(n, 4) standardised features -> reconstruction (n, 4)."""
 
     def __init__(self, hidden: int = 16, code: int = 2) -> None:
@@ -168,7 +168,7 @@ def score(
     model: torch.nn.Module, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
 ) -> torch.Tensor:
     """Per-row mean squared reconstruction error of standardised features: (n, 4) -> (n,).
-    ``model``: an :class:`Autoencoder`."""
+    ``model``: an :class:`TradeAutoencoder`."""
     z = (x - mean) / std
     reconstruction: torch.Tensor = model(z)
     return (reconstruction - z).pow(2).mean(dim=1)
@@ -236,7 +236,7 @@ class TradesWorkload(StructFormats, CheckpointScorer):
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
     weights = WEIGHTS
-    model_class = Autoencoder
+    model_class = TradeAutoencoder
     # Measured on the 10,736 held-out trades (benchmarks/precision.py, docs/models.md): the
     # reconstruction errors this model scores (median about 1e-4) are finer than bf16's 8-bit
     # mantissa and int8's per-batch activation scale resolve.

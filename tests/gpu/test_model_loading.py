@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamproc.models.loading import free_memory_bytes, load_version, warm_up
+from streamproc.models.loading import free_memory_bytes, load_version, output_signature
 from streamproc.models.sources import FolderSource
 from streamproc.workloads.iot import IotWorkload
 from tests.support.model_versions import iot_module, write_version
@@ -40,7 +40,7 @@ def test_the_warm_up_reads_its_zeros_after_the_work_queued_before_it() -> None:
         return (x.reshape(x.shape[0], -1)[:, 0],)
 
     torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]  # on the current stream
-    warm_up(model, workload, CUDA, ROWS)
+    output_signature(model, workload, CUDA, ROWS)
     assert seen and all(total == 0.0 for total in seen), seen
 
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner, Result
 from streamproc import cli
 from streamproc.config import Config
 from streamproc.errors import StreamprocError
-from streamproc.offsets.outcomes import Outcome, Produced
+from streamproc.offsets.outcomes import Produced, RunCounts
 from streamproc.pipeline import RunSummary
 from streamproc.tools.bench.runner import Paced
 
@@ -90,7 +90,7 @@ class FakePipeline:
         self.idle_s.append(exit_when_idle_s)
         if self.launch.failure is not None:
             raise self.launch.failure
-        outcome = Outcome(2, 0, Produced(results=1, dead_lettered=1))
+        outcome = RunCounts(2, 0, Produced(results=1, dead_lettered=1))
         return dataclasses.replace(self.launch.summary, outcomes={"in": outcome})
 
     def request_stop(self) -> None:

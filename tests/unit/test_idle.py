@@ -13,7 +13,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.idle import IdleExit, Verdict
+from streamproc.idle import IdleDecision, IdleExit
 from streamproc.kafka.lag import GroupOffsets, LagMonitor
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition
@@ -38,7 +38,7 @@ def _check(
     drained: bool = True,
     unfetched: tuple[TopicPartition, ...] = (),
     group: GroupOffsets | bool | None = True,
-) -> Verdict:
+) -> IdleDecision:
     """``watch.check`` now; ``group`` True: a drained group measured now."""
     state = h.source.assignment
     return watch.check(
@@ -63,13 +63,13 @@ def _assigned_and_quiet(messages: int = 0) -> tuple[Harness, IdleExit]:
 
 def test_assigned_quiet_and_drained_is_idle_and_work_or_a_recent_rebalance_is_not() -> None:
     h, watch = _assigned_and_quiet()
-    assert _check(h, watch) is Verdict.IDLE
-    assert _check(h, watch, drained=False) is Verdict.BUSY
+    assert _check(h, watch) is IdleDecision.IDLE
+    assert _check(h, watch, drained=False) is IdleDecision.BUSY
     h.consumer.schedule_assign([OTHER])  # a rebalance restarts the quiet window
     h.poll()
-    assert _check(h, watch) is Verdict.BUSY
+    assert _check(h, watch) is IdleDecision.BUSY
     h.clock.advance(IDLE_S)
-    assert _check(h, watch) is Verdict.IDLE
+    assert _check(h, watch) is IdleDecision.IDLE
 
 
 def test_waiting_for_the_first_assignment_is_not_idle_and_is_bounded() -> None:
@@ -78,9 +78,9 @@ def test_waiting_for_the_first_assignment_is_not_idle_and_is_bounded() -> None:
     h.consumer.schedule_assign([])  # cooperative rebalances also call on_assign with nothing
     h.poll()
     h.clock.advance(TIMEOUT_S - 0.1)
-    assert _check(h, watch) is Verdict.UNASSIGNED
+    assert _check(h, watch) is IdleDecision.UNASSIGNED
     h.clock.advance(0.1)
-    assert _check(h, watch) is Verdict.UNASSIGNED_TOO_LONG
+    assert _check(h, watch) is IdleDecision.UNASSIGNED_TOO_LONG
     unassigned = h.source.assignment.unassigned
     assert unassigned is not None and unassigned.cause == "start"
     message = str(watch.error(unassigned, "g", ["in"]))
@@ -92,16 +92,16 @@ def test_after_the_partitions_are_lost_the_unassigned_time_is_not_idle_and_is_bo
     # and the wait for the rejoin counted as idle: exit 0 with most inputs never processed.
     h, watch = _assigned_and_quiet(messages=3)
     assert h.tracker.pending(TP) == 3  # consumed, not done: busy
-    assert _check(h, watch, drained=h.tracker.total_pending() == 0) is Verdict.BUSY
+    assert _check(h, watch, drained=h.tracker.total_pending() == 0) is IdleDecision.BUSY
     h.consumer.schedule_lost([TP])
     h.poll()
     assert h.tracker.total_pending() == 0  # lost: its records are dropped, uncommitted
     lost_at_s = h.clock()
     for _ in range(int(TIMEOUT_S / IDLE_S) - 1):  # quiet, drained, many idle windows long
         h.clock.advance(IDLE_S)
-        assert _check(h, watch) is Verdict.UNASSIGNED
+        assert _check(h, watch) is IdleDecision.UNASSIGNED
     h.clock.now_s = lost_at_s + TIMEOUT_S
-    assert _check(h, watch) is Verdict.UNASSIGNED_TOO_LONG
+    assert _check(h, watch) is IdleDecision.UNASSIGNED_TOO_LONG
     unassigned = h.source.assignment.unassigned
     assert unassigned is not None and unassigned == (lost_at_s, "lost")
     message = str(watch.error(unassigned, "g", ["in"]))
@@ -114,13 +114,13 @@ def test_the_timeout_counts_from_the_loss_and_a_new_assignment_ends_the_stretch(
     h.consumer.schedule_lost([TP])
     h.poll()
     h.clock.advance(TIMEOUT_S / 2)
-    assert _check(h, watch) is Verdict.UNASSIGNED
+    assert _check(h, watch) is IdleDecision.UNASSIGNED
     h.consumer.schedule_assign([TP])  # the rejoin
     h.poll()
     assert h.source.assignment.unassigned is None
-    assert _check(h, watch) is Verdict.BUSY  # the assignment is a rebalance: window restarts
+    assert _check(h, watch) is IdleDecision.BUSY  # the assignment is a rebalance: window restarts
     h.clock.advance(IDLE_S)
-    assert _check(h, watch) is Verdict.IDLE
+    assert _check(h, watch) is IdleDecision.IDLE
 
 
 def test_revoking_some_partitions_keeps_the_run_assigned_and_revoking_the_last_does_not() -> None:
@@ -131,15 +131,15 @@ def test_revoking_some_partitions_keeps_the_run_assigned_and_revoking_the_last_d
     h.poll()
     assert h.source.assignment.unassigned is None
     h.clock.advance(IDLE_S)
-    assert _check(h, watch) is Verdict.IDLE
+    assert _check(h, watch) is IdleDecision.IDLE
     h.consumer.schedule_revoke([TP])
     h.poll()
     unassigned = h.source.assignment.unassigned
     assert unassigned is not None and unassigned.cause == "revoked"
     h.clock.advance(IDLE_S * 5)
-    assert _check(h, watch) is Verdict.UNASSIGNED
+    assert _check(h, watch) is IdleDecision.UNASSIGNED
     h.clock.advance(TIMEOUT_S)
-    assert _check(h, watch) is Verdict.UNASSIGNED_TOO_LONG
+    assert _check(h, watch) is IdleDecision.UNASSIGNED_TOO_LONG
     assert "after a rebalance revoked the last one" in str(watch.error(unassigned, "g", ["in"]))
 
 
@@ -147,11 +147,11 @@ def test_a_partition_that_delivered_nothing_holds_the_exit_until_measured_or_the
     # A loaded machine took over 2 s from the assignment to the first fetch: with nothing in
     # the rings the run exited 0 before its first record arrived.
     h, watch = _assigned_and_quiet()
-    assert _check(h, watch, unfetched=(TP,)) is Verdict.UNFETCHED
-    assert _check(h, watch, drained=False, unfetched=(TP,)) is Verdict.BUSY
-    assert _check(h, watch) is Verdict.IDLE  # measured empty (or delivered): idle
+    assert _check(h, watch, unfetched=(TP,)) is IdleDecision.UNFETCHED
+    assert _check(h, watch, drained=False, unfetched=(TP,)) is IdleDecision.BUSY
+    assert _check(h, watch) is IdleDecision.IDLE  # measured empty (or delivered): idle
     h.clock.advance(TIMEOUT_S)  # never measured: it stops holding the exit after the bound
-    assert _check(h, watch, unfetched=(TP,)) is Verdict.IDLE
+    assert _check(h, watch, unfetched=(TP,)) is IdleDecision.IDLE
 
 
 def test_an_idle_member_exits_0_only_once_the_group_measured_since_it_went_quiet_is_done() -> None:
@@ -159,19 +159,19 @@ def test_an_idle_member_exits_0_only_once_the_group_measured_since_it_went_quiet
     # the same input owned by a member that died or stalled were never processed.
     h, watch = _assigned_and_quiet()
     quiet_since_s = h.clock() - IDLE_S
-    assert _check(h, watch, group=None) is Verdict.GROUP_BEHIND  # not measured yet
+    assert _check(h, watch, group=None) is IdleDecision.GROUP_BEHIND  # not measured yet
     before = GroupOffsets(quiet_since_s - 0.1, BOTH, {TP: 5, OTHER: 9}, {TP: 5, OTHER: 9})
-    assert _check(h, watch, group=before) is Verdict.GROUP_BEHIND  # measured before the quiet
+    assert _check(h, watch, group=before) is IdleDecision.GROUP_BEHIND  # measured before the quiet
     behind = GroupOffsets(h.clock(), BOTH, {TP: 5, OTHER: 3}, {TP: 5, OTHER: 9})
     assert behind.behind() == {OTHER: 6}
-    assert _check(h, watch, group=behind) is Verdict.GROUP_BEHIND
+    assert _check(h, watch, group=behind) is IdleDecision.GROUP_BEHIND
     unanswered = GroupOffsets(h.clock(), BOTH, {TP: 5}, {TP: 5, OTHER: 9})
     assert unanswered.behind() == {OTHER: None}  # an offset that did not answer is not done
     silent = GroupOffsets(h.clock(), BOTH, {TP: 5}, {TP: 5})
     assert silent.behind() == {OTHER: None}  # nor is a partition where neither answered
-    assert _check(h, watch, group=unanswered) is Verdict.GROUP_BEHIND
-    assert _check(h, watch, group=_done(quiet_since_s)) is Verdict.IDLE
-    assert _check(h, watch, drained=False) is Verdict.BUSY  # the member's own work first
+    assert _check(h, watch, group=unanswered) is IdleDecision.GROUP_BEHIND
+    assert _check(h, watch, group=_done(quiet_since_s)) is IdleDecision.IDLE
+    assert _check(h, watch, drained=False) is IdleDecision.BUSY  # the member's own work first
 
 
 def test_a_group_behind_with_no_committed_offset_moving_is_bounded_and_named() -> None:
@@ -179,10 +179,10 @@ def test_a_group_behind_with_no_committed_offset_moving_is_bounded_and_named() -
     stuck = {TP: 5, OTHER: 3}
     for step in range(int(TIMEOUT_S / IDLE_S)):  # measured again and again, nothing moves
         verdict = _check(h, watch, group=GroupOffsets(h.clock(), BOTH, stuck, {TP: 5, OTHER: 9}))
-        assert verdict is Verdict.GROUP_BEHIND, step
+        assert verdict is IdleDecision.GROUP_BEHIND, step
         h.clock.advance(IDLE_S)
     verdict = _check(h, watch, group=GroupOffsets(h.clock(), BOTH, stuck, {TP: 5, OTHER: 9}))
-    assert verdict is Verdict.GROUP_BEHIND_TOO_LONG
+    assert verdict is IdleDecision.GROUP_BEHIND_TOO_LONG
     message = str(watch.group_error("g"))
     assert "no committed offset moved within 30 s (kafka.assignment_timeout_s)" in message
     assert "partitions behind their end offset: in[1] lag 6 (committed 3, end 9)" in message
@@ -194,29 +194,29 @@ def test_a_peer_still_committing_is_progress_and_new_work_restarts_the_wait() ->
     ends = {TP: 5, OTHER: 90}
     for committed in range(10, 90, 10):  # a slower member moves its committed offset
         group = GroupOffsets(h.clock(), BOTH, {TP: 5, OTHER: committed}, ends)
-        assert _check(h, watch, group=group) is Verdict.GROUP_BEHIND
+        assert _check(h, watch, group=group) is IdleDecision.GROUP_BEHIND
         h.clock.advance(TIMEOUT_S - 1)  # longer in all than the bound, never without progress
     stuck = GroupOffsets(h.clock(), BOTH, {TP: 5, OTHER: 80}, ends)
-    assert _check(h, watch, group=stuck) is Verdict.GROUP_BEHIND
+    assert _check(h, watch, group=stuck) is IdleDecision.GROUP_BEHIND
     h.consumer.schedule_assign([OTHER])  # the peer's partition comes to this member: busy
     h.poll()
-    assert _check(h, watch, group=stuck) is Verdict.BUSY
+    assert _check(h, watch, group=stuck) is IdleDecision.BUSY
     h.clock.advance(IDLE_S)
     assert _check(h, watch, group=GroupOffsets(h.clock(), BOTH, {TP: 5, OTHER: 80}, ends)) is (
-        Verdict.GROUP_BEHIND  # quiet again, still behind: the bound counts from here
+        IdleDecision.GROUP_BEHIND  # quiet again, still behind: the bound counts from here
     )
     h.clock.advance(TIMEOUT_S - 0.1)
-    assert _check(h, watch, group=stuck) is Verdict.GROUP_BEHIND
+    assert _check(h, watch, group=stuck) is IdleDecision.GROUP_BEHIND
     h.clock.advance(0.1)
-    assert _check(h, watch, group=stuck) is Verdict.GROUP_BEHIND_TOO_LONG
-    assert _check(h, watch, group=_done(h.clock())) is Verdict.IDLE  # done after all
+    assert _check(h, watch, group=stuck) is IdleDecision.GROUP_BEHIND_TOO_LONG
+    assert _check(h, watch, group=_done(h.clock())) is IdleDecision.IDLE  # done after all
 
 
 def test_a_group_never_measured_is_bounded_too() -> None:
     h, watch = _assigned_and_quiet()
-    assert _check(h, watch, group=None) is Verdict.GROUP_BEHIND
+    assert _check(h, watch, group=None) is IdleDecision.GROUP_BEHIND
     h.clock.advance(TIMEOUT_S)
-    assert _check(h, watch, group=None) is Verdict.GROUP_BEHIND_TOO_LONG
+    assert _check(h, watch, group=None) is IdleDecision.GROUP_BEHIND_TOO_LONG
     assert "its committed offsets could not be read" in str(watch.group_error("g"))
 
 

@@ -6,7 +6,7 @@ interpreter would spend 3 s of this machine's 2 cores importing them for each of
 of a bench; a plain ``fork`` of the parent would copy its librdkafka and OpenMP threads' state,
 which is not fork-safe). The child measures its own CPU window
 (:class:`~streamproc.tools.bench.cpu.CpuMeter`), runs the contender and sends back an
-:class:`Outcome`; for a paced run it first says when it is ready (owns its partitions), and the
+:class:`ChildReport`; for a paced run it first says when it is ready (owns its partitions), and the
 parent then starts the replay.
 """
 
@@ -87,7 +87,7 @@ class Job:
 
 
 @dataclass
-class Outcome:
+class ChildReport:
     """What a child sends back: its CPU trace, the contender's summary, or the error."""
 
     trace: CpuTrace
@@ -151,16 +151,16 @@ def _child_main(job: Job, conn: Connection, ready: Event) -> None:
     gc.freeze()
     meter = CpuMeter(children=job.decode_mode == "process")
     try:
-        outcome = Outcome(meter.trace, _run(job, meter, ready.set))
+        outcome = ChildReport(meter.trace, _run(job, meter, ready.set))
     except BaseException:
-        outcome = Outcome(meter.trace, {}, traceback.format_exc()[-3000:])
+        outcome = ChildReport(meter.trace, {}, traceback.format_exc()[-3000:])
     conn.send(outcome)
     conn.close()
 
 
 def run_child(
     job: Job, on_ready: Callable[[], None] | None = None, timeout_s: float = 900.0
-) -> Outcome:
+) -> ChildReport:
     """Run ``job`` in a child process and return its outcome.
 
     Args:
@@ -187,9 +187,11 @@ def run_child(
             if not process.is_alive() or time.monotonic() > deadline_s:
                 break
         if receive.poll():
-            outcome: Outcome = receive.recv()
+            outcome: ChildReport = receive.recv()
         else:
-            outcome = Outcome(CpuTrace(), {}, f"child exited ({process.exitcode}) without result")
+            outcome = ChildReport(
+                CpuTrace(), {}, f"child exited ({process.exitcode}) without result"
+            )
     finally:
         process.join(30)
         if process.is_alive():

@@ -24,7 +24,7 @@ from typing import Any
 
 from streamproc.records import Priority, Record, TopicPartition
 from streamproc.stages import STAGES
-from streamproc.tools.bench.child import TORCH_THREADS, Job, Outcome, run_child, run_replay
+from streamproc.tools.bench.child import TORCH_THREADS, ChildReport, Job, run_child, run_replay
 from streamproc.tools.bench.contenders import pipeline_config, run_quix
 from streamproc.tools.bench.cpu import CpuTrace
 from streamproc.tools.bench.measure import (
@@ -42,7 +42,7 @@ from streamproc.workloads import BUILTIN_WORKLOADS
 
 
 @dataclass(frozen=True)
-class Plan:
+class WorkloadPlan:
     """What one workload runs.
 
     Attributes:
@@ -66,7 +66,7 @@ class Plan:
     paced_repetitions: int
     light: bool
 
-    def quick(self) -> Plan:
+    def quick(self) -> WorkloadPlan:
         """For development: fewer serial, Quix and video messages, half the model-only time,
         one round of 2-second paced runs. Light backlogs stay as they are: their throughput is
         read off output append times, which a backlog of a few thousand messages spans in a
@@ -82,9 +82,9 @@ class Plan:
 
 
 PLANS = {
-    "trades": Plan(20_000, 300, 256, (16, 64, 256), 0.5, (4.0, 4.0, 4.0), 3, light=True),
-    "iot": Plan(20_000, 300, 256, (16, 64, 256), 0.5, (4.0, 4.0, 4.0), 3, light=True),
-    "video": Plan(370, 120, 2, (1, 2, 4, 8, 16), 1.5, (20.0, 12.0, 12.0), 1, light=False),
+    "trades": WorkloadPlan(20_000, 300, 256, (16, 64, 256), 0.5, (4.0, 4.0, 4.0), 3, light=True),
+    "iot": WorkloadPlan(20_000, 300, 256, (16, 64, 256), 0.5, (4.0, 4.0, 4.0), 3, light=True),
+    "video": WorkloadPlan(370, 120, 2, (1, 2, 4, 8, 16), 1.5, (20.0, 12.0, 12.0), 1, light=False),
 }
 """Per workload, in the order they run."""
 LOADS = (0.1, 0.5, 0.8)
@@ -102,7 +102,7 @@ FLOOR_NOTE = "idempotent acks=all lz4 linger 2; 4 headers; callback per msg; asy
 class _Context:
     bootstrap: str
     workload: str
-    plan: Plan
+    plan: WorkloadPlan
     source: str
     suffix: str
     records: tuple[Record, ...]
@@ -134,7 +134,7 @@ def _kafka_run(ctx: _Context, job: Job, name: str, expected: int) -> Run:
     return _judge(ctx, outcome, sink, expected)
 
 
-def _judge(ctx: _Context, outcome: Outcome, sink: str, expected: int) -> Run:
+def _judge(ctx: _Context, outcome: ChildReport, sink: str, expected: int) -> Run:
     stats = output_stats(read_topic(ctx.bootstrap, sink))
     info = dict(outcome.info)
     info["threads_cpu_s"] = outcome.trace.threads_cpu_s
@@ -152,7 +152,7 @@ def _quix_run(ctx: _Context, name: str) -> Run:
         ctx.bootstrap, ctx.source, sink, ctx.workload, ctx.plan.serial, TORCH_THREADS
     )
     cpu = CpuTrace(**trace)
-    run = _judge(ctx, Outcome(cpu, {"note": note} if note else {}), sink, ctx.plan.serial)
+    run = _judge(ctx, ChildReport(cpu, {"note": note} if note else {}), sink, ctx.plan.serial)
     if note:
         run.rate_msg_s = None
     return run
@@ -341,7 +341,7 @@ def stage_medians(runs: list[Run], p50_ms: float, p99_ms: float) -> dict[str, li
     return out
 
 
-def paced_seconds(plan: Plan, load: float) -> float:
+def paced_seconds(plan: WorkloadPlan, load: float) -> float:
     """The replay duration of a paced run at ``load``: the plan's for that load (10, 50 or
     80 %), else the plan's longest."""
     return dict(zip(LOADS, plan.paced_s, strict=True)).get(load, max(plan.paced_s))
@@ -375,7 +375,7 @@ def _paced(ctx: _Context, top_rate: float, loads: tuple[float, ...] = LOADS) -> 
 def run_workload(
     bootstrap: str,
     workload: str,
-    plan: Plan,
+    plan: WorkloadPlan,
     repetitions: int,
     loads: tuple[float, ...] = LOADS,
     rate: float | None = None,

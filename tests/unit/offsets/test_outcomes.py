@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from streamproc.offsets.outcomes import Outcome, Produced, TransactionTally
+from streamproc.offsets.outcomes import Produced, RunCounts, TransactionTally
 
 
 def test_the_line_of_a_run_without_rewinds_is_as_before() -> None:
-    outcome = Outcome(2, 0, Produced(results=1, dead_lettered=1))
+    outcome = RunCounts(2, 0, Produced(results=1, dead_lettered=1))
     assert outcome.line("p", "in", "out", "in.dlq") == (
         "p: 2 consumed from in, 1 results to out, 1 dead-lettered to in.dlq"
     )
 
 
 def test_the_line_of_a_run_that_aborted_and_rewound_separates_what_readers_see() -> None:
-    outcome = Outcome(1000, 800, Produced(198, 2, uncommitted_results=397))
+    outcome = RunCounts(1000, 800, Produced(198, 2, uncommitted_results=397))
     assert outcome.line("p", "in", "out", "in.dlq") == (
         "p: 1000 consumed from in (800 again after a rewind), 198 results to out, "
         "2 dead-lettered to in.dlq (aborted transactions: 397 results, 0 dead-lettered, "
