@@ -21,15 +21,16 @@ from collections.abc import Sequence
 import torch
 
 from streamproc.decode import DecodeThreads, ThreadDecoder
-from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
-from streamproc.device.dispatch import Dispatcher
-from streamproc.device.placement import DeviceLoad
-from streamproc.device.precision import build_model
+from streamproc.device import DeviceResult, DeviceWorker, Release, StagingPool
+from streamproc.dispatch.dispatcher import Dispatcher
+from streamproc.dispatch.placement import DeviceLoad
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
+from streamproc.models.precision import build_model
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.resequencer import Resequencer
 from streamproc.records import Record, TopicPartition
 from streamproc.tools.bench.cpu import thread_cpu
 from streamproc.workloads import load_workload

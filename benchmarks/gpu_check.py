@@ -74,20 +74,14 @@ import torch
 
 from benchmarks.gpu_bundle import read_frames
 from benchmarks.gpu_perf import cuda_present, device_list
-from streamproc.device import (
-    DeviceJob,
-    DeviceResult,
-    DeviceWorker,
-    Release,
-    Resequencer,
-    StagingPool,
-)
+from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Release, StagingPool
 from streamproc.device.backend import DeviceBackend, Event, Mark, backend_for
-from streamproc.device.placement import DeviceLoad
-from streamproc.device.precision import build_model
+from streamproc.dispatch.placement import DeviceLoad
 from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
 from streamproc.models.judgement import p99
+from streamproc.models.precision import build_model
+from streamproc.output.resequencer import Resequencer
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads import ModelFn
 from streamproc.workloads.video import VideoWorkload, iter_frames

@@ -47,19 +47,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamproc.device import (
-    DeviceJob,
-    DeviceResult,
-    DeviceWorker,
-    PoolLeak,
-    Release,
-    Resequencer,
-    StagingPool,
-)
-from streamproc.device.placement import DeviceLoad
+from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, PoolLeak, Release, StagingPool
+from streamproc.dispatch.placement import DeviceLoad
 from streamproc.intake.batcher import Batcher, Cut
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
+from streamproc.output.resequencer import Resequencer
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads import ModelFn
 from streamproc.workloads.video import VideoWorkload, iter_frames
@@ -471,8 +464,8 @@ def precision_check(
     class; top-5: mean overlap of the top-5 sets, as benchmarks/precision.py), the model-only
     ceiling at batch ``size``, and the device worker's throughput and P99 batch latency with
     ``streams`` streams. A precision the device refuses (start-up check) prints why."""
-    from streamproc.device.precision import build_model
     from streamproc.errors import ConfigError
+    from streamproc.models.precision import build_model
 
     decoded = np.zeros((len(frames), *workload.item_shape), dtype=np.uint8)
     for i, record in enumerate(frames):

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/precision.py trades iot --smoke     # a check, in seconds
 
 No Kafka, no decode in the timed part: the batch function that ``worker.precision`` selects
-(``streamproc.device.precision.build_model``) runs over preloaded host batches, exactly as the
+(``streamproc.models.precision.build_model``) runs over preloaded host batches, exactly as the
 device worker calls it (staging dtype in, outputs out).
 
 Data (all shipped in packages, nothing downloaded):
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from streamproc.device.precision import PRECISIONS, build_model, check_precision
 from streamproc.errors import ConfigError
+from streamproc.models.precision import PRECISIONS, build_model, check_precision
 from streamproc.records import Record, TopicPartition
 from streamproc.workloads import ModelFn, Workload, load_workload
 

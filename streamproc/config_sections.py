@@ -148,7 +148,7 @@ class KafkaConfig(_Section):
 
 
 ModelPrecision = Literal["fp32", "bf16", "fp16", "int8"]
-"""``worker.precision`` / ``pipelines[].precision`` (streamproc.device.precision checks, at
+"""``worker.precision`` / ``pipelines[].precision`` (streamproc.models.precision checks, at
 start-up, that the device and the workload support it)."""
 
 
@@ -432,7 +432,7 @@ class WorkerConfig(_Section):
     ``cuda:N`` may not). When set it overrides ``device``; unset (the default), the single
     ``device`` is used: ``auto`` (cuda:0 when CUDA is visible, else cpu), ``cpu`` or ``cuda``.
     A CUDA device the process does not see fails at start-up. Each cut batch goes to the device
-    expected to finish it first (``streamproc.device.placement``).
+    expected to finish it first (``streamproc.dispatch.placement``).
 
     ``max_in_flight_batches`` is per device: batches between cut and produce on one device
     (and its output buffer sets). ``staging_buffers`` is per device too: a pipeline's staging
@@ -442,7 +442,7 @@ class WorkerConfig(_Section):
 
     ``precision``: the models' precision (``fp32``, ``bf16``, ``fp16``, ``int8``), unless a
     ``pipelines[]`` entry sets its own; checked at start-up against the device and the workload
-    (``streamproc/device/precision.py`` has the table).
+    (``streamproc/models/precision.py`` has the table).
 
     Decode workers (threads, or processes with ``decode_mode: process``), shared by every
     pipeline: ``decode_workers`` is the count at start. With neither bound set the count stays
@@ -462,7 +462,7 @@ class WorkerConfig(_Section):
     on one thread (cut, decode, model, encode, produce: no hand-off between threads) or staged
     over its dispatcher, device and results threads, by measuring both (staged where its
     overlap shortens the lane's cycle per record by 10 %, else fused where it costs 10 % less
-    CPU per record; ``streamproc/device/fusion.py``; fused at start); ``never`` always
+    CPU per record; ``streamproc/dispatch/fusion.py``; fused at start); ``never`` always
     stages; ``always``
     always fuses and fails at start-up where a pipeline runs on a GPU or on several devices.
     A GPU lane is always staged (the device works while Python prepares the next batch).
@@ -470,8 +470,8 @@ class WorkerConfig(_Section):
     ``priority_admission`` (pipelines of different priorities in one process): a lane's launch
     on a device waits while a more urgent lane's batch is pending there, at most
     ``priority_max_defer_ms``, and on a CPU a less urgent call runs with half its intra-op
-    threads while a more urgent lane is active (``streamproc/device/admission.py``); ``false`` lets
-    the lanes' device threads compete as the OS schedules them.
+    threads while a more urgent lane is active (``streamproc/dispatch/admission.py``);
+    ``false`` lets the lanes' device threads compete as the OS schedules them.
 
     Model failures (``streamproc/device/recovery.py``): a batch whose model call raises is
     narrowed down to the rows that fail alone (only those are dead-lettered, stage ``model``).

@@ -10,7 +10,7 @@ Threads of one process (docs/architecture.md lists what each owns and the lock o
       -> sink (producer poll, delivery reports) -> offset tracker -> source (commits)
 
     a fused lane (one CPU device; worker.fused_lane): dispatch-<topic> cuts, decodes, runs the
-      model, encodes and produces itself (streamproc.device.fusion)
+      model, encodes and produces itself (streamproc.dispatch.fusion)
 
 A *pipeline* is one ``pipelines[]`` entry of the config (DESIGN.md's word); the class
 :class:`Pipeline` is the process hosting all of them (the name of DESIGN.md's library API).

@@ -139,7 +139,7 @@ class Batch:
     ``records`` is empty only where every record of the cut expired (such a batch never reaches
     a device). Per partition, records (and expired records) are in offset order. ``priority``
     is the most urgent class among its records (device admission orders lanes by it; see
-    :mod:`streamproc.device.admission`). ``len(batch)`` counts the device rows only.
+    :mod:`streamproc.dispatch.admission`). ``len(batch)`` counts the device rows only.
 
     ``clock`` is the batch's stage clock (:mod:`streamproc.stages`; None: not timed), its one
     mutable part: each stage's thread laps it in turn as the batch is handed on.

@@ -7,7 +7,7 @@ Two places in the core have a *simple* way (the work stays on the calling thread
   (:class:`~streamproc.decode.route.DecodeRoutePolicy`);
 * a lane on a CPU device: fused (one thread cuts, decodes, runs the model, encodes and
   produces) or staged (dispatcher, device and results threads;
-  :class:`~streamproc.device.fusion.LaneRoutePolicy`).
+  :class:`~streamproc.dispatch.fusion.LaneRoutePolicy`).
 
 Which wins depends on the workload, the batch size and the free cores, so :class:`RoutePolicy`
 measures both, per batch: the wall seconds per record (the caller's wait for the work, or the

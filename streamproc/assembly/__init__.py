@@ -42,8 +42,8 @@ from streamproc.assembly.shared import (
 from streamproc.assembly.topic import TopicStages, build_dispatcher, build_topic_stages
 from streamproc.config import Config
 from streamproc.device import DeviceWorker
-from streamproc.device.dispatch import Dispatcher
-from streamproc.device.selection import select_devices
+from streamproc.dispatch.dispatcher import Dispatcher
+from streamproc.dispatch.selection import select_devices
 from streamproc.errors import ConfigError
 from streamproc.health import HealthServer, Probe
 from streamproc.intake.source import Source

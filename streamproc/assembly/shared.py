@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from streamproc.assembly.decoding import Decoding
 from streamproc.config import Config, Scalar
-from streamproc.device.admission import DeviceAdmission
-from streamproc.device.selection import DeviceSpec
+from streamproc.dispatch.admission import DeviceAdmission
+from streamproc.dispatch.selection import DeviceSpec
 from streamproc.kafka.protocols import ProducerFactory
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics

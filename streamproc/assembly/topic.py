@@ -18,28 +18,22 @@ from streamproc.assembly.shared import Shared
 from streamproc.config import Config, PipelineConfig
 from streamproc.config_sections import fused_lane_refusal
 from streamproc.decode import Decoder
-from streamproc.device import (
-    DeviceResult,
-    DeviceWorker,
-    PoolLeak,
-    Release,
-    Resequencer,
-    StagingPool,
-)
-from streamproc.device.dispatch import Dispatcher
-from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy
+from streamproc.device import DeviceResult, DeviceWorker, PoolLeak, Release, StagingPool
 from streamproc.device.hold import ModelHold
-from streamproc.device.placement import DeviceLoad
-from streamproc.device.precision import build_model
 from streamproc.device.recovery import RunOutcome
-from streamproc.device.selection import DeviceSpec
 from streamproc.device.staging import report_leaks
+from streamproc.dispatch.dispatcher import Dispatcher
+from streamproc.dispatch.fusion import FusedRun, LaneRoute, LaneRoutePolicy
+from streamproc.dispatch.placement import DeviceLoad
+from streamproc.dispatch.selection import DeviceSpec
 from streamproc.errors import ConfigError
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import FlowControl, PartitionBuffers
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
+from streamproc.models.precision import build_model
+from streamproc.output.resequencer import Resequencer
 from streamproc.output.results import ResultHandler
 from streamproc.records import Priority
 from streamproc.schemas.results import result_serializer

@@ -1,10 +1,10 @@
-"""The device stage: device selection and placement, the dispatcher (and a lane's fused route on
-one CPU device), admission across lanes, staging buffers (pinned when CUDA is present), device
-backends (CPU; CUDA streams and events), device workers, and the resequencer."""
+"""One device's runtime: staging buffers (pinned when CUDA is present), device backends (CPU;
+CUDA streams and events), device workers (launch, part runner, hold, warm-up, completion).
+Which batch goes where, and when, is :mod:`streamproc.dispatch`'s; the results' order back is
+:mod:`streamproc.output.resequencer`'s."""
 
 from streamproc.device.backend import CpuBackend, CudaBackend, DeviceBackend
 from streamproc.device.jobs import DeviceJob, DeviceResult, Release
-from streamproc.device.resequencer import Resequencer
 from streamproc.device.staging import PoolLeak, Slab, StagingPool
 from streamproc.device.worker import DeviceWorker
 
@@ -17,7 +17,6 @@ __all__ = [
     "DeviceWorker",
     "PoolLeak",
     "Release",
-    "Resequencer",
     "Slab",
     "StagingPool",
 ]

@@ -181,7 +181,7 @@ class DeviceBackend(Protocol):
 
     def set_yielding(self, yielding: bool) -> None:
         """Run the calling thread's next model calls yielding compute to more urgent lanes
-        (``True``) or not (see :mod:`streamproc.device.admission`)."""
+        (``True``) or not (see :mod:`streamproc.dispatch.admission`)."""
 
     def close(self) -> None:
         """Release what :meth:`host_empty` holds (CUDA: wait for the device, then unregister

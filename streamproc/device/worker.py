@@ -24,10 +24,10 @@ A batch's device time (``DeviceResult.inference_s``) is its service time,
 busy gauge, placement and the adaptive batcher learn from, never more than the wall time the
 device worked.
 
-A lane's :class:`~streamproc.device.resequencer.Resequencer` takes the results of every device of
+A lane's :class:`~streamproc.output.resequencer.Resequencer` takes the results of every device of
 the lane and calls the result handler in cut order on its own thread, then ``release``.
 
-A fused lane (:mod:`streamproc.device.fusion`; a synchronous backend) launches on its dispatcher
+A fused lane (:mod:`streamproc.dispatch.fusion`; a synchronous backend) launches on its dispatcher
 thread instead (:meth:`DeviceWorker.run_here`): admission, part runner, output set and the
 previous ``done`` are then that thread's, handed over at a batch boundary with nothing in
 flight; ``on_complete`` is not called.
@@ -43,7 +43,7 @@ batch and tries it again with backoff, rebound to the version serving now, until
 uncommitted).
 
 In-flight batches are bounded by the caller (the lane's
-:class:`~streamproc.device.placement.DeviceLoad` counts a batch from placement until
+:class:`~streamproc.dispatch.placement.DeviceLoad` counts a batch from placement until
 ``release``), and by the ``max_in_flight`` output buffer sets; :meth:`DeviceWorker.output_leak`
 names the batches still holding one (the leak check at close).
 """
@@ -61,9 +61,9 @@ from typing import Any, TypeVar
 import torch
 
 from streamproc.device import warmup
-from streamproc.device.admission import AdmissionGate
 from streamproc.device.backend import DeviceBackend, Event, backend_for, service_s
 from streamproc.device.completion import EventWaiters
+from streamproc.device.gate import LaunchGate
 from streamproc.device.hold import HoldAbandoned, ModelHold
 from streamproc.device.jobs import DeviceJob, DeviceResult, Release
 from streamproc.device.launch import Launched, Launcher
@@ -102,7 +102,7 @@ class DeviceWorker:
             once): :meth:`submit` announces each batch, the device thread waits (bounded)
             while a more urgent lane's batch is pending and runs a call told to yield as the
             backend yields (a CPU: half its intra-op threads; see
-            :mod:`streamproc.device.admission`).
+            :mod:`streamproc.dispatch.admission`).
         on_model_failure: ``worker.on_model_failure`` (``hold``, ``dead_letter`` or ``stop``:
             what a model judged broken does; see :mod:`streamproc.device.recovery`).
         oom_recovery_s: quiet seconds after an out-of-memory error before the batch cap
@@ -129,7 +129,7 @@ class DeviceWorker:
         on_fatal: Callable[[BaseException], None],
         backend: DeviceBackend | None = None,
         label: str | None = None,
-        gate: AdmissionGate | None = None,
+        gate: LaunchGate | None = None,
         on_model_failure: OnModelFailure = "hold",
         oom_recovery_s: float = 30.0,
         on_cap: Callable[[int], None] | None = None,
@@ -297,7 +297,7 @@ class DeviceWorker:
     def submit(self, job: DeviceJob) -> None:
         """Queue a decoded batch for the device (never blocks: the caller keeps at most
         ``max_in_flight`` batches between submit and ``release``, as
-        :class:`~streamproc.device.placement.DeviceLoad` does; the device thread waits for a
+        :class:`~streamproc.dispatch.placement.DeviceLoad` does; the device thread waits for a
         free output buffer set before it launches one)."""
         with self._cond:
             self._unfinished += 1

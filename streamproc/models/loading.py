@@ -18,8 +18,8 @@ import numpy as np
 import psutil  # type: ignore[import-untyped]  # no stubs in the lock
 import torch
 
-from streamproc.device.precision import build_model
 from streamproc.errors import StreamprocError
+from streamproc.models.precision import build_model
 from streamproc.models.sources import ModelVersionFiles
 from streamproc.workloads.base import ModelFn, Workload
 from streamproc.workloads.torchscript import generic_model, load_model_file
@@ -64,7 +64,7 @@ the memory check beside it); see :func:`load_version`."""
 
 class _VersionModel:
     """The pipeline's workload with one version's module: what
-    :func:`~streamproc.device.precision.build_model` asks of a workload."""
+    :func:`~streamproc.models.precision.build_model` asks of a workload."""
 
     def __init__(self, workload: Workload, files: ModelVersionFiles) -> None:
         self._workload = workload

@@ -230,7 +230,7 @@ class Workload:
         The default is ``bind_model(load_module(device), device)``. A workload may override
         this method instead of those two; it then runs at ``fp32``, ``bf16`` and ``fp16``
         (autocast around the batch function) but not at ``int8``, which converts the weights
-        of the module and so needs :meth:`load_module` (``streamproc.device.precision``).
+        of the module and so needs :meth:`load_module` (``streamproc.models.precision``).
         """
         return self.bind_model(self.load_module(device), device)
 

@@ -9,8 +9,8 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from streamproc.device.dispatch import Dispatcher
-from streamproc.device.fusion import LaneRoute
+from streamproc.dispatch.dispatcher import Dispatcher
+from streamproc.dispatch.fusion import LaneRoute
 from streamproc.intake.deadlines import DEADLINE_HEADER
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, H_STAGE
 from streamproc.pipeline import Pipeline

@@ -181,7 +181,7 @@ def test_worker_devices(value: object, expected: object) -> None:
     assert config.worker.devices == expected
     assert (
         config.worker.device == "auto"
-    )  # kept; devices wins when set (streamproc.device.selection)
+    )  # kept; devices wins when set (streamproc.dispatch.selection)
 
 
 def test_worker_devices_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from streamproc.config import PipelineConfig
-from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
-from streamproc.device.dispatch import Dispatcher
-from streamproc.device.fusion import FusedRun, LaneRoute
-from streamproc.device.placement import DeviceLoad
+from streamproc.device import DeviceResult, DeviceWorker, Release, StagingPool
 from streamproc.device.staging import Slab
+from streamproc.dispatch.dispatcher import Dispatcher
+from streamproc.dispatch.fusion import FusedRun, LaneRoute
+from streamproc.dispatch.placement import DeviceLoad
 from streamproc.errors import RecordError
 from streamproc.histograms import BatchHistogram, bucket_quantile
 from streamproc.intake.batcher import Batcher
@@ -26,6 +26,7 @@ from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.resequencer import Resequencer
 from streamproc.output.results import ResultHandler
 from streamproc.output.sink import Sink
 from streamproc.records import Record, TopicPartition

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_a_module_tier_wins_and_a_folder_default_applies_only_without_one() -> None:
     assert tier_of(PurePosixPath("tests/unit/test_cli.py"), []) == ("core", None)
-    assert tier_of(PurePosixPath("tests/unit/device/test_precision.py"), ["workloads"]) == (
+    assert tier_of(PurePosixPath("tests/unit/models/test_precision.py"), ["workloads"]) == (
         "workloads",
         None,
     )

@@ -17,10 +17,10 @@ from streamproc.device import (
     DeviceWorker,
     PoolLeak,
     Release,
-    Resequencer,
     StagingPool,
 )
 from streamproc.device.backend import Event, Mark
+from streamproc.output.resequencer import Resequencer
 from streamproc.records import Batch, Record, TopicPartition
 
 TP = TopicPartition("t", 0)

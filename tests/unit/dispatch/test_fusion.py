@@ -13,23 +13,24 @@ import torch
 
 from streamproc.assembly.topic import fusable
 from streamproc.config_sections import WorkerConfig
-from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, StagingPool
-from streamproc.device.dispatch import Dispatcher
-from streamproc.device.fusion import PROBE_BATCHES, FusedRun, LaneRoute, LaneRoutePolicy
-from streamproc.device.placement import DeviceLoad
+from streamproc.device import DeviceResult, DeviceWorker, Release, StagingPool
 from streamproc.device.recovery import BrokenModelError
-from streamproc.device.selection import DeviceSpec
+from streamproc.dispatch.dispatcher import Dispatcher
+from streamproc.dispatch.fusion import PROBE_BATCHES, FusedRun, LaneRoute, LaneRoutePolicy
+from streamproc.dispatch.placement import DeviceLoad
+from streamproc.dispatch.selection import DeviceSpec
 from streamproc.errors import ConfigError
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.resequencer import Resequencer
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.routes import RoutePolicy
 from tests.support.kafka_fakes import FakeClock
 from tests.support.waiting import wait_until
-from tests.unit.device.test_dispatch import TPS, GatedModel, OffsetDecoder
+from tests.unit.dispatch.test_dispatcher import TPS, GatedModel, OffsetDecoder
 
 LIMIT = 2
 

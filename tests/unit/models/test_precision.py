@@ -15,8 +15,8 @@ from PIL import Image
 
 from streamproc.config import load_config
 from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, StagingPool
-from streamproc.device.precision import build_model, check_precision, supported_precisions
 from streamproc.errors import ConfigError
+from streamproc.models.precision import build_model, check_precision, supported_precisions
 from streamproc.pipeline import Pipeline
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads import Workload, load_workload

@@ -9,14 +9,14 @@ One dispatcher thread per lane (input topic)::
          processes, straight into the slab)
       -> DeviceLoad.place (expected finish first; see device.placement) -> DeviceWorker.submit
 
-On a lane that runs fused (one CPU device; :mod:`streamproc.device.fusion`), the dispatcher
+On a lane that runs fused (one CPU device; :mod:`streamproc.dispatch.fusion`), the dispatcher
 also runs each batch's model and hands its result over itself, after the decode: no device or
 results thread takes part. ``worker.fused_lane`` fixes the route, or a
-:class:`~streamproc.device.fusion.LaneRoutePolicy` picks it by measured cost, batch by batch.
+:class:`~streamproc.dispatch.fusion.LaneRoutePolicy` picks it by measured cost, batch by batch.
 
 Batch ids count 1, 2, 3, ... per lane without gaps: the lane's resequencer hands results over in
 that order. A device's in-flight slot is freed once the batch's results were handed to the sink
-(:meth:`~streamproc.device.placement.DeviceLoad.released`), so at most
+(:meth:`~streamproc.dispatch.placement.DeviceLoad.released`), so at most
 ``max_in_flight_batches`` batches per device are between cut and produce. Decode failures (and
 oversized values) travel with the batch as per-row errors and are dead-lettered by the result
 handler, in order with the other results.
@@ -38,14 +38,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from streamproc.decode import Decoder
-from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Resequencer, StagingPool
-from streamproc.device.fusion import FusedRun, LaneRoute, LaneRoutePolicy, LaneRouter
+from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, StagingPool
 from streamproc.device.hold import HoldAbandoned
-from streamproc.device.placement import DeviceLoad
+from streamproc.dispatch.fusion import FusedRun, LaneRoute, LaneRoutePolicy, LaneRouter
+from streamproc.dispatch.placement import DeviceLoad
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import FlowControl
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
+from streamproc.output.resequencer import Resequencer
 from streamproc.records import Batch
 from streamproc.stages import StageRecorder
 

@@ -10,15 +10,16 @@ import numpy as np
 import structlog
 import torch
 
-from streamproc.device import DeviceResult, DeviceWorker, Release, Resequencer, Slab, StagingPool
-from streamproc.device.dispatch import Dispatcher
-from streamproc.device.placement import DeviceLoad
+from streamproc.device import DeviceResult, DeviceWorker, Release, Slab, StagingPool
+from streamproc.dispatch.dispatcher import Dispatcher
+from streamproc.dispatch.placement import DeviceLoad
 from streamproc.errors import RecordError
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.resequencer import Resequencer
 from streamproc.records import Record, TopicPartition
 from tests.support.kafka_fakes import FakeClock
 from tests.support.waiting import wait_until

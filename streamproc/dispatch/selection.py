@@ -2,7 +2,7 @@
 against the CUDA devices this process sees, into labelled :class:`DeviceSpec` values.
 
 Every lane runs one :class:`~streamproc.device.DeviceWorker` per selected device; where each
-cut batch goes among them is :mod:`streamproc.device.placement`.
+cut batch goes among them is :mod:`streamproc.dispatch.placement`.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ import threading
 import pytest
 import torch
 
-from streamproc.device.admission import AdmissionPolicy, Admitted, DeviceAdmission
+from streamproc.device.gate import Admitted
 from streamproc.device.intra_op import IntraOpThreads
+from streamproc.dispatch.admission import AdmissionPolicy, DeviceAdmission
 from streamproc.records import Priority
 from tests.support.kafka_fakes import FakeClock
 from tests.support.waiting import wait_until

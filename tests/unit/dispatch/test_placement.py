@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from streamproc.device.placement import DeviceLoad, Placement
+from streamproc.dispatch.placement import DeviceLoad, Placement
 from streamproc.metrics import Metrics
 from tests.support.kafka_fakes import FakeClock
 

@@ -1,7 +1,7 @@
 """Placement: which of a lane's devices gets each cut batch.
 
 Every lane runs one :class:`~streamproc.device.DeviceWorker` per device (the devices are chosen by
-:mod:`streamproc.device.selection`). Its dispatcher places
+:mod:`streamproc.dispatch.selection`). Its dispatcher places
 each cut batch on the device **expected to finish it first**, not round-robin::
 
     finish(d, n) = now + (what is left of d's running batch)

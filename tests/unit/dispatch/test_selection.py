@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from streamproc.device.selection import DeviceSpec, select_devices
+from streamproc.dispatch.selection import DeviceSpec, select_devices
 from streamproc.errors import ConfigError
 
 

@@ -40,9 +40,9 @@ from typing import Literal
 
 from streamproc.decode import Decoder
 from streamproc.device.jobs import DeviceJob
-from streamproc.device.placement import DeviceLoad
-from streamproc.device.resequencer import Resequencer
 from streamproc.device.worker import DeviceWorker
+from streamproc.dispatch.placement import DeviceLoad
+from streamproc.output.resequencer import Resequencer
 from streamproc.routes import RoutePolicy, observe_logged
 
 LaneRoute = Literal["fused", "staged"]

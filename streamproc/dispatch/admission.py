@@ -34,10 +34,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from streamproc.device.gate import Admitted
 from streamproc.metrics import Metrics
 from streamproc.records import Priority
 
@@ -55,20 +55,6 @@ def device_key(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda:{device.index or 0}"
     return device.type
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """What :meth:`AdmissionGate.admit` decided for one launch.
-
-    Attributes:
-        deferred_s: seconds the launch waited for more urgent batches (0: admitted at once).
-        yield_threads: run this call with fewer intra-op threads (a more urgent class is
-            active on the device).
-    """
-
-    deferred_s: float
-    yield_threads: bool
 
 
 class AdmissionPolicy:
@@ -146,7 +132,7 @@ class DeviceAdmission:
     :meth:`AdmissionGate.finish`    device thread*      the batch's model call returned
     ==========================  =====================  ========================================
 
-    * or, on a fused lane (:mod:`streamproc.device.fusion`), the lane's dispatcher thread,
+    * or, on a fused lane (:mod:`streamproc.dispatch.fusion`), the lane's dispatcher thread,
       which launches there itself
 
     Args:
@@ -216,7 +202,8 @@ class DeviceAdmission:
 
 class AdmissionGate:
     """One device worker's view of the :class:`DeviceAdmission` (its device key, its lane's
-    metric series). Made by :meth:`DeviceAdmission.gate`."""
+    metric series), a :class:`~streamproc.device.gate.LaunchGate`. Made by
+    :meth:`DeviceAdmission.gate`."""
 
     def __init__(
         self,
