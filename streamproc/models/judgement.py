@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamproc.config_sections import RollbackConfig, ShadowConfig
+from streamproc.config.sections import RollbackConfig, ShadowConfig
 
 
 def p99(values: Iterable[float]) -> float:

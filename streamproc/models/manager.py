@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from streamproc.config_sections import ModelConfig
+from streamproc.config.sections import ModelConfig
 from streamproc.logs import get_logger
 from streamproc.models.loading import Loader, VersionRefused
 from streamproc.models.sources import Fingerprint, ModelSource, ModelSourceError

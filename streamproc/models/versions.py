@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from streamproc.config_sections import ModelConfig
+from streamproc.config.sections import ModelConfig
 from streamproc.device.binding import ModelBinding
 from streamproc.device.jobs import DeviceJob, DeviceResult
 from streamproc.logs import get_logger

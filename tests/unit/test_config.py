@@ -368,7 +368,7 @@ def test_latency_target_ms_must_be_a_positive_number_and_names_the_key(value: ob
 
 
 def test_latency_target_ms_defaults_from_the_priority() -> None:
-    from streamproc.config_sections import DEFAULT_LATENCY_TARGET_MS
+    from streamproc.config.sections import DEFAULT_LATENCY_TARGET_MS
     from streamproc.records import Priority
 
     assert DEFAULT_LATENCY_TARGET_MS == {"high": 30.0, "normal": 100.0, "low": 2000.0}

@@ -12,7 +12,7 @@ from streamproc.assembly import METRICS_PORTS_TRIED, build_health
 from streamproc.assembly.decoding import ProcessDecoding, ThreadDecoding
 from streamproc.assembly.shared import admin_settings, build_admission, late_results_reporter
 from streamproc.config import Config, load_config
-from streamproc.config_sections import MetricsConfig
+from streamproc.config.sections import MetricsConfig
 from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
 from streamproc.pipeline import Pipeline, State

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamproc.assembly.topic import fusable
-from streamproc.config_sections import WorkerConfig
+from streamproc.config.sections import WorkerConfig
 from streamproc.device import DeviceResult, DeviceWorker, Release, StagingPool
 from streamproc.device.recovery import BrokenModelError
 from streamproc.dispatch.dispatcher import Dispatcher

@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import SecretStr
 
-from streamproc.config_sections import ModelConfig
+from streamproc.config.sections import ModelConfig
 from streamproc.device.jobs import DeviceJob, DeviceResult
 from streamproc.metrics import Metrics
 from streamproc.models.admin import AdminApi

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamproc.config_sections import RollbackConfig, ShadowConfig
+from streamproc.config.sections import RollbackConfig, ShadowConfig
 from streamproc.models.judgement import Probation, RecentTimes, ShadowRecord, p99
 
 

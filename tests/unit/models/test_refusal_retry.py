@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamproc.config_sections import ModelConfig
+from streamproc.config.sections import ModelConfig
 from streamproc.metrics import Metrics
 from streamproc.models.loading import LoadedVersion, VersionRefused, load_version
 from streamproc.models.manager import ModelManager

@@ -19,7 +19,7 @@ import pytest
 import torch
 from pydantic import SecretStr, ValidationError
 
-from streamproc.config_sections import ModelConfig
+from streamproc.config.sections import ModelConfig
 from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, Release, StagingPool
 from streamproc.errors import ModelError
 from streamproc.metrics import Metrics
@@ -311,7 +311,7 @@ def test_a_shadow_candidate_can_be_dropped_to_make_room(
 
 
 def test_a_blank_admin_token_is_refused_at_start() -> None:
-    from streamproc.config_sections import AdminConfig
+    from streamproc.config.sections import AdminConfig
 
     for blank in ("", "   ", "short"):
         with pytest.raises(ValidationError, match=r"token\n.*at least 16 characters"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamproc.config_sections import ModelConfig
+from streamproc.config.sections import ModelConfig
 from streamproc.device.binding import ShadowOutcome
 from streamproc.device.jobs import DeviceJob, DeviceResult
 from streamproc.metrics import Metrics

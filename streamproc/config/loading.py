@@ -1,4 +1,4 @@
-"""One frozen, validated configuration tree.
+"""The root of the configuration tree (:class:`Config`) and its loading (:func:`load_config`).
 
 Sources, later ones winning: defaults < YAML file (``--config`` or ``$STREAMPROC_CONFIG``) <
 environment variables ``STREAMPROC_<SECTION>__<KEY>`` (e.g. ``STREAMPROC_BATCHING__MAX_WAIT_MS=5``;
@@ -6,9 +6,8 @@ lists such as ``STREAMPROC_PIPELINES`` take JSON). The broker address is, in ord
 ``--bootstrap`` flag, ``kafka.bootstrap_servers``, ``$KAFKA_BOOTSTRAP_SERVERS``.
 
 Every invalid value raises :class:`~streamproc.errors.ConfigError` at start-up, naming the key
-(dotted path) and what is allowed. Units are part of the key names. The root
-(:class:`Config`) and its loading are here; its sections are in :mod:`streamproc.config_sections`
-and importable from here too.
+(dotted path) and what is allowed. Units are part of the key names. The sections are in
+:mod:`streamproc.config.sections`; :mod:`streamproc.config` exports both.
 """
 
 from __future__ import annotations
@@ -21,39 +20,19 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from streamproc.config_sections import (
+from streamproc.config.sections import (
     AdminConfig,
     BatchingConfig,
     BuffersConfig,
     KafkaConfig,
     LoggingConfig,
     MetricsConfig,
-    ModelConfig,
-    ModelPrecision,
     PipelineConfig,
-    Scalar,
     SchemaRegistryConfig,
     WorkerConfig,
 )
 from streamproc.errors import ConfigError
 from streamproc.logs import SECRET_KEY as _SECRET_KEY
-
-__all__ = [
-    "AdminConfig",
-    "BatchingConfig",
-    "BuffersConfig",
-    "Config",
-    "KafkaConfig",
-    "LoggingConfig",
-    "MetricsConfig",
-    "ModelConfig",
-    "ModelPrecision",
-    "PipelineConfig",
-    "Scalar",
-    "SchemaRegistryConfig",
-    "WorkerConfig",
-    "load_config",
-]
 
 
 class Config(BaseSettings):
