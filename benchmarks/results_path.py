@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streamproc.config import PipelineConfig
+from streamproc.config.sections import PipelineConfig
 from streamproc.device import DeviceResult
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce

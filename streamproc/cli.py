@@ -143,14 +143,22 @@ def kafka_stop(
 
 
 def _start_server(
-    directory: Path, name: str, address_file: str, make: Callable[[], LocalService]
-) -> str:
-    """Start a local server in the background unless the one recorded in ``directory`` runs
-    (says which, and where its log is); its address."""
+    directory: Path,
+    name: str,
+    address_file: str,
+    make: Callable[[Path], LocalService],
+    last_line: str,
+) -> None:
+    """Start a local server (``make`` of the resolved ``directory``) in the background unless
+    the one recorded in ``directory`` runs (says which, and where its log is); the last line
+    printed is ``last_line`` with the server's address in its ``{}``."""
     from streamproc.tools.local_service import start_recorded
 
+    directory = directory.resolve()
     try:
-        address, server, running = start_recorded(directory, name, address_file, make)
+        address, server, running = start_recorded(
+            directory, name, address_file, lambda: make(directory)
+        )
     except StreamprocError as exc:
         raise _fail(exc) from exc
     if running is not None:
@@ -160,81 +168,66 @@ def _start_server(
         )
     elif server is not None:
         typer.echo(f"{name} log: {server.log_path}")
-    return address
+    typer.echo(last_line.format(address))
+
+
+def _stop_server(directory: Path, name: str, label: str) -> None:
+    """Stop the ``name`` server recorded in ``directory`` (says which; ``label``: its name in
+    the message)."""
+    from streamproc.tools.local_service import stop_recorded
+
+    pid = stop_recorded(directory, name)
+    typer.echo(
+        f"no {label} recorded in {directory}" if pid is None else f"stopped {label} pid {pid}"
+    )
+
+
+RegistryDir = Annotated[Path, typer.Option("--dir", help="Registry state folder.")]
+MlflowDir = Annotated[Path, typer.Option("--dir", help="MLflow state folder.")]
 
 
 @registry_app.command("start")
-def registry_start(
-    directory: Annotated[Path, typer.Option("--dir", help="Registry state folder.")] = (
-        DEFAULT_REGISTRY_DIR
-    ),
-) -> None:
+def registry_start(directory: RegistryDir = DEFAULT_REGISTRY_DIR) -> None:
     """Start a local Schema Registry in the background (loopback, in-memory, BACKWARD
     compatibility); the last line is SCHEMA_REGISTRY_URL=..."""
     from streamproc.tools.registry_local import LocalRegistry, ensure_registry_app
 
-    directory = directory.resolve()
-    url = _start_server(
+    _start_server(
         directory,
         "registry",
         "url",
-        lambda: LocalRegistry(directory, ensure_registry_app(), own_lifetime=False),
+        lambda at: LocalRegistry(at, ensure_registry_app(), own_lifetime=False),
+        "SCHEMA_REGISTRY_URL={}",
     )
-    typer.echo(f"SCHEMA_REGISTRY_URL={url}")
 
 
 @registry_app.command("stop")
-def registry_stop(
-    directory: Annotated[Path, typer.Option("--dir", help="Registry state folder.")] = (
-        DEFAULT_REGISTRY_DIR
-    ),
-) -> None:
+def registry_stop(directory: RegistryDir = DEFAULT_REGISTRY_DIR) -> None:
     """Stop the registry started with `registry start --dir DIR`; no process is left behind."""
-    from streamproc.tools.local_service import stop_recorded
-
-    pid = stop_recorded(directory, "registry")
-    typer.echo(
-        f"no registry recorded in {directory}" if pid is None else f"stopped registry pid {pid}"
-    )
+    _stop_server(directory, "registry", "registry")
 
 
 @mlflow_app.command("start")
-def mlflow_start(
-    directory: Annotated[Path, typer.Option("--dir", help="MLflow state folder.")] = (
-        DEFAULT_MLFLOW_DIR
-    ),
-) -> None:
+def mlflow_start(directory: MlflowDir = DEFAULT_MLFLOW_DIR) -> None:
     """Start a local MLflow tracking server in the background (loopback, SQLite store, artifacts
     served by the server; installs MLflow into its own environment on first use); the last line
     is export MLFLOW_TRACKING_URI=..."""
     from streamproc.tools.mlflow_local import LocalMlflow, ensure_mlflow_server
 
-    directory = directory.resolve()
-    uri = _start_server(
+    _start_server(
         directory,
         "mlflow",
         "tracking_uri",
-        lambda: LocalMlflow(directory, ensure_mlflow_server(), own_lifetime=False),
+        lambda at: LocalMlflow(at, ensure_mlflow_server(), own_lifetime=False),
+        "export MLFLOW_TRACKING_URI={}",
     )
-    typer.echo(f"export MLFLOW_TRACKING_URI={uri}")
 
 
 @mlflow_app.command("stop")
-def mlflow_stop(
-    directory: Annotated[Path, typer.Option("--dir", help="MLflow state folder.")] = (
-        DEFAULT_MLFLOW_DIR
-    ),
-) -> None:
+def mlflow_stop(directory: MlflowDir = DEFAULT_MLFLOW_DIR) -> None:
     """Stop the MLflow server started with `mlflow start --dir DIR`; no process is left behind
     (its database and artifacts stay in DIR)."""
-    from streamproc.tools.local_service import stop_recorded
-
-    pid = stop_recorded(directory, "mlflow")
-    typer.echo(
-        f"no MLflow server recorded in {directory}"
-        if pid is None
-        else f"stopped MLflow server pid {pid}"
-    )
+    _stop_server(directory, "mlflow", "MLflow server")
 
 
 AdminUrl = Annotated[
@@ -246,20 +239,23 @@ AdminUrl = Annotated[
     ),
 ]
 
+AdminToken = Annotated[
+    str,
+    typer.Option(
+        "--token",
+        envvar="STREAMPROC_ADMIN_TOKEN",
+        help="admin.token (else $STREAMPROC_ADMIN_TOKEN).",
+    ),
+]
+PipelineName = Annotated[str, typer.Argument(help="The pipeline's name (pipelines[].name).")]
+
 
 @model_app.command("use")
 def model_use(
-    pipeline: Annotated[str, typer.Argument(help="The pipeline's name (pipelines[].name).")],
+    pipeline: PipelineName,
     version: Annotated[str, typer.Argument(help="A version name, latest, or an MLflow @alias.")],
     url: AdminUrl = "http://127.0.0.1:9108",
-    token: Annotated[
-        str,
-        typer.Option(
-            "--token",
-            envvar="STREAMPROC_ADMIN_TOKEN",
-            help="admin.token (else $STREAMPROC_ADMIN_TOKEN).",
-        ),
-    ] = "",
+    token: AdminToken = "",
     shadow: Annotated[
         bool, typer.Option("--shadow", help="Score it in shadow beside the serving version.")
     ] = False,
@@ -283,17 +279,10 @@ def model_use(
 
 @model_app.command("drop")
 def model_drop(
-    pipeline: Annotated[str, typer.Argument(help="The pipeline's name (pipelines[].name).")],
+    pipeline: PipelineName,
     version: Annotated[str, typer.Argument(help="The shadow candidate's version.")],
     url: AdminUrl = "http://127.0.0.1:9108",
-    token: Annotated[
-        str,
-        typer.Option(
-            "--token",
-            envvar="STREAMPROC_ADMIN_TOKEN",
-            help="admin.token (else $STREAMPROC_ADMIN_TOKEN).",
-        ),
-    ] = "",
+    token: AdminToken = "",
 ) -> None:
     """Stop scoring VERSION of PIPELINE's model in shadow and let it go (polling does not load
     it again); exits 1 when it is not the shadow candidate."""

@@ -118,13 +118,19 @@ class IdleExit:
             group: the lag monitor's latest :attr:`~streamproc.kafka.lag.LagMonitor.group`
                 (one read; None before its first measurement).
         """
-        verdict = self._member(
-            now_s, unassigned, last_input_s, last_rebalance_s, unfetched, drained
-        )
-        if verdict is not IdleDecision.IDLE:
-            self._waiting_since_s = None  # working or unassigned: a later wait starts afresh
-            return verdict
         quiet_since_s = max(last_input_s, last_rebalance_s)
+        member = IdleDecision.IDLE  # this member alone: its own partitions are done
+        if unassigned is not None:
+            waited_s = now_s - max(unassigned.since_s, self.started_s)
+            too_long = waited_s >= self.assignment_timeout_s
+            member = IdleDecision.UNASSIGNED_TOO_LONG if too_long else IdleDecision.UNASSIGNED
+        elif now_s - quiet_since_s < self.idle_s or not drained():
+            member = IdleDecision.BUSY
+        elif unfetched and now_s - last_rebalance_s < self.assignment_timeout_s:
+            member = IdleDecision.UNFETCHED
+        if member is not IdleDecision.IDLE:
+            self._waiting_since_s = None  # working or unassigned: a later wait starts afresh
+            return member
         progressed = group is not None and self._progressed(group)
         if group is not None and group.measured_s >= quiet_since_s and not group.behind():
             return IdleDecision.IDLE
@@ -133,27 +139,6 @@ class IdleExit:
         if now_s - self._waiting_since_s >= self.assignment_timeout_s:
             return IdleDecision.GROUP_BEHIND_TOO_LONG
         return IdleDecision.GROUP_BEHIND
-
-    def _member(
-        self,
-        now_s: float,
-        unassigned: Unassigned | None,
-        last_input_s: float,
-        last_rebalance_s: float,
-        unfetched: Collection[TopicPartition],
-        drained: Callable[[], bool],
-    ) -> IdleDecision:
-        """The verdict on this member alone (IDLE: its own partitions are done)."""
-        if unassigned is not None:
-            waited_s = now_s - max(unassigned.since_s, self.started_s)
-            if waited_s >= self.assignment_timeout_s:
-                return IdleDecision.UNASSIGNED_TOO_LONG
-            return IdleDecision.UNASSIGNED
-        if now_s - max(last_input_s, last_rebalance_s) < self.idle_s or not drained():
-            return IdleDecision.BUSY
-        if unfetched and now_s - last_rebalance_s < self.assignment_timeout_s:
-            return IdleDecision.UNFETCHED
-        return IdleDecision.IDLE
 
     def _progressed(self, group: GroupOffsets) -> bool:
         """Whether ``group`` is a newer measurement than the last one seen in which some

@@ -128,6 +128,10 @@ class Record:
                 return value
         return None
 
+    def where(self) -> dict[str, str | int]:
+        """``topic``, ``partition`` and ``offset``: the fields a log line names a record by."""
+        return {"topic": self.tp.topic, "partition": self.tp.partition, "offset": self.offset}
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from streamproc.config import PipelineConfig, WorkerConfig
+from streamproc.config.sections import PipelineConfig, WorkerConfig
 from streamproc.decode import (
     DecodeProcesses,
     Decoder,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamproc.assembly.shared import Shared
-from streamproc.config import ModelConfig, PipelineConfig
+from streamproc.config.sections import ModelConfig, PipelineConfig
 from streamproc.errors import ConfigError
 from streamproc.logs import get_logger
 from streamproc.models.loading import LoadedVersion, Loader, VersionRefused, load_version

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamproc.assembly.decoding import Decoding
-from streamproc.config import Config, Scalar
+from streamproc.config import Config
+from streamproc.config.sections import Scalar
 from streamproc.dispatch.admission import DeviceAdmission
 from streamproc.dispatch.selection import DeviceSpec
 from streamproc.kafka.protocols import ProducerFactory

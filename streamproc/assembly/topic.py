@@ -15,8 +15,8 @@ from prometheus_client import Gauge
 
 from streamproc.assembly.models import VersionedModel, build_versioned_model
 from streamproc.assembly.shared import Shared
-from streamproc.config import Config, PipelineConfig
-from streamproc.config.sections import fused_lane_refusal
+from streamproc.config import Config
+from streamproc.config.sections import PipelineConfig, fused_lane_refusal
 from streamproc.decode import Decoder
 from streamproc.device import DeviceResult, DeviceWorker, PoolLeak, Release, StagingPool
 from streamproc.device.hold import ModelHold

@@ -7,7 +7,7 @@ lists such as ``STREAMPROC_PIPELINES`` take JSON). The broker address is, in ord
 
 Every invalid value raises :class:`~streamproc.errors.ConfigError` at start-up, naming the key
 (dotted path) and what is allowed. Units are part of the key names. The sections are in
-:mod:`streamproc.config.sections`; :mod:`streamproc.config` exports both.
+:mod:`streamproc.config.sections`.
 """
 
 from __future__ import annotations

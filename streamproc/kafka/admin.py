@@ -14,7 +14,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from streamproc.config import Scalar
+from streamproc.config.sections import Scalar
 from streamproc.errors import BrokerError
 from streamproc.kafka.clients import build_admin
 from streamproc.kafka.protocols import AdminClientLike, AdminFactory

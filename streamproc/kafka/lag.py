@@ -32,7 +32,7 @@ from typing import Any, Literal
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.config import Scalar
+from streamproc.config.sections import Scalar
 from streamproc.logs import get_logger, kafka_logger
 from streamproc.metrics import Metrics
 from streamproc.records import TopicPartition

@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol
 
 from confluent_kafka import KafkaError
 
-from streamproc.config import PipelineConfig, Scalar
+from streamproc.config.sections import PipelineConfig, Scalar
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.offsets.committers import AtLeastOnceCommitter, Committer, TransactionalCommitter
@@ -306,9 +306,7 @@ class ExactlyOnce:
         self.refusals.refused(record, err, how != "batch", dead_letter)
         log.warning(
             "record refused inside the transaction; it will abort",
-            topic=record.tp.topic,
-            partition=record.tp.partition,
-            offset=record.offset,
+            **record.where(),
             error=str(err),
             record_batch="own" if how != "batch" else "shared",
             dead_letter=dead_letter,

@@ -183,9 +183,7 @@ class DeadLetters:
             return
         log.info(
             "dead-lettered",
-            topic=record.tp.topic,
-            partition=record.tp.partition,
-            offset=record.offset,
+            **record.where(),
             stage=letter.stage,
             error_class=letter.error_class,
             reason=letter.message[:200],

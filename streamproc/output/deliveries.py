@@ -87,9 +87,7 @@ class ResultDeliveries:
             return True
         log.warning(
             "result rejected",
-            topic=record.tp.topic,
-            partition=record.tp.partition,
-            offset=record.offset,
+            **record.where(),
             error=str(err),
         )
         self._dead_letters.send(

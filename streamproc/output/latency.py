@@ -65,22 +65,21 @@ class LatencyReport:
             self._p99[topic].set(reading.p99_s)
         if reading.over_target_s:
             self._over[topic].inc(reading.over_target_s)
-        target_ms = (lane.latency_target_s or 0.0) * 1000.0
+        if not (reading.went_over or reading.back_within):
+            return
+        where = {
+            "topic": topic,
+            "p99_ms": round((reading.p99_s or 0.0) * 1000.0, 1),
+            "target_ms": (lane.latency_target_s or 0.0) * 1000.0,
+        }
         if reading.went_over:
             log.warning(
                 "latency over target",
-                topic=topic,
-                p99_ms=round((reading.p99_s or 0.0) * 1000.0, 1),
-                target_ms=target_ms,
+                **where,
                 batch_cap=reading.batch_cap,
                 scale=round(reading.scale, 3),
                 hint="the batcher shrinks its waits and batches while that helps; see "
                 "docs/operations.md (Latency target) when it persists",
             )
-        elif reading.back_within:
-            log.info(
-                "latency within target again",
-                topic=topic,
-                p99_ms=round((reading.p99_s or 0.0) * 1000.0, 1),
-                target_ms=target_ms,
-            )
+        else:
+            log.info("latency within target again", **where)

@@ -159,14 +159,7 @@ class Resequencer:
             release()
             self._released(result)
             return False
-        try:
-            self._on_result(result)
-        finally:
-            release()
-            self._released(result)
-            with self._cond:
-                self._next += 1
-                self._handed = batch_id
+        self._hand_over(result, release, taken=False)
         return True
 
     def _waiting_now(self) -> int:
@@ -186,17 +179,24 @@ class Resequencer:
     def _run(self) -> None:
         try:
             while (item := self._take()) is not None:
-                result, release = item
-                try:
-                    self._on_result(result)
-                finally:
-                    release()
-                    self._released(result)
-                    with self._cond:
-                        self._handed = result.batch.batch_id
-                        self._cond.notify_all()  # a fused lane waiting to catch up
+                self._hand_over(*item, taken=True)
         except BaseException as exc:
             self._on_fatal(exc)
+
+    def _hand_over(self, result: DeviceResult, release: Release, taken: bool) -> None:
+        """``on_result``, then (also when it raised) ``release``, ``on_released``, and the
+        batch counted as handed over; ``taken``: :meth:`_take` moved the next batch id already
+        (the results thread), else it moves here (a fused lane's own thread)."""
+        try:
+            self._on_result(result)
+        finally:
+            release()
+            self._released(result)
+            with self._cond:
+                if not taken:
+                    self._next += 1
+                self._handed = result.batch.batch_id
+                self._cond.notify_all()  # a fused lane waiting to catch up
 
     def _take(self) -> tuple[DeviceResult, Release] | None:
         """The next batch's result, once here; None when closing and it is not here."""

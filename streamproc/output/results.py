@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 from tenacity import Retrying, stop_after_attempt, wait_exponential
 
-from streamproc.config import PipelineConfig
+from streamproc.config.sections import PipelineConfig
 from streamproc.device import DeviceResult
 from streamproc.errors import RecordError, RegistryUnavailable
 from streamproc.metrics import Metrics

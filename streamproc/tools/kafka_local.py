@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from filelock import FileLock
 
@@ -241,6 +242,60 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def spawn_logged(
+    args: list[str],
+    log_path: Path,
+    own_lifetime: bool,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``args`` in a session of its own, stdin closed, stdout and stderr appended to
+    ``log_path``; with ``own_lifetime`` it dies with this process (``PR_SET_PDEATHSIG``).
+    ``env``: added to this process's environment. Does not wait."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if own_lifetime else None,
+        )
+
+
+class Spawnable(Protocol):
+    """A local server process: started without waiting, then waited for, or stopped."""
+
+    def spawn(self) -> None: ...
+    def wait_ready(self, timeout_s: float) -> None: ...
+    def stop(self, timeout_s: float = ...) -> None: ...
+
+
+def spawn_until_ready(server: Spawnable, timeout_s: float) -> None:
+    """Spawn ``server`` and wait until it answers; stopped again if that fails.
+
+    Raises:
+        BrokerError: it did not answer within ``timeout_s`` seconds (and what ``wait_ready``
+            raises).
+    """
+    server.spawn()
+    try:
+        server.wait_ready(timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+
+
+def signal_group(proc: subprocess.Popen[bytes] | None, signum: int) -> None:
+    """Send ``signum`` to the process group of ``proc`` while ``proc`` runs (a group gone
+    meanwhile is not an error)."""
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+
 def node_properties(
     node_id: int,
     port: int,
@@ -400,27 +455,17 @@ class LocalKafka:
         return self._launch(timeout_s)
 
     def _launch(self, timeout_s: float) -> str:
-        self.spawn()
-        try:
-            self.wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        spawn_until_ready(self, timeout_s)
         return self.bootstrap_servers
 
     def spawn(self) -> None:
         """Start the java process on the prepared config and data (does not wait)."""
         props = self.run_dir / "server.properties"
-        stdout = (self.run_dir / "logs" / "stdout.log").open("ab")
-        self._proc = subprocess.Popen(
+        self._proc = spawn_logged(
             self._java("kafka.Kafka", str(props)),
-            stdout=stdout,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if self.own_lifetime else None,
+            self.run_dir / "logs" / "stdout.log",
+            self.own_lifetime,
         )
-        stdout.close()
         self.pid_path.write_text(str(self._proc.pid))
 
     def _claim_run_dir(self) -> None:
@@ -475,14 +520,11 @@ class LocalKafka:
     def pause(self) -> None:
         """SIGSTOP the node (as a long GC pause or a hung disk): it keeps its sockets open and
         answers nothing until :meth:`resume`."""
-        if self._proc is not None and self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGSTOP)
+        signal_group(self._proc, signal.SIGSTOP)
 
     def resume(self) -> None:
         """SIGCONT the node (idempotent; harmless on a running node)."""
-        if self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGCONT)
+        signal_group(self._proc, signal.SIGCONT)
 
     @property
     def running(self) -> bool:

@@ -13,7 +13,6 @@ file.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -23,10 +22,12 @@ from pathlib import Path
 
 from streamproc.errors import BrokerError
 from streamproc.tools.kafka_local import (
-    _die_with_parent,
     alive,
     free_port,
     read_pid,
+    signal_group,
+    spawn_logged,
+    spawn_until_ready,
     terminate_pid,
 )
 
@@ -89,12 +90,7 @@ class LocalService:
         """
         self._claim_run_dir()
         self.port = self.port or free_port()
-        self.spawn()
-        try:
-            self.wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        spawn_until_ready(self, timeout_s)
         return self.address
 
     def restart(self, timeout_s: float = 120.0) -> str:
@@ -105,18 +101,7 @@ class LocalService:
     def spawn(self) -> None:
         """Start the process (does not wait)."""
         args, env = self.command()
-        log = self.log_path.open("ab")
-        self._proc = subprocess.Popen(
-            args,
-            cwd=self.run_dir,
-            env={**os.environ, **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if self.own_lifetime else None,
-        )
-        log.close()
+        self._proc = spawn_logged(args, self.log_path, self.own_lifetime, self.run_dir, env)
         self.pid_path.write_text(str(self._proc.pid))
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -150,14 +135,11 @@ class LocalService:
     def pause(self) -> None:
         """SIGSTOP the server (a hung server: connections open, no answers) until
         :meth:`resume`."""
-        if self._proc is not None and self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGSTOP)
+        signal_group(self._proc, signal.SIGSTOP)
 
     def resume(self) -> None:
         """SIGCONT the server (idempotent)."""
-        if self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGCONT)
+        signal_group(self._proc, signal.SIGCONT)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server (SIGTERM to its group, SIGKILL after ``timeout_s``); idempotent."""

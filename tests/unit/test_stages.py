@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamproc.config import PipelineConfig
+from streamproc.config.sections import PipelineConfig
 from streamproc.device import DeviceResult, DeviceWorker, Release, StagingPool
 from streamproc.device.staging import Slab
 from streamproc.dispatch.dispatcher import Dispatcher

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import KafkaError
 
-from streamproc.config import PipelineConfig
+from streamproc.config.sections import PipelineConfig
 from streamproc.kafka.protocols import ktp
 from streamproc.metrics import Metrics
 from streamproc.offsets.committers import AtLeastOnceCommitter, TransactionalCommitter

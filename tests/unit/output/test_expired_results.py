@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamproc.config import PipelineConfig
+from streamproc.config.sections import PipelineConfig
 from streamproc.device import DeviceResult
 from streamproc.errors import ModelError
 from streamproc.metrics import Metrics

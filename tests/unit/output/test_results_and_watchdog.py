@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import numpy as np
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from streamproc.config import PipelineConfig
+from streamproc.config.sections import PipelineConfig
 from streamproc.device import DeviceResult
 from streamproc.errors import DecodeError, RegistryUnavailable
 from streamproc.kafka.lag import LagMonitor
