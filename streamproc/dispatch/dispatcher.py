@@ -40,7 +40,14 @@ import numpy as np
 from streamproc.decode import Decoder
 from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, StagingPool
 from streamproc.device.hold import HoldAbandoned
-from streamproc.dispatch.fusion import FusedRun, LaneRoute, LaneRoutePolicy, LaneRouter
+from streamproc.dispatch.fusion import (
+    FusedRun,
+    LaneRoute,
+    LaneRoutePolicy,
+    LaneRouter,
+    LaneRun,
+    StagedRun,
+)
 from streamproc.dispatch.placement import DeviceLoad
 from streamproc.intake.lane import Lane
 from streamproc.intake.rings import FlowControl
@@ -112,7 +119,9 @@ class Dispatcher:
             raise ValueError(f"{len(workers)} workers for devices {load.labels}")
         if fused is None and route != "staged":
             raise ValueError("a fused route needs the lane's FusedRun")
-        self._fused = fused
+        self._runs: dict[LaneRoute, LaneRun] = {"staged": StagedRun(workers, resequencer)}
+        if fused is not None:
+            self._runs["fused"] = fused
         self._router = LaneRouter(
             lane.topic,
             route,
@@ -131,7 +140,6 @@ class Dispatcher:
         self._metrics = metrics
         self._on_fatal = on_fatal
         self._bind = bind
-        self._resequencer = resequencer
         self._expired = metrics.expired.labels(topic)
         self._batch_size = metrics.batch_size.labels(topic)
         self._queue_wait = metrics.queue_wait.labels(topic)
@@ -174,27 +182,24 @@ class Dispatcher:
         try:
             while self._load.wait_capacity(self._stop):
                 route = router.next_route()
-                if route == "fused" and router.previous == "staged" and not self._catch_up():
+                run = self._runs[route]
+                if not run.ready(self._next_batch_id + 1, self._stop):
                     return
                 batch = self._next_batch()
                 if batch is None:
                     return
-                if not batch.records:  # every record expired: nothing to run
-                    self._pass_over(batch, route)
+                if not batch.records:  # every record expired: nothing to decode or run
+                    if batch.clock is not None:  # neither stage takes any time
+                        batch.clock.lap("decode")
+                        batch.clock.lap("device")
+                    run.pass_over(DeviceResult(batch, (), {}, None, 0.0, model_calls=0))
                     router.previous = route
                     continue
-                if route == "fused":
-                    assert self._fused is not None
-                    job = self._decode(batch)
-                    if self._bind is not None:
-                        self._bind(job, 0)
-                    self._fused.run(job, batch.cut_at_s)
-                else:
-                    job = self._decode(batch)
-                    device = self._load.place(batch.batch_id, len(batch))
-                    if self._bind is not None:
-                        self._bind(job, device)
-                    self._workers[device].submit(job)
+                job = self._decode(batch)
+                device = self._load.place(batch.batch_id, len(batch))
+                if self._bind is not None:
+                    self._bind(job, device)
+                run.run(job, device, batch.cut_at_s)
                 now_s = time.monotonic()
                 router.done(route, len(batch), batch.reason in FULL_CUTS, now_s)
                 if now_s >= self._next_stall_check_s:  # the lag thread checks every tick too
@@ -204,12 +209,6 @@ class Dispatcher:
             return  # stopping while a fused batch was held: it stays uncommitted
         except BaseException as exc:
             self._on_fatal(exc)
-
-    def _catch_up(self) -> bool:
-        """Before the first fused batch after staged ones: every batch cut before it handed
-        over (the staged batches in flight go out first); False once stopped."""
-        assert self._fused is not None
-        return self._fused.caught_up(self._next_batch_id + 1, self._stop)
 
     def _next_batch(self) -> Batch | None:
         cut = self._lane.next_cut(self._stop)
@@ -239,25 +238,6 @@ class Dispatcher:
             clock,
         )
 
-    def _pass_over(self, batch: Batch, route: LaneRoute) -> None:
-        """Hand a batch whose every record expired to the result handler, in batch-id order,
-        without a slab, a device or an in-flight slot: on the fused route here (every earlier
-        batch was handed over already), on the staged route through the resequencer's queue.
-
-        Raises:
-            RuntimeError: the dispatcher was built without the lane's resequencer.
-        """
-        if self._resequencer is None:
-            raise RuntimeError(f"batch {batch.batch_id}: every record expired, no resequencer")
-        if batch.clock is not None:  # neither decoded nor run: both stages take no time
-            batch.clock.lap("decode")
-            batch.clock.lap("device")
-        result = DeviceResult(batch, (), {}, None, 0.0, model_calls=0)
-        if route == "fused":
-            self._resequencer.hand_over_here(result, _nothing_to_release)
-        else:
-            self._resequencer.put(result, _nothing_to_release)
-
     def _decode(self, batch: Batch) -> DeviceJob:
         slab = self._pool.lease(batch_id=batch.batch_id)
         assert slab is not None
@@ -271,7 +251,3 @@ class Dispatcher:
         if batch.clock is not None:
             batch.clock.lap("decode")
         return DeviceJob(batch, slab, decoded)
-
-
-def _nothing_to_release() -> None:
-    """The release of a batch that ran on no device (no output buffers to give back)."""

@@ -1,5 +1,7 @@
-"""The fused route of a lane on a CPU device: one thread cuts, decodes, runs the model, encodes
-and produces, with no hand-off between threads.
+"""A lane's two routes, one interface (:class:`LaneRun`): staged (:class:`StagedRun`: the
+dispatcher, device and results threads) and fused on a CPU device (:class:`FusedRun`: one thread
+cuts, decodes, runs the model, encodes and produces, with no hand-off between threads); and the
+choice between them (:class:`LaneRouter`, :class:`LaneRoutePolicy`).
 
 Pipelining a lane over threads (dispatcher -> device -> results) pays on a GPU, where the device
 works while Python prepares the next batch. Where the device is the CPU the threads only compete
@@ -35,11 +37,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Literal, Protocol
 
 from streamproc.decode import Decoder
-from streamproc.device.jobs import DeviceJob
+from streamproc.device.jobs import DeviceJob, DeviceResult
 from streamproc.device.worker import DeviceWorker
 from streamproc.dispatch.placement import DeviceLoad
 from streamproc.output.resequencer import Resequencer
@@ -120,9 +122,58 @@ def threads_cpu_s(idents: Iterable[int | None]) -> float:
     return total
 
 
+class LaneRun(Protocol):
+    """One of a lane's two routes for a decoded, placed and bound batch: the dispatcher makes
+    the same calls on either (:class:`StagedRun`, :class:`FusedRun`), the router picks which."""
+
+    def ready(self, batch_id: int, stop: threading.Event) -> bool:
+        """Before batch ``batch_id`` takes this route: wait until it may (False once ``stop``
+        is set first)."""
+
+    def run(self, job: DeviceJob, device: int, started_s: float) -> None:
+        """Run ``job`` (cut at ``started_s``, monotonic seconds) on device ``device`` (the
+        index :meth:`DeviceLoad.place` chose) and have its result handed over in order."""
+
+    def pass_over(self, result: DeviceResult) -> None:
+        """Hand over the result of a batch whose every record expired (no slab, no device),
+        in batch-id order."""
+
+
+class StagedRun:
+    """The staged route: the batch goes to its device thread (:meth:`DeviceWorker.submit`);
+    the device and results threads finish it.
+
+    Args:
+        workers: one device worker per device, in the order of the placement's labels.
+        resequencer: the lane's resequencer (None: a batch whose every record expired raises;
+            a lane built without deadlines never cuts one).
+    """
+
+    def __init__(self, workers: Sequence[DeviceWorker], resequencer: Resequencer | None) -> None:
+        self._workers = tuple(workers)
+        self._resequencer = resequencer
+
+    def ready(self, batch_id: int, stop: threading.Event) -> bool:
+        """Always: the device threads take batches in any order, the resequencer orders them."""
+        return True
+
+    def run(self, job: DeviceJob, device: int, started_s: float) -> None:
+        """Queue ``job`` on device ``device``'s thread."""
+        self._workers[device].submit(job)
+
+    def pass_over(self, result: DeviceResult) -> None:
+        """Queue ``result`` in the resequencer, behind the batches in flight.
+
+        Raises:
+            RuntimeError: the lane has no resequencer.
+        """
+        _resequencer_of(self._resequencer, result).put(result, nothing_to_release)
+
+
 class FusedRun:
-    """Runs a lane's batch on the calling thread (the lane's dispatcher) through its one CPU
-    device worker, and hands the result over there (the resequencer's own result handler).
+    """The fused route: runs a lane's batch on the calling thread (the lane's dispatcher)
+    through its one CPU device worker, and hands the result over there (the resequencer's own
+    result handler).
 
     Args:
         worker: the lane's device worker (a synchronous backend).
@@ -151,14 +202,15 @@ class FusedRun:
         """The staged route's other threads (device, results): their CPU counts for the lane."""
         return (*self._worker.thread_idents, self._resequencer.thread_ident)
 
-    def caught_up(self, batch_id: int, stop: threading.Event) -> bool:
+    def ready(self, batch_id: int, stop: threading.Event) -> bool:
         """Wait until every batch before ``batch_id`` was handed over (see
-        :meth:`Resequencer.caught_up`); False once ``stop`` is set."""
+        :meth:`Resequencer.caught_up`: after staged batches, those in flight go out first);
+        False once ``stop`` is set."""
         return self._resequencer.caught_up(batch_id, stop)
 
-    def run(self, job: DeviceJob, started_s: float) -> None:
+    def run(self, job: DeviceJob, device: int, started_s: float) -> None:
         """Run ``job`` (cut and decoded on this thread since ``started_s``, monotonic
-        seconds) through the model and hand its result over.
+        seconds) through the model and hand its result over (``device``: 0, the one device).
 
         Raises:
             FatalPipelineError: the pipeline must stop (the batch is neither produced nor
@@ -166,12 +218,25 @@ class FusedRun:
             Exception: what the result handler raised.
         """
         batch = job.batch
-        self._load.place(batch.batch_id, len(batch))
         result, release = self._worker.run_here(job)
         self._load.completed(batch.batch_id, result.inference_s)
         handed = self._resequencer.hand_over_here(result, release)
         if handed and result.error is None and result.model_calls == 1:
             self._observe(len(batch), time.monotonic() - started_s)
+
+    def pass_over(self, result: DeviceResult) -> None:
+        """Hand ``result`` over on this thread (every earlier batch was handed over)."""
+        self._resequencer.hand_over_here(result, nothing_to_release)
+
+
+def nothing_to_release() -> None:
+    """The release of a batch that ran on no device (no output buffers to give back)."""
+
+
+def _resequencer_of(resequencer: Resequencer | None, result: DeviceResult) -> Resequencer:
+    if resequencer is None:
+        raise RuntimeError(f"batch {result.batch.batch_id}: every record expired, no resequencer")
+    return resequencer
 
 
 class LaneRouter:
