@@ -21,7 +21,6 @@ from streamproc.models.sources import (
     ModelVersionFiles,
 )
 from streamproc.models.versions import ModelVersions
-from streamproc.offsets.guarantees import ExactlyOnce
 from streamproc.workloads import Workload
 
 log = get_logger(__name__)
@@ -119,18 +118,17 @@ def initial_version(
 
 
 def version_boundary(shared: Shared) -> Callable[[], None] | None:
-    """Under exactly-once, what a version switch waits for before the new version's first
-    results: the open transaction ended (the source thread asked to commit it now)."""
-    guarantee = shared.guarantee
-    if not isinstance(guarantee, ExactlyOnce):
-        return None
-    transactions = guarantee.transactions
-
+    """What a version switch waits for before the new version's first results (the
+    guarantee's :meth:`~streamproc.offsets.guarantees.Guarantee.boundary`: under exactly-once
+    the open transaction ended, the source thread asked to commit it now); None: nothing."""
     # never longer than a drain may take (a switch while stopping, the source thread gone)
     timeout_s = min(BOUNDARY_TIMEOUT_S, shared.config.shutdown_timeout_s / 2)
+    boundary = shared.guarantee.boundary(shared.commit_now, timeout_s)
+    if boundary is None:
+        return None
 
     def wait() -> None:
-        if not transactions.wait_for_boundary(shared.commit_now, timeout_s):
+        if not boundary():
             log.warning(
                 "model version switch: the open transaction did not end in time; going on",
                 timeout_s=timeout_s,

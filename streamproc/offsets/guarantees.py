@@ -152,6 +152,15 @@ class Guarantee(Protocol):
         dead-letter topics see it (``offsets.outcomes``)."""
         ...
 
+    def boundary(
+        self, request_commit: Callable[[], None], timeout_s: float
+    ) -> Callable[[], bool] | None:
+        """What a model version switch waits for before the new version's first results, or
+        None where results cross no boundary: a call that returns once what was produced
+        before it is in no transaction later records join (False: not within ``timeout_s``
+        seconds; ``request_commit`` asks the committer's thread to end it now)."""
+        ...
+
 
 class AtLeastOnce:
     """Results are produced at once; an input is done when its record is acknowledged.
@@ -202,6 +211,12 @@ class AtLeastOnce:
             round(metrics.counter_value(metrics.produced, topic=spec.output_topic)),
             round(dead_lettered(metrics, spec.input_topic)),
         )
+
+    def boundary(
+        self, request_commit: Callable[[], None], timeout_s: float
+    ) -> Callable[[], bool] | None:
+        """None: each result is visible once acknowledged, no transaction to end first."""
+        return None
 
 
 class ExactlyOnce:
@@ -343,3 +358,10 @@ class ExactlyOnce:
         """Records of committed transactions are visible to read_committed readers; those of
         aborted ones are counted apart (the acknowledgement counters count both)."""
         return self.transactions.tally.produced(spec.input_topic)
+
+    def boundary(
+        self, request_commit: Callable[[], None], timeout_s: float
+    ) -> Callable[[], bool] | None:
+        """The open transaction ended (:meth:`Transactions.wait_for_boundary`)."""
+        transactions = self.transactions
+        return lambda: transactions.wait_for_boundary(request_commit, timeout_s)

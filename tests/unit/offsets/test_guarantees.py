@@ -334,3 +334,26 @@ def test_at_least_once_counts_every_acknowledged_record(alo: tuple[Inputs, AtLea
     inputs.metrics.dead_lettered.labels("in", "model").inc(1)
     inputs.metrics.dead_lettered.labels("other", "model").inc(5)
     assert guarantee.produced(inputs.metrics, spec) == Produced(3, 2)
+
+
+def test_at_least_once_gives_a_version_switch_no_boundary_to_wait_for(
+    alo: tuple[Inputs, AtLeastOnce],
+) -> None:
+    _, guarantee = alo
+    assert guarantee.boundary(lambda: None, 1.0) is None
+
+
+def test_exactly_once_gives_a_version_switch_the_end_of_the_open_transaction(
+    eos: tuple[Inputs, ExactlyOnce, OffsetsProducer],
+) -> None:
+    inputs, guarantee, producer = eos
+    asked: list[str] = []
+    waits = guarantee.boundary(lambda: asked.append("commit now"), 0.05)
+    assert waits is not None and waits() is True and asked == []  # nothing open
+    assert _send(guarantee, producer, inputs.records[0])
+    assert waits() is False and asked == ["commit now"]  # open, and nobody commits it
+    commits = guarantee.boundary(
+        lambda: guarantee.committer.commit(inputs.consumer, synchronous=False), 5.0
+    )
+    assert commits is not None and commits() is True
+    assert producer.calls.count("commit_transaction") == 1
