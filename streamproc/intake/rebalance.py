@@ -59,7 +59,11 @@ class Unassigned(NamedTuple):
 
 
 class Assignment:
-    """The consumer's per-partition state; written by the source thread only.
+    """One generation of the consumer's assignment: its per-partition state, written by the
+    source thread only. Each assign, revoke, loss and rewind makes the next generation's
+    (:meth:`started`, :meth:`forgotten`: a new object; the one before is left as it was, so a
+    reference kept from before cannot see or change the next generation); within a
+    generation the source moves positions, seek floors, flow pauses and ``fetching``.
 
     Attributes:
         generations: assignment generation per assigned partition (records carry it).
@@ -114,35 +118,55 @@ class Assignment:
     def position(self, tp: TopicPartition) -> int | None:
         return self._positions.get(tp)
 
-    def start(
+    def started(
         self, tps: Iterable[TopicPartition], generations: Mapping[TopicPartition, int]
-    ) -> None:
-        """``tps`` start afresh under ``generations`` (assign, rewind)."""
+    ) -> Assignment:
+        """The next generation (assign, rewind): a new assignment, this one with ``tps``
+        started afresh under ``generations``; this one stays as it was."""
         tps = tuple(tps)
-        self.generations.update(generations)
+        new = self._next()
+        new.generations.update(generations)
         for tp in tps:
-            self.seek_floors.pop(tp, None)
-            self.flow_paused.discard(tp)
-            self.fresh.discard(tp)
-            self._positions[tp] = None
-        self._assigned = self._assigned | frozenset(tps)
-        self.last_rebalance_s = self._clock()
-        if self._assigned:
-            self.unassigned = None
+            new.seek_floors.pop(tp, None)
+            new.flow_paused.discard(tp)
+            new.fresh.discard(tp)
+            new._positions[tp] = None
+        new._assigned = new._assigned | frozenset(tps)
+        if new._assigned:
+            new.unassigned = None
+        return new
 
-    def forget(self, tps: Iterable[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
-        """``tps`` are no longer ours (``cause``: ``revoked`` or ``lost``)."""
+    def forgotten(
+        self, tps: Iterable[TopicPartition], cause: Literal["revoked", "lost"]
+    ) -> Assignment:
+        """The next generation (revoke, loss): a new assignment, this one without ``tps``
+        (``cause``: ``revoked`` or ``lost``); this one stays as it was."""
         tps = tuple(tps)
+        new = self._next()
         for tp in tps:
-            self.generations.pop(tp, None)
-            self.seek_floors.pop(tp, None)
-            self.flow_paused.discard(tp)
-            self.fresh.discard(tp)
-            self._positions.pop(tp, None)
-        self._assigned = self._assigned - frozenset(tps)
-        self.last_rebalance_s = self._clock()
-        if not self._assigned and self.unassigned is None:
-            self.unassigned = Unassigned(self.last_rebalance_s, cause)
+            new.generations.pop(tp, None)
+            new.seek_floors.pop(tp, None)
+            new.flow_paused.discard(tp)
+            new.fresh.discard(tp)
+            new._positions.pop(tp, None)
+        new._assigned = new._assigned - frozenset(tps)
+        if not new._assigned and new.unassigned is None:
+            new.unassigned = Unassigned(new.last_rebalance_s, cause)
+        return new
+
+    def _next(self) -> Assignment:
+        """A copy of this assignment for the next generation, its rebalance time now."""
+        new = Assignment(self._clock)
+        new.generations = dict(self.generations)
+        new.seek_floors = dict(self.seek_floors)
+        new.flow_paused = set(self.flow_paused)
+        new.fresh = set(self.fresh)
+        new._positions = dict(self._positions)
+        new._assigned = self._assigned
+        new.fetching = self.fetching
+        new.unassigned = self.unassigned
+        new.rebalances = dict(self.rebalances)
+        return new
 
 
 class RebalanceHandler:
@@ -152,7 +176,9 @@ class RebalanceHandler:
         lanes: per input topic, its lane.
         tracker: the offset tracker (generations, in-flight counts).
         committer: commits the revoked partitions' watermarks.
-        assignment: the consumer's per-partition state.
+        assignment: the consumer's per-partition state before the first rebalance; each
+            assign, revoke, loss and rewind replaces :attr:`assignment` with the next
+            generation's (a reference kept from before never sees a later generation).
         metrics: for the ring-fill gauges of partitions that leave.
         revoke_timeout_s: how long a revoke waits for in-flight batches of its partitions.
         auto_offset_reset: ``earliest`` or ``latest``: where a rewind starts a partition
@@ -174,7 +200,8 @@ class RebalanceHandler:
         self._lanes = lanes
         self._tracker = tracker
         self._committer = committer
-        self._assignment = assignment
+        self.assignment = assignment
+        """The current generation's assignment (replaced, never mutated, by a rebalance)."""
         self._metrics = metrics
         self._revoke_timeout_s = revoke_timeout_s
         self._auto_offset_reset = auto_offset_reset
@@ -182,12 +209,11 @@ class RebalanceHandler:
 
     def on_assign(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        state = self._assignment
-        state.rebalances["assigned"] += 1
         self._start(tps)
+        self.assignment.rebalances["assigned"] += 1
         consumer.incremental_assign(partitions)
         self._check_fresh(consumer, tps)
-        if state.fetching:
+        if self.assignment.fetching:
             consumer.resume(partitions)
         else:
             consumer.pause(partitions)
@@ -195,7 +221,6 @@ class RebalanceHandler:
 
     def on_revoke(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        self._assignment.rebalances["revoked"] += 1
         limits: dict[TopicPartition, int] = {}
         for tp in tps:
             lane = self._lanes.get(tp.topic)
@@ -209,19 +234,20 @@ class RebalanceHandler:
         if not self._committer.commit(consumer, synchronous=True, only=set(tps)):
             self.rewind(consumer)
         self._forget(tps, "revoked")
+        self.assignment.rebalances["revoked"] += 1
         consumer.incremental_unassign(partitions)
         log.info("partitions revoked", partitions=_names(tps))
 
     def on_lost(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        self._assignment.rebalances["lost"] += 1
         for tp in tps:
             lane = self._lanes.get(tp.topic)
             if lane is not None:
                 lane.revoke([tp])
         self._forget(tps, "lost")
+        self.assignment.rebalances["lost"] += 1
         log.warning("partitions lost", partitions=_names(tps))
-        if self._committer.abandon() and self._assignment.assigned:
+        if self._committer.abandon() and self.assignment.assigned:
             self.rewind(consumer)
         consumer.incremental_unassign(partitions)
 
@@ -233,9 +259,8 @@ class RebalanceHandler:
             KafkaException: the committed offsets could not be read: a transient error (the
                 group coordinator moving, a timeout) still after :data:`REWIND_DEADLINE_S`
                 seconds, or any other error."""
-        state = self._assignment
-        state.last_rebalance_s = time.monotonic()  # not idle while rewinding
-        tps = sorted(state.assigned)
+        self.assignment.last_rebalance_s = time.monotonic()  # not idle while rewinding
+        tps = sorted(self.assignment.assigned)
         committed = retry_transient(
             lambda: read_committed(consumer, [ktp(tp) for tp in tps], 30),
             REWIND_DEADLINE_S,
@@ -249,7 +274,7 @@ class RebalanceHandler:
                 offset = OFFSET_BEGINNING if self._auto_offset_reset == "earliest" else OFFSET_END
             consumer.seek(KafkaTopicPartition(part.topic, part.partition, offset))
         self._check_fresh(consumer, tps)
-        if state.fetching:
+        if self.assignment.fetching:
             consumer.resume([ktp(tp) for tp in tps])
         log.warning("transaction aborted; rewound to committed offsets", partitions=_names(tps))
         self._on_rewound()
@@ -264,11 +289,11 @@ class RebalanceHandler:
             return
         for part in reported:
             if part.error is None and part.offset < 0:
-                self._assignment.fresh.add(TopicPartition(part.topic, part.partition))
+                self.assignment.fresh.add(TopicPartition(part.topic, part.partition))
 
     def _start(self, tps: list[TopicPartition]) -> None:
         generations = self._tracker.assign(tps)
-        self._assignment.start(tps, generations)
+        self.assignment = self.assignment.started(tps, generations)
         by_topic: dict[str, list[TopicPartition]] = {}
         for tp in tps:
             by_topic.setdefault(tp.topic, []).append(tp)
@@ -278,7 +303,7 @@ class RebalanceHandler:
     def _forget(self, tps: list[TopicPartition], cause: Literal["revoked", "lost"]) -> None:
         self._tracker.revoke(tps)
         self._committer.forget(tps)
-        self._assignment.forget(tps, cause)
+        self.assignment = self.assignment.forgotten(tps, cause)
         for tp in tps:
             with contextlib.suppress(Exception):  # never exported: nothing to remove
                 self._metrics.ring_fill.remove(tp.topic, str(tp.partition))

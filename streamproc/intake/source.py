@@ -136,7 +136,6 @@ class Source:
         self._tracker = tracker
         self._control: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
         self._stop = threading.Event()
-        self.assignment = Assignment(clock)
         self._last_poll_s = clock()
         self._last_input_s = clock()
         # per partition, the offset after the highest this process consumed (source thread)
@@ -152,7 +151,7 @@ class Source:
             lanes,
             tracker,
             self._committer,
-            self.assignment,
+            Assignment(clock),
             metrics,
             config.revoke_timeout_s,
             config.kafka.auto_offset_reset,
@@ -161,6 +160,12 @@ class Source:
         self._thread = threading.Thread(target=self._run, name="source", daemon=True)
 
     # -- read from any thread (written by the source thread only) ------------------------
+    @property
+    def assignment(self) -> Assignment:
+        """The current generation's assignment (:attr:`RebalanceHandler.assignment`); read
+        it again after a poll: a rebalance replaces it."""
+        return self.rebalance.assignment
+
     @property
     def last_poll_s(self) -> float:
         """Monotonic seconds of the last return from ``consume`` (liveness)."""

@@ -50,7 +50,6 @@ class Group:
         self.lane = Lane(
             "in", PartitionBuffers(8, 0.75, 0.25), Batcher(4, 1 << 20, 0.0), self.tracker
         )
-        self.assignment = Assignment(self.clock)
         self.producer = FakeProducer()
         committer: Committer = (
             ExactlyOnce(self.tracker, self.metrics, Transactions(self.producer)).committer
@@ -61,12 +60,16 @@ class Group:
             {"in": self.lane},
             self.tracker,
             committer,
-            self.assignment,
+            Assignment(self.clock),
             self.metrics,
             self.revoke_timeout_s,
             self.auto_offset_reset,
             on_rewound=lambda: self.rewound.append(None),
         )
+
+    @property
+    def assignment(self) -> Assignment:
+        return self.handler.assignment
 
     def assign(self, *tps: TopicPartition) -> None:
         self.handler.on_assign(self.consumer, _parts(tps))
@@ -244,15 +247,34 @@ def test_a_revoke_whose_transaction_aborts_rewinds_the_partitions_that_stay() ->
 
 
 def test_assignment_positions_are_copies_and_a_fresh_start_clears_the_partition_state() -> None:
-    state = Assignment(FakeClock(10.0))
-    assert state.unassigned == Unassigned(10.0, "start")
-    state.start([A], {A: 1})
+    clock = FakeClock(10.0)
+    first = Assignment(clock)
+    assert first.unassigned == Unassigned(10.0, "start")
+    state = first.started([A], {A: 1})
+    assert first.assigned == frozenset() and first.generations == {}  # the first stays as it was
     state.advance(A, 5)
     state.seek_floors[A] = 3
     state.flow_paused.add(A)
     positions = state.positions()
     positions[A] = 99
     assert state.position(A) == 5  # the snapshot is a copy
-    state.start([A], {A: 2})
-    assert (state.position(A), state.generations[A]) == (None, 2)
-    assert A not in state.seek_floors and A not in state.flow_paused
+    clock.advance(1.0)
+    again = state.started([A], {A: 2})
+    assert (again.position(A), again.generations[A]) == (None, 2)
+    assert A not in again.seek_floors and A not in again.flow_paused
+    assert again.last_rebalance_s == 11.0 and again.unassigned is None
+
+
+def test_a_generation_kept_from_before_a_rebalance_never_sees_the_next_one() -> None:
+    state = Assignment(FakeClock(10.0)).started([A, B], {A: 1, B: 1})
+    state.advance(A, 7)
+    state.flow_paused.add(B)
+    after = state.forgotten([A], "revoked")
+    after.advance(B, 3)
+    after.flow_paused.discard(B)
+    # the old generation is what it was when the rebalance happened
+    assert state.assigned == {A, B} and state.positions() == {A: 7, B: None}
+    assert state.flow_paused == {B} and state.generations == {A: 1, B: 1}
+    assert after.assigned == {B} and after.positions() == {B: 3} and after.flow_paused == set()
+    gone = after.forgotten([B], "lost")
+    assert gone.unassigned == Unassigned(10.0, "lost") and after.unassigned is None
