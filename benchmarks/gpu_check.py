@@ -688,7 +688,7 @@ def check_bf16(ctx: Context) -> Row:
 def check_decode_processes(ctx: Context) -> Row:
     if ctx.args.smoke:
         return Row("decode processes", status="n/a", note="--smoke starts no decode process")
-    from streamproc.decode import DecodeProcesses, LaneSpec, ProcessDecoder
+    from streamproc.decode import DecodeProcesses, DecodeSpec, ProcessDecoder
 
     label, device = ctx.devices[0]
     model = ctx.model(label, device)
@@ -700,7 +700,7 @@ def check_decode_processes(ctx: Context) -> Row:
     )  # fmt: skip
     processes = DecodeProcesses(2)
     processes.register(
-        "frames", LaneSpec("video", {}, pool.shared_names, pool.shape, pool.dtype.str)
+        "frames", DecodeSpec("video", {}, pool.shared_names, pool.shape, pool.dtype.str)
     )
     processes.start()
     decoder = ProcessDecoder(processes, "frames", 1 << 30)

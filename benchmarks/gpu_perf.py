@@ -254,12 +254,12 @@ def _process_rate(
 ) -> float:
     """``timed`` with ``worker.decode_mode: process``: ``workers`` decode processes writing
     into shared-memory slabs of ``size`` rows."""
-    from streamproc.decode import DecodeProcesses, LaneSpec, ProcessDecoder
+    from streamproc.decode import DecodeProcesses, DecodeSpec, ProcessDecoder
 
     shared = StagingPool(2, size, workload.item_shape, workload.item_dtype, pin=pin, shared=True)
     processes = DecodeProcesses(workers)
     processes.register(
-        "frames", LaneSpec("video", {}, shared.shared_names, shared.shape, shared.dtype.str)
+        "frames", DecodeSpec("video", {}, shared.shared_names, shared.shape, shared.dtype.str)
     )
     processes.start()
     try:

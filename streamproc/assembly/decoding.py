@@ -17,8 +17,8 @@ from streamproc.decode import (
     DecodeRoutePolicy,
     DecodeSizer,
     DecodeSizingPolicy,
+    DecodeSpec,
     DecodeThreads,
-    LaneSpec,
     ProcessDecoder,
     ThreadDecoder,
 )
@@ -128,7 +128,7 @@ class ProcessDecoding:
         topic = spec.input_topic
         self.processes.register(
             topic,
-            LaneSpec(
+            DecodeSpec(
                 spec.workload,
                 dict(spec.options),
                 staging.shared_names,

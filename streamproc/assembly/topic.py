@@ -131,13 +131,13 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
         raise ConfigError(f"pipelines[{spec.name!r}]: {exc}") from exc
     staging = build_staging_pool(workload, shared)
     decoder = shared.decoding.decoder(spec, workload, staging)
-    topic, metrics, worker = spec.input_topic, shared.metrics, shared.config.worker
+    topic, metrics, settings = spec.input_topic, shared.metrics, shared.config.worker
     metrics.pool_capacity.labels(topic).set(staging.capacity)
     metrics.pool_allocations.labels(topic).set(staging.allocations)
     lane = build_lane(spec, workload, shared)
     labels = [device.label for device in shared.devices]
     load = DeviceLoad(
-        topic, labels, worker.max_in_flight_batches, worker.device_stall_timeout_s, metrics
+        topic, labels, settings.max_in_flight_batches, settings.device_stall_timeout_s, metrics
     )
     model: VersionedModel | None = None
     if spec.model is not None:
@@ -245,13 +245,13 @@ def build_device_worker(
     """The pipeline's worker on ``device`` with its own model instance (``model``: the
     workload's, or the serving version's on that device); ``completed`` gets each batch it
     completes; ``hold`` what it does while the model is judged broken."""
-    worker, topic, admission = shared.config.worker, spec.input_topic, shared.admission
+    settings, topic, admission = shared.config.worker, spec.input_topic, shared.admission
     return DeviceWorker(
         model,
         device.device,
         staging,
-        worker.max_in_flight_batches,
-        worker.cuda_streams,
+        settings.max_in_flight_batches,
+        settings.cuda_streams,
         completed,
         shared.on_fatal,
         label=device.label,
@@ -260,8 +260,8 @@ def build_device_worker(
             if admission is None
             else admission.gate(device.device, topic, device.label, shared.metrics)
         ),
-        on_model_failure=worker.on_model_failure,
-        oom_recovery_s=worker.oom_recovery_s,
+        on_model_failure=settings.on_model_failure,
+        oom_recovery_s=settings.oom_recovery_s,
         on_cap=cap_reporter(lane, device.label, shared),
         on_outcome=outcome_counter(topic, device.label, shared.metrics),
         hold=hold,

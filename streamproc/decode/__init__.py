@@ -32,7 +32,7 @@ slices as there are decode workers at that moment and reports each batch decoded
 sizer. Measured trade-offs: ``docs/benchmarks.md``.
 """
 
-from streamproc.decode.process_child import LaneSpec
+from streamproc.decode.process_child import DecodeSpec
 from streamproc.decode.processes import DecodeProcesses, ProcessDecoder
 from streamproc.decode.protocol import Decoder, DecodeSample, DecodeSlab, Failures, OnSample
 from streamproc.decode.route import DecodeRoutePolicy, Route, RouteChange
@@ -46,11 +46,11 @@ __all__ = [
     "DecodeSizer",
     "DecodeSizingPolicy",
     "DecodeSlab",
+    "DecodeSpec",
     "DecodeThreads",
     "DecodeWorkers",
     "Decoder",
     "Failures",
-    "LaneSpec",
     "OnSample",
     "ProcessDecoder",
     "Resize",

@@ -26,7 +26,7 @@ from streamproc.workloads import Workload, load_workload
 
 
 @dataclass(frozen=True)
-class LaneSpec:
+class DecodeSpec:
     """What a decode process needs to serve one pipeline: how to build its workload and where
     its staging slabs live.
 
@@ -58,7 +58,7 @@ _ATTACHED: list[shared_memory.SharedMemory] = []
 _SCHEMAS: WriterSchemas | None = None
 
 
-def init_process(lanes: dict[str, LaneSpec], parent_pid: int) -> None:
+def init_process(lanes: dict[str, DecodeSpec], parent_pid: int) -> None:
     """Decode-process initializer: detach from terminal signals, watch the parent, build each
     lane's workload and map its slabs."""
     # Ctrl-C or a stop signal sent to the whole process group must reach only the consumer,

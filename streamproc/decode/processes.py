@@ -23,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from streamproc.decode import process_child
-from streamproc.decode.process_child import LaneSpec
+from streamproc.decode.process_child import DecodeSpec
 from streamproc.decode.protocol import DecodeSample, DecodeSlab, Failures, OnSample
 from streamproc.decode.rows import oversized, row_slices
 from streamproc.errors import DecodeError
@@ -56,7 +56,7 @@ class DecodeProcesses:
             raise ValueError(f"decode processes: need at least 1, got {workers}")
         self._start_count = workers
         self.generation = 0  # bumped by every restart of a process that died
-        self._lanes: dict[str, LaneSpec] = {}
+        self._lanes: dict[str, DecodeSpec] = {}
         self._executors: list[ProcessPoolExecutor] = []
         self._pids: dict[int, int] = {}  # id(executor) -> pid of its process
         self._lock = threading.Lock()  # a leaf: dispatchers of several pipelines share this
@@ -73,7 +73,7 @@ class DecodeProcesses:
         with self._lock:
             return [self._pids[id(e)] for e in self._executors]
 
-    def register(self, lane: str, spec: LaneSpec) -> None:
+    def register(self, lane: str, spec: DecodeSpec) -> None:
         """Serve ``lane`` as ``spec`` says, in every process started from now on.
 
         Raises:

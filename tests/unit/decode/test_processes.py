@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from streamproc.decode.process_child import LaneSpec
+from streamproc.decode.process_child import DecodeSpec
 from streamproc.decode.processes import DecodeProcesses, ProcessDecoder
 from streamproc.decode.threads import DecodeThreads, ThreadDecoder
 from streamproc.device import StagingPool
@@ -33,7 +33,7 @@ def shared_pool() -> Iterator[StagingPool]:
 def _processes(pool: StagingPool, workload: str, workers: int = 2) -> DecodeProcesses:
     processes = DecodeProcesses(workers)
     processes.register(
-        "trades", LaneSpec(workload, {}, pool.shared_names, pool.shape, pool.dtype.str)
+        "trades", DecodeSpec(workload, {}, pool.shared_names, pool.shape, pool.dtype.str)
     )
     processes.start()
     return processes
@@ -93,7 +93,7 @@ def test_a_slice_that_kills_its_process_twice_is_dead_lettered_others_are_retrie
 
 _ORPHAN_SCRIPT = """
 import sys
-from streamproc.decode import DecodeProcesses, LaneSpec, ProcessDecoder
+from streamproc.decode import DecodeProcesses, DecodeSpec, ProcessDecoder
 from streamproc.records import Record, TopicPartition
 from tests.support.kafka_fakes import FakeClock
 from streamproc.device import StagingPool
@@ -103,7 +103,7 @@ if __name__ == "__main__":
     w = load_workload("trades")
     pool = StagingPool(2, 4, w.item_shape, w.item_dtype, pin=False, shared=True)
     processes = DecodeProcesses(2)
-    processes.register("t", LaneSpec("trades", {}, pool.shared_names, pool.shape, pool.dtype.str))
+    processes.register("t", DecodeSpec("trades", {}, pool.shared_names, pool.shape, pool.dtype.str))
     processes.start()
     print(" ".join(str(p) for p in processes.pids()), flush=True)
     decoder = ProcessDecoder(processes, "t", 1 << 20)
