@@ -31,6 +31,12 @@ Pinned memory is allocated pageable and page-locked in place at its exact size
 host allocator, which rounds each block up to a power of two (a 9.6 MB slab pins 16 MB, and
 pinned memory cannot be swapped).
 
+The device specifics the rest of the package needs outside a worker are functions here too: a
+version's memory check (:func:`free_memory_bytes`), its loading and warm-up off the serving
+streams (:func:`side_stream`, :func:`on_stream`, :func:`settle`), and a shadowed call's timing
+(:class:`Stopwatch`); outside this module only the precision's capability checks
+(``models/precision.py``) and the device count (``dispatch/selection.py``) ask ``torch.cuda``.
+
 Ownership: a backend belongs to one device worker. :meth:`~DeviceBackend.launch`,
 :meth:`~DeviceBackend.record`, :meth:`~DeviceBackend.host_empty` and
 :meth:`~DeviceBackend.set_yielding` run on its device thread (warm-up and calibration too);
@@ -47,6 +53,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import psutil  # type: ignore[import-untyped]  # no stubs in the lock
 import torch
 
 from streamproc.device.intra_op import IntraOpThreads
@@ -338,6 +345,90 @@ class CudaBackend:
 
     register_host = staticmethod(register_host)
     unregister_host = staticmethod(unregister_host)
+
+
+def cuda_free_bytes(driver_free: int, reserved: int, allocated: int) -> int:
+    """Bytes free for a new version on a GPU: what the driver reports free plus the blocks
+    PyTorch's caching allocator reserved and holds no tensor in (it hands those out before
+    asking the driver for more).
+
+    Args:
+        driver_free: ``torch.cuda.mem_get_info(device)[0]``, bytes.
+        reserved: ``torch.cuda.memory_reserved(device)``, bytes held by the caching allocator.
+        allocated: ``torch.cuda.memory_allocated(device)``, bytes of live tensors in them.
+    """
+    return driver_free + max(0, reserved - allocated)
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Bytes free for a new version on ``device``: on CUDA the driver's free memory plus the
+    caching allocator's cached-but-free blocks (:func:`cuda_free_bytes`; a predecessor let go
+    leaves its blocks cached, and the driver counts them as used), else the host's available
+    memory."""
+    if device.type == "cuda":
+        return cuda_free_bytes(
+            int(torch.cuda.mem_get_info(device)[0]),
+            int(torch.cuda.memory_reserved(device)),
+            int(torch.cuda.memory_allocated(device)),
+        )
+    return int(psutil.virtual_memory().available)
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A new stream on a CUDA ``device`` (None elsewhere) that first waits for the work this
+    thread queued on its current stream there (the version's weights copied and converted
+    while it was loaded): PyTorch's streams do not wait for one another by themselves."""
+    if device.type != "cuda":
+        return None
+    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # unannotated in torch
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return stream
+
+
+def settle(device: torch.device) -> None:
+    """Wait until the work this thread queued on a CUDA ``device``'s current stream is done
+    (nothing elsewhere): a loaded version is handed to the device threads, which run it on
+    their own streams, only once its weights are in place."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
+    """Work queued inside goes to ``stream`` (None: where it would go anyway)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+class Stopwatch:
+    """Elapsed seconds between marks: CUDA timing events on a CUDA device (read once the
+    stream passed them), else the host clock (the CPU calls are synchronous).
+
+    Args:
+        device: where the timed calls run.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._marks: list[object] = []
+
+    def mark(self) -> None:
+        """A mark now (on the device's current stream for CUDA)."""
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def seconds(self, first: int, second: int) -> float:
+        """Seconds from mark ``first`` to mark ``second`` (indexes in order of marking;
+        waits for the second on CUDA)."""
+        a, b = self._marks[first], self._marks[second]
+        if self._cuda:
+            assert isinstance(a, torch.cuda.Event) and isinstance(b, torch.cuda.Event)
+            b.synchronize()
+            return float(a.elapsed_time(b)) / 1000.0
+        assert isinstance(a, float) and isinstance(b, float)
+        return b - a
 
 
 def backend_for(device: torch.device, streams: int) -> DeviceBackend:

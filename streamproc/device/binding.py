@@ -25,11 +25,11 @@ stream; on a CPU from the clock around the synchronous calls).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
+from streamproc.device.backend import Stopwatch
 from streamproc.device.recovery import is_out_of_memory
 from streamproc.errors import ModelError
 from streamproc.workloads.base import ModelFn
@@ -80,38 +80,12 @@ class ShadowOutcome:
     error: str | None = None
 
 
-class _Clock:
-    """Elapsed seconds between two marks: CUDA timing events on a CUDA tensor's device (read
-    once the stream passed them), else the host clock (the CPU calls are synchronous)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self._marks: list[object] = []
-
-    def mark(self) -> None:
-        if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            event.record()
-            self._marks.append(event)
-        else:
-            self._marks.append(time.perf_counter())
-
-    def seconds(self, first: int, second: int) -> float:
-        a, b = self._marks[first], self._marks[second]
-        if self._cuda:
-            assert isinstance(a, torch.cuda.Event) and isinstance(b, torch.cuda.Event)
-            b.synchronize()
-            return float(a.elapsed_time(b)) / 1000.0
-        assert isinstance(a, float) and isinstance(b, float)
-        return b - a
-
-
 @dataclass
 class _Shadowed:
     """A shadowed call's record: its clock (marks 0, 1, 2 around the two calls), which ran
     first, and the agreeing-row count (a device tensor) or the candidate's error."""
 
-    clock: _Clock
+    clock: Stopwatch
     shadow_first: bool
     agreed: torch.Tensor | None
     error: str | None
@@ -159,7 +133,7 @@ class BoundCall:
         """The serving call and the candidate's on the same rows, in the binding's order (the
         second call finds the rows in the caches: alternating keeps the latency ratio fair).
         A candidate is never in probation's company: no fallback here."""
-        clock = _Clock(x.device)
+        clock = Stopwatch(x.device)
         clock.mark()
         if serving.shadow_first:
             candidate, error = _run(shadow, x)

@@ -12,12 +12,12 @@ import importlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
-import psutil  # type: ignore[import-untyped]  # no stubs in the lock
 import torch
 
+from streamproc.device.backend import free_memory_bytes, on_stream, settle, side_stream
 from streamproc.errors import StreamprocError
 from streamproc.models.precision import build_model
 from streamproc.models.sources import ModelVersionFiles
@@ -106,33 +106,6 @@ def module_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def cuda_free_bytes(driver_free: int, reserved: int, allocated: int) -> int:
-    """Bytes free for a new version on a GPU: what the driver reports free plus the blocks
-    PyTorch's caching allocator reserved and holds no tensor in (it hands those out before
-    asking the driver for more).
-
-    Args:
-        driver_free: ``torch.cuda.mem_get_info(device)[0]``, bytes.
-        reserved: ``torch.cuda.memory_reserved(device)``, bytes held by the caching allocator.
-        allocated: ``torch.cuda.memory_allocated(device)``, bytes of live tensors in them.
-    """
-    return driver_free + max(0, reserved - allocated)
-
-
-def free_memory_bytes(device: torch.device) -> int:
-    """Bytes free for a new version on ``device``: on CUDA the driver's free memory plus the
-    caching allocator's cached-but-free blocks (:func:`cuda_free_bytes`; a predecessor let go
-    leaves its blocks cached, and the driver counts them as used), else the host's available
-    memory."""
-    if device.type == "cuda":
-        return cuda_free_bytes(
-            int(torch.cuda.mem_get_info(device)[0]),
-            int(torch.cuda.memory_reserved(device)),
-            int(torch.cuda.memory_allocated(device)),
-        )
-    return int(psutil.virtual_memory().available)
-
-
 def check_memory(
     files: ModelVersionFiles, devices: Sequence[torch.device], headroom: float, serving_bytes: int
 ) -> None:
@@ -177,7 +150,7 @@ def output_signature(
     stream = side_stream(device)
     for size in sizes:
         try:
-            with torch.inference_mode(), _on(stream):
+            with torch.inference_mode(), on_stream(stream):
                 # made on the side stream: filled before the call reads it, in stream order,
                 # and its memory is not reused by another stream while the call runs
                 x = torch.zeros((size, *workload.item_shape), dtype=dtype, device=device)
@@ -196,37 +169,6 @@ def output_signature(
             )
         signature = signature_of(outputs)
     return signature
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """A new stream on a CUDA ``device`` (None elsewhere) that first waits for the work this
-    thread queued on its current stream there (the version's weights copied and converted
-    while it was loaded): PyTorch's streams do not wait for one another by themselves."""
-    if device.type != "cuda":
-        return None
-    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # unannotated in torch
-    stream.wait_stream(torch.cuda.current_stream(device))
-    return stream
-
-
-def settle(device: torch.device) -> None:
-    """Wait until the work this thread queued on a CUDA ``device``'s current stream is done
-    (nothing elsewhere): a loaded version is handed to the device threads, which run it on
-    their own streams, only once its weights are in place."""
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-
-
-def _on(stream: torch.cuda.Stream | None) -> Any:
-    return torch.cuda.stream(stream) if stream is not None else _Nothing()
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def load_version(

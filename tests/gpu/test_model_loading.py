@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamproc.models.loading import free_memory_bytes, load_version, output_signature
+from streamproc.device.backend import free_memory_bytes
+from streamproc.models.loading import load_version, output_signature
 from streamproc.models.sources import FolderSource
 from streamproc.workloads.iot import IotWorkload
 from tests.support.model_versions import iot_module, write_version

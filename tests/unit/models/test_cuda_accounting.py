@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from streamproc.config.sections import ModelConfig
+from streamproc.device import backend
 from streamproc.metrics import Metrics
-from streamproc.models import loading
 from streamproc.models.loading import LoadedVersion, VersionRefused, check_memory
 from streamproc.models.manager import ModelManager
 from streamproc.models.sources import FolderSource, ModelVersionFiles
@@ -34,7 +34,7 @@ def gpu_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("gpu_numbers")
 def test_cached_but_free_blocks_count_as_free_on_a_gpu() -> None:
-    assert loading.free_memory_bytes(CUDA) == 3 * GIB
+    assert backend.free_memory_bytes(CUDA) == 3 * GIB
 
 
 @pytest.mark.usefixtures("gpu_numbers")
