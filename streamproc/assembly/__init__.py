@@ -125,8 +125,16 @@ def assemble(
         raise
     lanes = {stages.topic: stages.lane for stages in topics}
     sink.watch_latency(lanes)
-    source = Source(config, lanes, tracker, guarantee, metrics, on_fatal, consumer_factory)
-    shared.commit_now.bind(source.request_commit)
+    source = Source(
+        config,
+        lanes,
+        tracker,
+        guarantee,
+        metrics,
+        on_fatal,
+        consumer_factory,
+        control=shared.control,
+    )
     dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)
     lag = build_lag_monitor(config, source, tracker, metrics, topics)
     managers = {

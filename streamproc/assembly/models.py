@@ -123,7 +123,7 @@ def version_boundary(shared: Shared) -> Callable[[], None] | None:
     the open transaction ended, the source thread asked to commit it now); None: nothing."""
     # never longer than a drain may take (a switch while stopping, the source thread gone)
     timeout_s = min(BOUNDARY_TIMEOUT_S, shared.config.shutdown_timeout_s / 2)
-    boundary = shared.guarantee.boundary(shared.commit_now, timeout_s)
+    boundary = shared.guarantee.boundary(shared.control.request_commit, timeout_s)
     if boundary is None:
         return None
 

@@ -14,6 +14,7 @@ from streamproc.config import Config
 from streamproc.config.sections import Scalar
 from streamproc.dispatch.admission import DeviceAdmission
 from streamproc.dispatch.selection import DeviceSpec
+from streamproc.intake.source import SourceControl
 from streamproc.kafka.protocols import ProducerFactory
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
@@ -32,22 +33,6 @@ OnFatal = Callable[[BaseException], None]
 """Called by any stage, from any thread, when the process must stop."""
 
 
-class CommitNow:
-    """Asks the source thread to commit now (a model version switch under exactly-once closes
-    the open transaction); the source is built after the stages that ask, so it is bound
-    late (:meth:`bind`). Before that, a call does nothing."""
-
-    def __init__(self) -> None:
-        self._request: Callable[[], None] | None = None
-
-    def bind(self, request: Callable[[], None]) -> None:
-        self._request = request
-
-    def __call__(self) -> None:
-        if self._request is not None:
-            self._request()
-
-
 @dataclass(frozen=True)
 class Shared:
     """The stages every pipeline shares, with the config and the fatal-error hook."""
@@ -62,7 +47,8 @@ class Shared:
     admission: DeviceAdmission | None
     on_fatal: OnFatal
     schemas: WriterSchemas | None = None  # the Schema Registry's writer schemas, when one is set
-    commit_now: CommitNow = field(default_factory=CommitNow)
+    control: SourceControl = field(default_factory=SourceControl)
+    """The source thread's control queue (a version switch asks it for a commit)."""
 
 
 def late_results_reporter(metrics: Metrics) -> LateHook:

@@ -95,6 +95,30 @@ def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
     }
 
 
+class SourceControl:
+    """The source thread's control queue: what other threads ask of it (thread-safe puts,
+    taken by the source thread between polls). Made before the source, so the stages built
+    earlier can hold it (a model version switch asks for a commit) without binding late.
+    """
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
+
+    def apply(self, flow: FlowControl) -> None:
+        """Queue a flow-control change (nothing when it changes nothing)."""
+        if flow:
+            self.queue.put(flow)
+
+    def request_commit(self) -> None:
+        """Commit now rather than at the next ``commit_interval_ms`` (under exactly-once this
+        closes the open transaction: a model version switch asks for it)."""
+        self.queue.put(_COMMIT_NOW)
+
+    def stop_fetching(self) -> None:
+        """Pause every assigned partition; polling (and group membership) continues."""
+        self.queue.put(_STOP_FETCHING)
+
+
 class Source:
     """Consumer thread for all lanes of one process.
 
@@ -109,6 +133,7 @@ class Source:
         clock: monotonic clock in seconds.
         wall_clock: wall clock in seconds since the epoch (records' deadlines are epoch
             milliseconds: converted to ``clock`` once per record at intake).
+        control: its control queue (default: its own).
 
     Raises:
         ConfigError: librdkafka refused a key or value under ``kafka.consumer``.
@@ -125,6 +150,7 @@ class Source:
         consumer_factory: ConsumerFactory = Consumer,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        control: SourceControl | None = None,
     ) -> None:
         self._config = config
         self._wall_clock = wall_clock
@@ -134,7 +160,8 @@ class Source:
         self._clock = clock
         self._committer = guarantee.committer
         self._tracker = tracker
-        self._control: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
+        self.control = control or SourceControl()
+        self._control = self.control.queue
         self._stop = threading.Event()
         self._last_poll_s = clock()
         self._last_input_s = clock()
@@ -196,18 +223,16 @@ class Source:
         self._thread.start()
 
     def apply(self, flow: FlowControl) -> None:
-        """Queue a flow-control change for the source thread (thread-safe)."""
-        if flow:
-            self._control.put(flow)
+        """Queue a flow-control change for the source thread (:meth:`SourceControl.apply`)."""
+        self.control.apply(flow)
 
     def request_commit(self) -> None:
-        """Commit now rather than at the next ``commit_interval_ms`` (thread-safe; under
-        exactly-once this closes the open transaction: a model version switch asks for it)."""
-        self._control.put(_COMMIT_NOW)
+        """Commit now (:meth:`SourceControl.request_commit`)."""
+        self.control.request_commit()
 
     def stop_fetching(self) -> None:
-        """Pause every assigned partition; polling (and group membership) continues."""
-        self._control.put(_STOP_FETCHING)
+        """Pause every assigned partition (:meth:`SourceControl.stop_fetching`)."""
+        self.control.stop_fetching()
 
     def close(self, timeout_s: float) -> None:
         """Commit final watermarks, close the consumer (leaving the group), join the thread."""
