@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from training import fit, save_weights
 
 from streamproc.workloads.iot import (
     WEIGHTS,
@@ -38,21 +39,18 @@ def main() -> None:
     flat = torch.from_numpy(series[:cut])
     mean, std = flat.mean(dim=0), flat.std(dim=0).clamp_min(1e-3)
     model = SensorAutoencoder()
-    optimiser = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-5)
-    for epoch in range(EPOCHS):
-        model.train()
-        order = torch.from_numpy(rng.permutation(len(train)))
-        for start in range(0, len(train), 128):
-            batch = train[order[start : start + 128]]
-            loss = reconstruction_error(model, batch, mean, std).mean()
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
-        if epoch % 25 == 0 or epoch == EPOCHS - 1:
-            with torch.no_grad():
-                val_loss = reconstruction_error(model.eval(), val, mean, std).mean()
-            print(f"epoch {epoch:3d} train {loss.item():.4f} val {val_loss.item():.4f}")
-    model.eval()
+    fit(
+        model,
+        train,
+        val,
+        lambda m, rows: reconstruction_error(m, rows, mean, std),
+        rng,
+        epochs=EPOCHS,
+        batch_size=128,
+        lr=1e-3,
+        weight_decay=1e-5,
+        report_every=25,
+    )
     with torch.no_grad():
         val_scores = reconstruction_error(model, val, mean, std)
         # windows whose samples are shuffled in time: same values, broken dynamics
@@ -68,23 +66,17 @@ def main() -> None:
         "train_windows": len(train),
         "val_windows": len(val),
     }
-    for key, value in metrics.items():
-        print(f"{key:28s} {value}")
-    WEIGHTS.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "mean": mean,
-            "std": std,
-            "threshold": threshold,
-            "metrics": metrics,
-            "seed": SEED,
-            "window": WINDOW,
-            "data": "bokeh-sampledata cycling.csv.gz (CC0), first 70% train / last 30% val",
-        },
+    save_weights(
         WEIGHTS,
+        model,
+        mean,
+        std,
+        threshold,
+        metrics,
+        SEED,
+        window=WINDOW,
+        data="bokeh-sampledata cycling.csv.gz (CC0), first 70% train / last 30% val",
     )
-    print(f"wrote {WEIGHTS}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from training import fit, save_weights
 
 from streamproc.workloads.trades import (
     SPLIT_DATE,
@@ -64,20 +65,17 @@ def main() -> None:
     val = torch.from_numpy(x[~is_train])
     mean, std = train.mean(dim=0), train.std(dim=0).clamp_min(1e-3)
     model = TradeAutoencoder()
-    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for epoch in range(EPOCHS):
-        model.train()
-        order = torch.from_numpy(rng.permutation(len(train)))
-        for start in range(0, len(train), 256):
-            loss = score(model, train[order[start : start + 256]], mean, std).mean()
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
-        if epoch % 10 == 0 or epoch == EPOCHS - 1:
-            with torch.no_grad():
-                val_loss = score(model.eval(), val, mean, std).mean()
-            print(f"epoch {epoch:3d} train {loss.item():.4f} val {val_loss.item():.4f}")
-    model.eval()
+    fit(
+        model,
+        train,
+        val,
+        lambda m, rows: score(m, rows, mean, std),
+        rng,
+        epochs=EPOCHS,
+        batch_size=256,
+        lr=3e-3,
+        report_every=10,
+    )
     with torch.no_grad():
         val_scores = score(model, val, mean, std).numpy()
     threshold = float(np.quantile(val_scores, 0.99))
@@ -92,23 +90,17 @@ def main() -> None:
         "train_trades": int(is_train.sum()),
         "val_trades": int((~is_train).sum()),
     }
-    for key, value in metrics.items():
-        print(f"{key:28s} {value}")
-    WEIGHTS.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "mean": mean,
-            "std": std,
-            "threshold": threshold,
-            "metrics": metrics,
-            "seed": SEED,
-            "split_date": SPLIT_DATE,
-            "data": "bokeh-sampledata stocks.csv.gz (public domain), AAPL GOOG IBM MSFT",
-        },
+    save_weights(
         WEIGHTS,
+        model,
+        mean,
+        std,
+        threshold,
+        metrics,
+        SEED,
+        split_date=SPLIT_DATE,
+        data="bokeh-sampledata stocks.csv.gz (public domain), AAPL GOOG IBM MSFT",
     )
-    print(f"wrote {WEIGHTS}")
 
 
 if __name__ == "__main__":
