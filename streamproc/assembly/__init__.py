@@ -34,14 +34,13 @@ from streamproc.assembly.shared import (
     OnFatal,
     Shared,
     admin_settings,
-    build_admission,
     build_output,
-    build_writer_schemas,
     late_results_reporter,
 )
 from streamproc.assembly.topic import TopicStages, build_dispatcher, build_topic_stages
 from streamproc.config import Config
 from streamproc.device import DeviceWorker
+from streamproc.dispatch.admission import DeviceAdmission
 from streamproc.dispatch.dispatcher import Dispatcher
 from streamproc.dispatch.selection import select_devices
 from streamproc.errors import ConfigError
@@ -54,6 +53,7 @@ from streamproc.metrics import Metrics
 from streamproc.models.admin import AdminApi
 from streamproc.models.manager import ModelManager
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.schemas.writers import WriterSchemas
 
 log = get_logger(__name__)
 
@@ -106,14 +106,17 @@ def assemble(
     """
     metrics = Metrics()
     tracker = OffsetTracker(on_late=late_results_reporter(metrics))
-    devices = select_devices(config.worker.device, config.worker.devices)
     registry = config.schema_registry
     settings = registry.client_settings() if config.schema_managed else None
     backoff_s = (registry.retry_backoff_s, registry.retry_backoff_max_s)
     decoding = build_decoding(config.worker, metrics, settings, backoff_s)
     guarantee, sink = build_output(config, tracker, metrics, on_fatal, producer_factory)
-    admission = build_admission(config)
-    schemas = build_writer_schemas(config)
+    devices = select_devices(config.worker.device, config.worker.devices)
+    worker = config.worker
+    admission = DeviceAdmission.if_needed(
+        worker.priority_admission, len(config.pipelines), worker.priority_max_defer_ms / 1000.0
+    )
+    schemas = None if settings is None else WriterSchemas.probed(settings, *backoff_s)
     shared = Shared(
         config, metrics, tracker, devices, decoding, guarantee, sink, admission, on_fatal, schemas
     )

@@ -121,37 +121,6 @@ def build_output(
     return guarantee, sink
 
 
-def build_writer_schemas(config: Config) -> WriterSchemas | None:
-    """The writer schemas of ``schema_registry`` (one cache for every pipeline's decode
-    threads), the registry probed; None when no pipeline reads a schema-managed format.
-
-    Raises:
-        ConfigError: the registry answered the probe with a client error (wrong URL path,
-            credentials).
-    """
-    if not config.schema_managed:
-        return None
-    registry = config.schema_registry
-    schemas = WriterSchemas(
-        registry.client_settings(), registry.retry_backoff_s, registry.retry_backoff_max_s
-    )
-    try:
-        schemas.probe()
-    except BaseException:
-        schemas.close()
-        raise
-    return schemas
-
-
-def build_admission(config: Config) -> DeviceAdmission | None:
-    """One launch order per device across lanes (``worker.priority_admission``); None with a
-    single pipeline or with the admission off."""
-    worker = config.worker
-    if not worker.priority_admission or len(config.pipelines) < 2:
-        return None
-    return DeviceAdmission(worker.priority_max_defer_ms / 1000.0)
-
-
 def admin_settings(config: Config) -> dict[str, Scalar]:
     """What the admin clients and the lag monitor's probe consumer connect with: the brokers
     and the ``security.*``, ``sasl.*``, ``ssl.*`` and ``client.*`` settings of

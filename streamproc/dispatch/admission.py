@@ -144,6 +144,13 @@ class DeviceAdmission:
         ValueError: a negative ``max_defer_s`` or ``active_s``.
     """
 
+    @classmethod
+    def if_needed(cls, on: bool, lanes: int, max_defer_s: float) -> DeviceAdmission | None:
+        """The admission where lanes can compete for a device: ``on``
+        (``worker.priority_admission``) and two lanes or more; else None (each lane's launches
+        go as they come)."""
+        return cls(max_defer_s) if on and lanes > 1 else None
+
     def __init__(
         self,
         max_defer_s: float = MAX_DEFER_S,

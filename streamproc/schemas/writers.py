@@ -64,6 +64,24 @@ class WriterSchemas:
         self._closed = threading.Event()
         self.outages = 0  # lookups that had to wait for the registry (for tests and metrics)
 
+    @classmethod
+    def probed(
+        cls, settings: Mapping[str, Any], backoff_s: float, max_backoff_s: float
+    ) -> WriterSchemas:
+        """Writer schemas over the registry ``settings`` (the ``SchemaRegistryClient``'s), the
+        registry probed (:meth:`probe`; closed again if that raises).
+
+        Raises:
+            ConfigError: the registry answered the probe with a client error.
+        """
+        schemas = cls(settings, backoff_s, max_backoff_s)
+        try:
+            schemas.probe()
+        except BaseException:
+            schemas.close()
+            raise
+        return schemas
+
     def get(self, schema_id: int) -> Schema:
         """The schema registered under ``schema_id``.
 

@@ -10,9 +10,10 @@ import pytest
 
 from streamproc.assembly import METRICS_PORTS_TRIED, build_health
 from streamproc.assembly.decoding import ProcessDecoding, ThreadDecoding
-from streamproc.assembly.shared import admin_settings, build_admission, late_results_reporter
+from streamproc.assembly.shared import admin_settings, late_results_reporter
 from streamproc.config import Config, load_config
 from streamproc.config.sections import MetricsConfig
+from streamproc.dispatch.admission import DeviceAdmission
 from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
 from streamproc.pipeline import Pipeline, State
@@ -67,9 +68,16 @@ def test_decode_processes_share_the_staging_slabs() -> None:
 
 
 def test_admission_only_where_several_pipelines_have_it_on() -> None:
-    assert build_admission(_config([TRADES, IOT])) is not None
-    assert build_admission(_config([TRADES])) is None
-    assert build_admission(_config([TRADES, IOT], worker={"priority_admission": False})) is None
+    def admission(config: Config) -> DeviceAdmission | None:
+        worker = config.worker
+        return DeviceAdmission.if_needed(
+            worker.priority_admission, len(config.pipelines), worker.priority_max_defer_ms / 1e3
+        )
+
+    both = admission(_config([TRADES, IOT]))
+    assert both is not None and both.max_defer_s == 0.25  # priority_max_defer_ms: 250
+    assert admission(_config([TRADES])) is None
+    assert admission(_config([TRADES, IOT], worker={"priority_admission": False})) is None
 
 
 def test_admin_settings_carry_the_brokers_and_the_security_settings_only() -> None:
