@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from training import fit, save_weights
+from training import Schedule, fit, save_weights
 
 from streamproc.workloads.iot import (
     WEIGHTS,
@@ -25,7 +25,8 @@ from streamproc.workloads.iot import (
 from streamproc.workloads.sampledata import cycling
 
 SEED = 0
-EPOCHS = 150
+SCHEDULE = Schedule(epochs=150, batch_size=128, lr=1e-3, report_every=25, weight_decay=1e-5)
+DATA = "bokeh-sampledata cycling.csv.gz (CC0), first 70% train / last 30% val"
 TRAIN_FRACTION = 0.7
 
 
@@ -39,18 +40,7 @@ def main() -> None:
     flat = torch.from_numpy(series[:cut])
     mean, std = flat.mean(dim=0), flat.std(dim=0).clamp_min(1e-3)
     model = SensorAutoencoder()
-    fit(
-        model,
-        train,
-        val,
-        lambda m, rows: reconstruction_error(m, rows, mean, std),
-        rng,
-        epochs=EPOCHS,
-        batch_size=128,
-        lr=1e-3,
-        weight_decay=1e-5,
-        report_every=25,
-    )
+    fit(model, train, val, lambda m, rows: reconstruction_error(m, rows, mean, std), rng, SCHEDULE)
     with torch.no_grad():
         val_scores = reconstruction_error(model, val, mean, std)
         # windows whose samples are shuffled in time: same values, broken dynamics
@@ -66,17 +56,7 @@ def main() -> None:
         "train_windows": len(train),
         "val_windows": len(val),
     }
-    save_weights(
-        WEIGHTS,
-        model,
-        mean,
-        std,
-        threshold,
-        metrics,
-        SEED,
-        window=WINDOW,
-        data="bokeh-sampledata cycling.csv.gz (CC0), first 70% train / last 30% val",
-    )
+    save_weights(WEIGHTS, model, mean, std, threshold, metrics, SEED, window=WINDOW, data=DATA)
 
 
 if __name__ == "__main__":

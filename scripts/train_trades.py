@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from training import fit, save_weights
+from training import Schedule, fit, save_weights
 
 from streamproc.workloads.trades import (
     SPLIT_DATE,
@@ -27,7 +27,8 @@ from streamproc.workloads.trades import (
 )
 
 SEED = 0
-EPOCHS = 40
+SCHEDULE = Schedule(epochs=40, batch_size=256, lr=3e-3, report_every=10)
+DATA = "bokeh-sampledata stocks.csv.gz (public domain), AAPL GOOG IBM MSFT"
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -65,17 +66,7 @@ def main() -> None:
     val = torch.from_numpy(x[~is_train])
     mean, std = train.mean(dim=0), train.std(dim=0).clamp_min(1e-3)
     model = TradeAutoencoder()
-    fit(
-        model,
-        train,
-        val,
-        lambda m, rows: score(m, rows, mean, std),
-        rng,
-        epochs=EPOCHS,
-        batch_size=256,
-        lr=3e-3,
-        report_every=10,
-    )
+    fit(model, train, val, lambda m, rows: score(m, rows, mean, std), rng, SCHEDULE)
     with torch.no_grad():
         val_scores = score(model, val, mean, std).numpy()
     threshold = float(np.quantile(val_scores, 0.99))
@@ -91,15 +82,7 @@ def main() -> None:
         "val_trades": int((~is_train).sum()),
     }
     save_weights(
-        WEIGHTS,
-        model,
-        mean,
-        std,
-        threshold,
-        metrics,
-        SEED,
-        split_date=SPLIT_DATE,
-        data="bokeh-sampledata stocks.csv.gz (public domain), AAPL GOOG IBM MSFT",
+        WEIGHTS, model, mean, std, threshold, metrics, SEED, split_date=SPLIT_DATE, data=DATA
     )
 
 

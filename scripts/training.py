@@ -8,6 +8,7 @@ scripts made them before, so the same seed gives the same weights.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +19,33 @@ Loss = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
 """``loss(model, rows)``: one loss per row, shape ``(rows,)``."""
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """How :func:`fit` trains: ``epochs`` over mini-batches of ``batch_size`` rows, Adam at
+    ``lr`` (``weight_decay``), the losses printed every ``report_every`` epochs."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    report_every: int
+    weight_decay: float = 0.0
+
+
 def fit(
     model: torch.nn.Module,
     train: torch.Tensor,
     val: torch.Tensor,
     loss: Loss,
     rng: np.random.Generator,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    weight_decay: float = 0.0,
-    report_every: int,
+    schedule: Schedule,
 ) -> None:
-    """Adam over shuffled mini-batches of ``train`` for ``epochs``; prints the mean train
-    and ``val`` loss every ``report_every`` epochs and after the last; leaves ``model`` in
-    eval mode."""
-    optimiser = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    """Adam over shuffled mini-batches of ``train`` as ``schedule`` says; prints the mean
+    train and ``val`` loss every ``report_every`` epochs and after the last; leaves ``model``
+    in eval mode."""
+    epochs, batch_size = schedule.epochs, schedule.batch_size
+    optimiser = torch.optim.Adam(
+        model.parameters(), lr=schedule.lr, weight_decay=schedule.weight_decay
+    )
     for epoch in range(epochs):
         model.train()
         order = torch.from_numpy(rng.permutation(len(train)))
@@ -43,7 +54,7 @@ def fit(
             optimiser.zero_grad()
             batch_loss.backward()
             optimiser.step()
-        if epoch % report_every == 0 or epoch == epochs - 1:
+        if epoch % schedule.report_every == 0 or epoch == epochs - 1:
             with torch.no_grad():
                 val_loss = loss(model.eval(), val).mean()
             print(f"epoch {epoch:3d} train {batch_loss.item():.4f} val {val_loss.item():.4f}")
