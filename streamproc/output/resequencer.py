@@ -193,10 +193,11 @@ class Resequencer:
             release()
             self._released(result)
             with self._cond:
-                if not taken:
-                    self._next += 1
                 self._handed = result.batch.batch_id
-                self._cond.notify_all()  # a fused lane waiting to catch up
+                if taken:
+                    self._cond.notify_all()  # a fused lane waiting to catch up
+                else:  # a fused lane's own batch: no one waits for it, the results thread
+                    self._next += 1  # least of all (a wake-up per batch, measured)
 
     def _take(self) -> tuple[DeviceResult, Release] | None:
         """The next batch's result, once here; None when closing and it is not here."""
