@@ -111,20 +111,34 @@ def assemble(
     backoff_s = (registry.retry_backoff_s, registry.retry_backoff_max_s)
     decoding = build_decoding(config.worker, metrics, settings, backoff_s)
     guarantee, sink = build_output(config, tracker, metrics, on_fatal, producer_factory)
-    devices = select_devices(config.worker.device, config.worker.devices)
-    worker = config.worker
-    admission = DeviceAdmission.if_needed(
-        worker.priority_admission, len(config.pipelines), worker.priority_max_defer_ms / 1000.0
-    )
-    schemas = None if settings is None else WriterSchemas.probed(settings, *backoff_s)
-    shared = Shared(
-        config, metrics, tracker, devices, decoding, guarantee, sink, admission, on_fatal, schemas
-    )
+    schemas: WriterSchemas | None = None
     try:
+        devices = select_devices(config.worker.device, config.worker.devices)
+        worker = config.worker
+        admission = DeviceAdmission.if_needed(
+            worker.priority_admission, len(config.pipelines), worker.priority_max_defer_ms / 1e3
+        )
+        schemas = None if settings is None else WriterSchemas.probed(settings, *backoff_s)
+        shared = Shared(
+            config,
+            metrics,
+            tracker,
+            devices,
+            decoding,
+            guarantee,
+            sink,
+            admission,
+            on_fatal,
+            schemas,
+        )
         topics = tuple(build_topic_stages(spec, shared) for spec in config.pipelines)
     except BaseException:
+        # nothing else will close them: the writer schemas' HTTP session, the decode pool, the
+        # producer and the transactional id's host slot (a start tried again gets the same)
         if schemas is not None:
-            schemas.close()  # its HTTP session: nothing else will close it
+            schemas.close()
+        decoding.close()
+        sink.close(0.0)
         raise
     lanes = {stages.topic: stages.lane for stages in topics}
     sink.watch_latency(lanes)

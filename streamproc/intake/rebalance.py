@@ -209,8 +209,8 @@ class RebalanceHandler:
 
     def on_assign(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self.assignment.rebalances["assigned"] += 1  # the next generation copies the counts
         self._start(tps)
-        self.assignment.rebalances["assigned"] += 1
         consumer.incremental_assign(partitions)
         self._check_fresh(consumer, tps)
         if self.assignment.fetching:
@@ -221,6 +221,7 @@ class RebalanceHandler:
 
     def on_revoke(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self.assignment.rebalances["revoked"] += 1
         limits: dict[TopicPartition, int] = {}
         for tp in tps:
             lane = self._lanes.get(tp.topic)
@@ -234,18 +235,17 @@ class RebalanceHandler:
         if not self._committer.commit(consumer, synchronous=True, only=set(tps)):
             self.rewind(consumer)
         self._forget(tps, "revoked")
-        self.assignment.rebalances["revoked"] += 1
         consumer.incremental_unassign(partitions)
         log.info("partitions revoked", partitions=_names(tps))
 
     def on_lost(self, consumer: ConsumerClient, partitions: list[KafkaTopicPartition]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self.assignment.rebalances["lost"] += 1
         for tp in tps:
             lane = self._lanes.get(tp.topic)
             if lane is not None:
                 lane.revoke([tp])
         self._forget(tps, "lost")
-        self.assignment.rebalances["lost"] += 1
         log.warning("partitions lost", partitions=_names(tps))
         if self._committer.abandon() and self.assignment.assigned:
             self.rewind(consumer)

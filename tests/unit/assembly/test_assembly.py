@@ -16,6 +16,7 @@ from streamproc.config.sections import MetricsConfig
 from streamproc.dispatch.admission import DeviceAdmission
 from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
+from streamproc.offsets.identity import claim_transactional_id
 from streamproc.pipeline import Pipeline, State
 from streamproc.records import TopicPartition
 from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory
@@ -132,3 +133,23 @@ def test_processes_of_one_config_on_one_host_take_the_next_free_metrics_port() -
     finally:
         if held is not None:
             held.close()
+
+
+def test_a_stage_that_fails_to_build_gives_back_what_was_built_before_it() -> None:
+    # review of the house pass: the devices were selected after the producer was built; a
+    # device not visible then left the transactional id's host slot held until a garbage
+    # collection, and a retry in the same process got the next slot
+    bad = _config(
+        [TRADES],
+        processing_guarantee="exactly_once",
+        kafka={"bootstrap_servers": "127.0.0.1:9", "group_id": "g-assembly-release"},
+        worker={"devices": ["cuda:63"]},  # not visible, GPU or not
+    )
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="cuda:63"):
+            _pipeline(bad)
+    identity = claim_transactional_id(bad)  # what the next start in this process would get
+    try:
+        assert identity.slot == 0, "a failed start kept its host slot"
+    finally:
+        identity.release()
