@@ -5,12 +5,14 @@ under both guarantees."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
-from streamproc.dispatch.dispatcher import Dispatcher
-from streamproc.dispatch.fusion import LaneRoute
+from streamproc.device import DeviceResult
+from streamproc.dispatch.fusion import FusedRun, StagedRun
 from streamproc.intake.deadlines import DEADLINE_HEADER
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, H_STAGE
 from streamproc.pipeline import Pipeline
@@ -57,6 +59,18 @@ def produce_with_deadlines(bootstrap: str, topic: str) -> dict[str, set[tuple[in
     return kinds
 
 
+def _counted(
+    pass_over: Callable[[Any, DeviceResult], None], whole_cuts: list[Batch]
+) -> Callable[[Any, DeviceResult], None]:
+    """``pass_over`` that also notes each batch it passes over in ``whole_cuts``."""
+
+    def counted(self: Any, result: DeviceResult) -> None:
+        whole_cuts.append(result.batch)
+        pass_over(self, result)
+
+    return counted
+
+
 @pytest.mark.parametrize(
     ("guarantee", "on_expired", "fused_lane"),
     [
@@ -77,13 +91,8 @@ def test_records_past_their_deadline_are_not_run_but_answered_and_committed(
     staged route (``never``) and is handed over on the dispatcher thread on the fused one."""
     kinds = produce_with_deadlines(bootstrap_servers, topics.input)
     whole_cuts: list[Batch] = []
-    pass_over = Dispatcher._pass_over
-
-    def counted(self: Dispatcher, batch: Batch, route: LaneRoute) -> None:
-        whole_cuts.append(batch)
-        pass_over(self, batch, route)
-
-    monkeypatch.setattr(Dispatcher, "_pass_over", counted)
+    for run in (StagedRun, FusedRun):  # either route's pass-over of a cut that expired whole
+        monkeypatch.setattr(run, "pass_over", _counted(run.pass_over, whole_cuts))
     counting.DECODED.clear()
     config = make_config(
         bootstrap_servers,
