@@ -167,7 +167,11 @@ class StagedRun:
         Raises:
             RuntimeError: the lane has no resequencer.
         """
-        _resequencer_of(self._resequencer, result).put(result, nothing_to_release)
+        if self._resequencer is None:
+            raise RuntimeError(
+                f"batch {result.batch.batch_id}: every record expired, no resequencer"
+            )
+        self._resequencer.put(result, nothing_to_release)
 
 
 class FusedRun:
@@ -231,12 +235,6 @@ class FusedRun:
 
 def nothing_to_release() -> None:
     """The release of a batch that ran on no device (no output buffers to give back)."""
-
-
-def _resequencer_of(resequencer: Resequencer | None, result: DeviceResult) -> Resequencer:
-    if resequencer is None:
-        raise RuntimeError(f"batch {result.batch.batch_id}: every record expired, no resequencer")
-    return resequencer
 
 
 class LaneRouter:
