@@ -33,7 +33,7 @@ from streamproc.device import DeviceResult
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
-from streamproc.output.producer import build_producer, producer_settings
+from streamproc.output.producer import ResultsProducer, build_producer, producer_settings
 from streamproc.output.results import ResultHandler
 from streamproc.output.sink import Sink
 from streamproc.records import Batch, Headers, Record, TopicPartition
@@ -88,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     messages = list(itertools.islice(replay_messages(), BATCH * args.batches))
     metrics = Metrics()
     settings = producer_settings({"bootstrap.servers": args.bootstrap})
-    sink = Sink(build_producer(settings), settings, AtLeastOnce(tracker, metrics), metrics, print)
+    producer = ResultsProducer(build_producer(settings), settings, metrics, print)
+    sink = Sink(producer, AtLeastOnce(tracker, metrics), metrics, print)
     sink.start()
     run = uuid.uuid4().hex[:8]
     pipeline = PipelineConfig(

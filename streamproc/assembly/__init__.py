@@ -25,6 +25,7 @@ Build order (each step needs the ones before it)::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -109,16 +110,24 @@ def assemble(
     registry = config.schema_registry
     settings = registry.client_settings() if config.schema_managed else None
     backoff_s = (registry.retry_backoff_s, registry.retry_backoff_max_s)
-    decoding = build_decoding(config.worker, metrics, settings, backoff_s)
-    guarantee, sink = build_output(config, tracker, metrics, on_fatal, producer_factory)
-    schemas: WriterSchemas | None = None
-    try:
+    with contextlib.ExitStack() as release:
+        # A stage that fails to build: what was built before it is given back, newest first
+        # (nothing else would close it: the writer schemas' HTTP session, the decode pool, the
+        # producer and the transactional id's host slot, which a start tried again in this
+        # process would otherwise not get, the staging slabs, the consumer). On success the
+        # pipeline owns them all.
+        decoding = build_decoding(config.worker, metrics, settings, backoff_s)
+        release.callback(decoding.close)
+        guarantee, sink = build_output(config, tracker, metrics, on_fatal, producer_factory)
+        release.callback(sink.close, 0.0)
         devices = select_devices(config.worker.device, config.worker.devices)
         worker = config.worker
         admission = DeviceAdmission.if_needed(
             worker.priority_admission, len(config.pipelines), worker.priority_max_defer_ms / 1e3
         )
         schemas = None if settings is None else WriterSchemas.probed(settings, *backoff_s)
+        if schemas is not None:
+            release.callback(schemas.close)
         shared = Shared(
             config,
             metrics,
@@ -131,42 +140,33 @@ def assemble(
             on_fatal,
             schemas,
         )
-        topics = tuple(build_topic_stages(spec, shared) for spec in config.pipelines)
-    except BaseException:
-        # nothing else will close them: the writer schemas' HTTP session, the decode pool, the
-        # producer and the transactional id's host slot (a start tried again gets the same)
-        if schemas is not None:
-            schemas.close()
-        decoding.close()
-        sink.close(0.0)
-        raise
-    lanes = {stages.topic: stages.lane for stages in topics}
-    sink.watch_latency(lanes)
-    source = Source(
-        config,
-        lanes,
-        tracker,
-        guarantee,
-        metrics,
-        on_fatal,
-        consumer_factory,
-        control=shared.control,
-    )
-    dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)
-    lag = build_lag_monitor(config, source, tracker, metrics, topics)
-    managers = {
-        spec.name: stages.model.manager
-        for spec, stages in zip(config.pipelines, topics, strict=True)
-        if stages.model is not None
-    }
-    return Stages(
-        shared,
-        topics,
-        source,
-        dispatchers,
-        lag,
-        build_health(config, metrics, live, ready, managers),
-    )
+        topics: list[TopicStages] = []
+        for spec in config.pipelines:
+            topics.append(build_topic_stages(spec, shared))
+            release.callback(topics[-1].staging.close)
+        lanes = {stages.topic: stages.lane for stages in topics}
+        sink.watch_latency(lanes)
+        source = Source(
+            config,
+            lanes,
+            tracker,
+            guarantee,
+            metrics,
+            on_fatal,
+            consumer_factory,
+            control=shared.control,
+        )
+        release.callback(source.close, 0.0)
+        dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)
+        lag = build_lag_monitor(config, source, tracker, metrics, tuple(topics))
+        managers = {
+            spec.name: stages.model.manager
+            for spec, stages in zip(config.pipelines, topics, strict=True)
+            if stages.model is not None
+        }
+        http = build_health(config, metrics, live, ready, managers)
+        release.pop_all()
+    return Stages(shared, tuple(topics), source, dispatchers, lag, http)
 
 
 def build_lag_monitor(

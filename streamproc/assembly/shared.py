@@ -22,7 +22,7 @@ from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.offsets.identity import claim_transactional_id
 from streamproc.offsets.tracker import LateHook, OffsetTracker
 from streamproc.offsets.transactions import Transactions
-from streamproc.output.producer import build_producer, producer_settings
+from streamproc.output.producer import ResultsProducer, build_producer, producer_settings
 from streamproc.output.sink import Sink
 from streamproc.records import TopicPartition
 from streamproc.schemas.writers import WriterSchemas
@@ -94,31 +94,23 @@ def build_output(
         None if identity is None else identity.transactional_id,
     )
     try:
-        producer = build_producer(settings, producer_factory)
+        client = build_producer(settings, producer_factory)
     except BaseException:
         if identity is not None:
             identity.release()
         raise
+    producer = ResultsProducer(client, settings, metrics, on_fatal, producer_factory)
     guarantee: Guarantee = (
         ExactlyOnce(
             tracker,
             metrics,
-            Transactions(producer, renew=lambda: sink.renew_producer()),
+            Transactions(client, renew=producer.renew),
             max_aborts=config.kafka.max_transaction_aborts,
         )
         if config.exactly_once
         else AtLeastOnce(tracker, metrics)
     )
-    sink = Sink(
-        producer,
-        settings,
-        guarantee,
-        metrics,
-        on_fatal,
-        producer_factory=producer_factory,
-        identity=identity,
-    )
-    return guarantee, sink
+    return guarantee, Sink(producer, guarantee, metrics, on_fatal, identity=identity)
 
 
 def admin_settings(config: Config) -> dict[str, Scalar]:

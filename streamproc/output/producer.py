@@ -117,6 +117,11 @@ def produce_waiting(
             producer.poll(0.05)
 
 
+def _not_recovered(err: KafkaError) -> bool:
+    """Before :meth:`ResultsProducer.start`: no fatal error is recovered."""
+    return False
+
+
 class ResultsProducer:
     """The results producer, the lone-record producer and the ``sink`` thread polling both.
 
@@ -124,13 +129,12 @@ class ResultsProducer:
         client: the results producer (:func:`build_producer`); owned from now on.
         settings: its settings (a renewed producer and the lone-record producer copy them).
         metrics: counts producer renewals and records produced again.
-        recovers: called on the ``sink`` thread with a fatal error ``poll`` raised; True: it
-            is recovered and polling goes on; False: ``on_fatal`` is called and the thread ends.
         on_fatal: called (from the ``sink`` thread) when the pipeline must stop.
         factory: builds the renewed and the lone-record producers (tests pass a fake).
 
     Attributes:
         client: the results producer now; read it at each use (:meth:`renew` replaces it).
+        settings: its settings (the sink reads the record size limit from them).
     """
 
     def __init__(
@@ -138,14 +142,13 @@ class ResultsProducer:
         client: ProducerClient,
         settings: dict[str, Any],
         metrics: Metrics,
-        recovers: Callable[[KafkaError], bool],
         on_fatal: Callable[[BaseException], None],
         factory: ProducerFactory = Producer,
     ) -> None:
         self.client = client
-        self._settings = settings
+        self.settings = settings
         self._metrics = metrics
-        self._recovers = recovers
+        self._recovers: Callable[[KafkaError], bool] = _not_recovered
         self._on_fatal = on_fatal
         self._factory = factory
         # Producers replaced while a call was still inside them (renew): kept alive, never
@@ -163,8 +166,15 @@ class ResultsProducer:
         """True once :meth:`start` ran."""
         return self._thread.ident is not None
 
-    def start(self) -> None:
-        """Start the ``sink`` thread (once)."""
+    def start(self, recovers: Callable[[KafkaError], bool]) -> None:
+        """Start the ``sink`` thread (once).
+
+        Args:
+            recovers: called on the ``sink`` thread with a fatal error ``poll`` raised (the
+                guarantee's ``producer_error``); True: it is recovered and polling goes on;
+                False: ``on_fatal`` is called and the thread ends.
+        """
+        self._recovers = recovers
         self._thread.start()
 
     def renew(self) -> ProducerClient:
@@ -173,7 +183,7 @@ class ResultsProducer:
         ``streamproc.offsets.transactions``). The old one is kept, never polled again: its
         records belong to the transaction the fresh one's ``init_transactions`` aborts. Call
         with the transaction lock held (no record is produced meanwhile)."""
-        fresh = build_producer(self._settings, self._factory)
+        fresh = build_producer(self.settings, self._factory)
         self._wedged.append(self.client)
         self.client = fresh
         self._metrics.producer_renewals.inc()

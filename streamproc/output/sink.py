@@ -23,12 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
-from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
 from streamproc.intake.lane import Lane
-from streamproc.kafka.protocols import DeliveryCallback, ProducerClient, ProducerFactory
+from streamproc.kafka.protocols import DeliveryCallback
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import Guarantee
 from streamproc.offsets.identity import TransactionalIdentity
@@ -46,34 +45,29 @@ class Sink:
     """Produces results and dead-letter records; reports acknowledgements to the guarantee.
 
     Args:
-        producer: the results producer (:func:`~streamproc.output.producer.build_producer`);
-            the sink owns it from now on.
-        settings: its settings (the producer for records sent again alone copies them).
+        producer: the results producer and its ``sink`` thread (not started); the sink owns it
+            from now on and starts it with the guarantee's ``producer_error``. The guarantee
+            may hold the same producer (exactly-once renews it), so it is built first.
         guarantee: when an input is done and who recovers a refused record
             (``streamproc.offsets.guarantees``).
         metrics: metrics to count produced / dead-lettered records.
         on_fatal: called (from the thread that learns it) when the pipeline must stop.
-        producer_factory: builds the producer for records sent again alone (tests pass a fake).
         identity: the ``transactional.id`` the producer uses (exactly-once); owned from now
             on: its host slot is given back when the sink closes.
     """
 
     def __init__(
         self,
-        producer: ProducerClient,
-        settings: dict[str, Any],
+        producer: ResultsProducer,
         guarantee: Guarantee,
         metrics: Metrics,
         on_fatal: Callable[[BaseException], None],
-        producer_factory: ProducerFactory = Producer,
         identity: TransactionalIdentity | None = None,
     ) -> None:
         self._guarantee = guarantee
         self._identity = identity
-        self._producer = ResultsProducer(
-            producer, settings, metrics, guarantee.producer_error, on_fatal, producer_factory
-        )
-        self._limits = RecordLimits(settings)
+        self._producer = producer
+        self._limits = RecordLimits(producer.settings)
         self._dead_letters = DeadLetters(self._producer, guarantee, self._limits, metrics, on_fatal)
         self._deliveries = ResultDeliveries(
             self._producer, self._dead_letters, guarantee, metrics, on_fatal
@@ -105,12 +99,7 @@ class Sink:
 
     def start(self) -> None:
         """Start the ``sink`` thread, which polls the producers for delivery reports."""
-        self._producer.start()
-
-    def renew_producer(self) -> ProducerClient:
-        """Replace the results producer by a fresh one and return it (see
-        :meth:`ResultsProducer.renew`). Call with the transaction lock held."""
-        return self._producer.renew()
+        self._producer.start(self._guarantee.producer_error)
 
     def send_results(
         self,

@@ -26,6 +26,7 @@ from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.producer import ResultsProducer
 from streamproc.output.resequencer import Resequencer
 from streamproc.output.results import ResultHandler
 from streamproc.output.sink import Sink
@@ -124,10 +125,10 @@ class TimedLane:
         load = DeviceLoad("in", ["cpu:0"], 2, 5.0, self.metrics, FakeClock())
         self.producer = FakeProducer(deliver_on_flush=False)
         self.guarantee = AtLeastOnce(self.tracker, self.metrics)
-        sink = Sink(
-            self.producer, {}, self.guarantee, self.metrics, self.fatal.append,
-            producer_factory=factory(self.producer),
-        )  # fmt: skip
+        results = ResultsProducer(
+            self.producer, {}, self.metrics, self.fatal.append, factory(self.producer)
+        )
+        sink = Sink(results, self.guarantee, self.metrics, self.fatal.append)
         spec = PipelineConfig(name="p", input_topic="in", output_topic="out", workload="x:y")
         handler = ResultHandler(spec, SteppingWorkload(self.clock), sink, self.metrics)
         self.resequencer = Resequencer("in", handler, load.released, self.fatal.append)

@@ -153,3 +153,30 @@ def test_a_stage_that_fails_to_build_gives_back_what_was_built_before_it() -> No
         assert identity.slot == 0, "a failed start kept its host slot"
     finally:
         identity.release()
+
+
+def test_a_start_that_fails_after_the_source_is_built_gives_back_every_stage() -> None:
+    # review of the house pass: the metrics port set by hand and held elsewhere failed the
+    # start after the source, the staging slabs and the producer were built; none was closed
+    # (the consumer stayed open, the transactional id's host slot stayed held)
+    default = MetricsConfig().port
+    held = _holding(default)
+    consumer = FakeConsumer({})
+    bad = _config(
+        [TRADES],
+        processing_guarantee="exactly_once",
+        kafka={"bootstrap_servers": "127.0.0.1:9", "group_id": "g-assembly-late-failure"},
+        metrics={"host": "127.0.0.1", "port": default},
+    )
+    try:
+        with pytest.raises(ConfigError, match=r"metrics\.port"):
+            Pipeline(bad, factory(consumer), factory(FakeProducer()))
+    finally:
+        if held is not None:
+            held.close()
+    assert consumer.closed, "the source's consumer was left open"
+    identity = claim_transactional_id(bad)
+    try:
+        assert identity.slot == 0, "a failed start kept its host slot"
+    finally:
+        identity.release()

@@ -15,6 +15,7 @@ from streamproc.offsets.guarantees import ExactlyOnce
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
 from streamproc.output.headers import H_CLASS, H_OFFSET, H_STAGE, H_VALUE_OMITTED, source_headers
+from streamproc.output.producer import ResultsProducer
 from streamproc.output.sink import Sink
 from streamproc.records import Record
 from tests.support.kafka_fakes import FakeConsumer, FakeProducer, Produced, kafka_error
@@ -39,13 +40,10 @@ class EosSink:
         self.producer = FakeProducer(judge=_broker)
         self.guarantee = ExactlyOnce(self.tracker, self.metrics, Transactions(self.producer))
         self.fatal: list[BaseException] = []
-        self.sink = Sink(
-            self.producer,
-            {"compression.type": "lz4"},
-            self.guarantee,
-            self.metrics,
-            self.fatal.append,
+        results = ResultsProducer(
+            self.producer, {"compression.type": "lz4"}, self.metrics, self.fatal.append
         )
+        self.sink = Sink(results, self.guarantee, self.metrics, self.fatal.append)
         self.sink.set_topic_limits({"out": LIMIT})
         self.consumer = FakeConsumer({})
         self.n = n
@@ -117,7 +115,8 @@ def test_results_refused_in_a_shared_record_batch_go_alone_then_only_the_culprit
 
 def test_a_result_over_the_limit_uncompressed_is_dead_lettered_without_an_abort() -> None:
     h = EosSink(3)
-    h.sink = Sink(h.producer, {"compression.type": "none"}, h.guarantee, h.metrics, h.fatal.append)
+    results = ResultsProducer(h.producer, {"compression.type": "none"}, h.metrics, h.fatal.append)
+    h.sink = Sink(results, h.guarantee, h.metrics, h.fatal.append)
     h.sink.set_topic_limits({"out": LIMIT})
     h.send(h.consume(), big={0})
     (dead,) = [p for p in h.producer.pending if p.topic == "in.dlq"]

@@ -59,12 +59,7 @@ class Ladder:
         self.fatal: list[BaseException] = []
         guarantee = AtLeastOnce(self.tracker, self.metrics)
         producer = ResultsProducer(
-            self.results,
-            {},
-            self.metrics,
-            guarantee.producer_error,
-            self.fatal.append,
-            factory(self.lone),
+            self.results, {}, self.metrics, self.fatal.append, factory(self.lone)
         )
         record_limits = RecordLimits({})
         record_limits.set_topics(limits or {})

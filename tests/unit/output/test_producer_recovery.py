@@ -31,6 +31,7 @@ from streamproc.offsets.guarantees import ExactlyOnce
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import WEDGED, Transactions
 from streamproc.output.headers import source_headers
+from streamproc.output.producer import ResultsProducer
 from streamproc.output.sink import Sink
 from streamproc.records import Record
 from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory, kafka_error
@@ -78,22 +79,18 @@ class Pipeline:
         self.metrics = Metrics()
         self.wedging = producer if producer is not None else WedgingProducer()
         self.fresh = FakeProducer()
+        self.fatal: list[BaseException] = []
+        results = ResultsProducer(
+            self.wedging, {}, self.metrics, self.fatal.append, factory(self.fresh)
+        )
         transactions = Transactions(
             self.wedging,
             timeout_s=0.05,
             grace_s=0.05,
-            renew=(lambda: self.sink.renew_producer()) if renew else None,
+            renew=results.renew if renew else None,
         )
         self.guarantee = ExactlyOnce(self.tracker, self.metrics, transactions)
-        self.fatal: list[BaseException] = []
-        self.sink = Sink(
-            self.wedging,
-            {},
-            self.guarantee,
-            self.metrics,
-            self.fatal.append,
-            producer_factory=factory(self.fresh),
-        )
+        self.sink = Sink(results, self.guarantee, self.metrics, self.fatal.append)
         self.consumer = FakeConsumer({})
         self.n = n
 

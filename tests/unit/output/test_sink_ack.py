@@ -12,6 +12,7 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.output.headers import H_OFFSET, H_STAGE, source_headers
+from streamproc.output.producer import ResultsProducer
 from streamproc.output.sink import Sink
 from streamproc.records import Record, TopicPartition
 from tests.support.kafka_fakes import FakeProducer, factory
@@ -28,14 +29,11 @@ class Harness:
         self.producer = FakeProducer()
         self.alone = FakeProducer()
         self.fatal: list[BaseException] = []
-        self.sink = Sink(
-            self.producer,
-            {},
-            AtLeastOnce(self.tracker, Metrics()),
-            Metrics(),
-            self.fatal.append,
-            producer_factory=factory(self.alone),
+        metrics = Metrics()
+        results = ResultsProducer(
+            self.producer, {}, metrics, self.fatal.append, factory(self.alone)
         )
+        self.sink = Sink(results, AtLeastOnce(self.tracker, metrics), metrics, self.fatal.append)
 
     def send(self, values: list[bytes] | None = None) -> None:
         if values is None:
