@@ -117,7 +117,7 @@ engine:
 	deploy/engine.sh
 
 # Every image of the compose stack built locally, no registry needed (deploy/images/build.sh):
-# streamproc/python:3.11-bookworm, streamproc/kafka:4.1.1, streamproc/prometheus:2.42, streamproc:cpu.
+# streamproc/python:3.11-bookworm, streamproc/kafka:4.4.0, streamproc/prometheus:2.42, streamproc:cpu.
 images: venv kafka-jars engine
 	PYTHON=$(PYTHON) deploy/images/build.sh
 

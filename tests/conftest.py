@@ -3,7 +3,7 @@
 Integration tests need a real Apache Kafka broker and get one, in this order:
 
 1. ``$KAFKA_BOOTSTRAP_SERVERS`` when set (an existing cluster);
-2. a container of ``$KAFKA_IMAGE`` (default ``streamproc/kafka:4.1.1``, built by ``make images``
+2. a container of ``$KAFKA_IMAGE`` (default ``streamproc/kafka:4.4.0``, built by ``make images``
    from the same Maven Central jars as 3.) when a Docker engine answers and has that image;
 3. else a local Apache Kafka broker fetched from Maven Central and started on loopback.
 
@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-KAFKA_IMAGE = os.environ.get("KAFKA_IMAGE", "streamproc/kafka:4.1.1")
+KAFKA_IMAGE = os.environ.get("KAFKA_IMAGE", "streamproc/kafka:4.4.0")
 OWNER_LABEL = "io.streamproc.test-broker"
 _BROKER_LOGS: list[Path] = []
 

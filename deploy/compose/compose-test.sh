@@ -38,7 +38,7 @@ STOP_MESSAGES="${STOP_MESSAGES:-1500}"
 TIMEOUT_S="${TIMEOUT_S:-300}"
 if [[ "${COMPOSE_TEST_IMAGES:-local}" == local ]]; then
   export STREAMPROC_BASE_IMAGE="${STREAMPROC_BASE_IMAGE:-streamproc/python:3.11-bookworm}"
-  export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.1.1}"
+  export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.4.0}"
   export PROMETHEUS_IMAGE="${PROMETHEUS_IMAGE:-streamproc/prometheus:2.42}"
   export SCHEMA_REGISTRY_IMAGE="${SCHEMA_REGISTRY_IMAGE:-streamproc/apicurio-registry:2.6.13}"
 fi

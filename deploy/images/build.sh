@@ -3,7 +3,7 @@
 #
 #   streamproc/debian:bookworm         debootstrap --variant=minbase + docker import
 #   streamproc/python:3.11-bookworm    Debian's python3.11 + venv on it (the Dockerfile's base)
-#   streamproc/kafka:4.1.1             Apache Kafka from the Maven Central jars that
+#   streamproc/kafka:4.4.0             Apache Kafka from the Maven Central jars that
 #                                      streamproc.tools.kafka_local resolves (+ kafka-tools),
 #                                      Debian's JRE
 #   streamproc/prometheus:2.42         Debian's prometheus (with promtool)
@@ -35,7 +35,7 @@ VENV_PYTHON="${VENV_PYTHON:-$ROOT/.venv/bin/python}"
 DEBIAN_SUITE="${DEBIAN_SUITE:-bookworm}"
 DEBIAN_IMAGE="${DEBIAN_IMAGE:-streamproc/debian:$DEBIAN_SUITE}"
 STREAMPROC_BASE_IMAGE="${STREAMPROC_BASE_IMAGE:-streamproc/python:3.11-$DEBIAN_SUITE}"
-KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.1.1}"
+KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.4.0}"
 PROMETHEUS_IMAGE="${PROMETHEUS_IMAGE:-streamproc/prometheus:2.42}"
 SCHEMA_REGISTRY_IMAGE="${SCHEMA_REGISTRY_IMAGE:-streamproc/apicurio-registry:2.6.13}"
 STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"

@@ -31,7 +31,7 @@ HERE=deploy/k8s
 source "$HERE/versions.env"
 PYTHON="${PY:-.venv/bin/python}"
 STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
-export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.1.1}"
+export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.4.0}"
 KEDA_IMAGE="streamproc.local/keda:$KEDA_VERSION"
 KEDA_ADAPTER_IMAGE="streamproc.local/keda-metrics-apiserver:$KEDA_VERSION"
 export KAFKA_IP=10.96.0.100

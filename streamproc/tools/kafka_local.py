@@ -47,7 +47,7 @@ from filelock import FileLock
 
 from streamproc.errors import BrokerError
 
-KAFKA_VERSION = "4.1.1"
+KAFKA_VERSION = "4.4.0"
 LOG4J_VERSION = "2.24.3"
 _PR_SET_PDEATHSIG = 1
 MARKER = ".streamproc-broker"
@@ -100,6 +100,7 @@ SINGLE_NODE_SETTINGS = {
     "transaction.state.log.num.partitions": "4",
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
+    "share.coordinator.state.topic.num.partitions": "4",
     "group.initial.rebalance.delay.ms": "0",
     "num.partitions": "1",
     "auto.create.topics.enable": "false",
@@ -120,6 +121,7 @@ CLUSTER_SETTINGS = {
     "transaction.state.log.num.partitions": "4",
     "share.coordinator.state.topic.replication.factor": "3",
     "share.coordinator.state.topic.min.isr": "2",
+    "share.coordinator.state.topic.num.partitions": "4",
     "unclean.leader.election.enable": "false",
     "group.initial.rebalance.delay.ms": "0",
     "num.partitions": "1",

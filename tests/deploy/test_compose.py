@@ -115,7 +115,7 @@ def test_images_are_pinned_and_selected_by_variables(compose: dict[str, Any]) ->
         assert services[name]["image"].startswith(f"${{{variable}:-"), name
     # defaults: the official images for sites with a registry; local builds are never
     # re-tagged under these names (make images builds streamproc/*, selected by the variables)
-    assert default(services["kafka"]["image"]) == "apache/kafka:4.1.1"
+    assert default(services["kafka"]["image"]) == "apache/kafka:4.4.0"
     assert default(services["prometheus"]["image"]).startswith("prom/prometheus:v")
     assert default(services["grafana"]["image"]).startswith("grafana/grafana:")
     args = services["streamproc"]["build"]["args"]
