@@ -86,12 +86,24 @@ class IdleExit:
             (``kafka.assignment_timeout_s``).
         started_s: monotonic seconds when the run started (a stretch that began before it, as
             the wait for the first assignment does, is counted from here).
+        whole_group: wait for the group's committed offsets to reach the end of every input
+            partition (a consumer group); False: this member's idleness is enough (a share
+            group: any member may take any record, so a member that found none to acquire for
+            ``idle_s`` leaves the rest to the others, and a share group's progress is not
+            readable through the Python admin client).
     """
 
-    def __init__(self, idle_s: float, assignment_timeout_s: float, started_s: float) -> None:
+    def __init__(
+        self,
+        idle_s: float,
+        assignment_timeout_s: float,
+        started_s: float,
+        whole_group: bool = True,
+    ) -> None:
         self.idle_s = idle_s
         self.assignment_timeout_s = assignment_timeout_s
         self.started_s = started_s
+        self.whole_group = whole_group
         self._waiting_since_s: float | None = None  # group behind, no progress since
         self._seen: GroupOffsets | None = None  # the newest group measurement seen
 
@@ -128,7 +140,7 @@ class IdleExit:
             member = IdleDecision.BUSY
         elif unfetched and now_s - last_rebalance_s < self.assignment_timeout_s:
             member = IdleDecision.UNFETCHED
-        if member is not IdleDecision.IDLE:
+        if member is not IdleDecision.IDLE or not self.whole_group:
             self._waiting_since_s = None  # working or unassigned: a later wait starts afresh
             return member
         progressed = group is not None and self._progressed(group)

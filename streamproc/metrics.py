@@ -230,6 +230,40 @@ class Metrics:
             "Results for partitions no longer owned (not committed)",
             registry=reg,
         )
+        # share groups (kafka.group_type: share; streamproc.intake.share)
+        self.share_in_flight = Gauge(
+            "streamproc_share_in_flight_records",
+            "Records this member acquired from its share group and has not acknowledged yet",
+            registry=reg,
+        )
+        self.share_acknowledged = Counter(
+            "streamproc_share_acknowledged",
+            "Records acknowledged to the share group (ACCEPT: result or dead-letter record "
+            "durable), as the broker confirmed them",
+            _TOPIC,
+            registry=reg,
+        )
+        self.share_released = Counter(
+            "streamproc_share_released",
+            "Records released back to the share group before they were done (RELEASE: their "
+            "lock was about to expire, or the process stopped), by why",
+            ("topic", "reason"),
+            registry=reg,
+        )
+        self.share_ack_failures = Counter(
+            "streamproc_share_acknowledgement_failures",
+            "Records whose acknowledgement the broker refused (their lock had expired: the "
+            "group delivers them again, a duplicate result)",
+            _TOPIC,
+            registry=reg,
+        )
+        self.share_redelivered = Counter(
+            "streamproc_share_redelivered",
+            "Records acquired with a delivery count above 1 (delivered before to some member "
+            "that did not acknowledge them); part of messages_consumed",
+            _TOPIC,
+            registry=reg,
+        )
 
     def _add_staging_pools(self) -> None:
         """Staging buffers per input topic, and the leak check at close."""

@@ -26,15 +26,15 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
-from streamproc.assembly import Stages, admin_settings, assemble
+from streamproc.assembly import Intake, Stages, admin_settings, assemble
 from streamproc.config import Config
 from streamproc.decode.sizing import DecodeSizer
 from streamproc.device import DeviceWorker, PoolLeak
 from streamproc.errors import FatalPipelineError, RegistryUnavailable
 from streamproc.idle import IdleDecision, IdleExit, not_yet_fetched
-from streamproc.intake.source import Source
+from streamproc.intake.share import set_start_offset
 from streamproc.kafka.admin import (
     cluster_metadata,
     ensure_topics,
@@ -97,7 +97,8 @@ class Pipeline:
 
     Args:
         config: the validated config.
-        consumer_factory: builds the consumer (default: ``confluent_kafka.Consumer``).
+        consumer_factory: builds the consumer (default: ``confluent_kafka.Consumer``, or
+            ``confluent_kafka.ShareConsumer`` with ``kafka.group_type: share``).
         producer_factory: builds the producers (default: ``confluent_kafka.Producer``).
         admin_factory: builds the admin clients (start-up topic checks).
 
@@ -114,7 +115,7 @@ class Pipeline:
     def __init__(
         self,
         config: Config,
-        consumer_factory: ConsumerFactory = Consumer,
+        consumer_factory: ConsumerFactory | None = None,
         producer_factory: ProducerFactory = Producer,
         admin_factory: AdminFactory = build_admin,
     ) -> None:
@@ -149,7 +150,7 @@ class Pipeline:
         return self.stages.shared.tracker
 
     @property
-    def source(self) -> Source:
+    def source(self) -> Intake:
         return self.stages.source
 
     @property
@@ -213,11 +214,17 @@ class Pipeline:
 
     def _prepare_topics(self) -> None:
         """Fail fast when the cluster is unreachable; create missing output and DLQ topics;
-        learn the output and dead-letter topics' record size limits."""
+        learn the output and dead-letter topics' record size limits; a share group's start
+        offset (``share.auto.offset.reset``) from ``kafka.auto_offset_reset``."""
         admin_config = admin_settings(self.config)
-        timeout_s = self.config.kafka.startup_timeout_s
+        kafka = self.config.kafka
+        timeout_s = kafka.startup_timeout_s
         factory = self._admin_factory
         metadata = cluster_metadata(admin_config, timeout_s, factory)
+        if kafka.group_type == "share":
+            set_start_offset(
+                factory(admin_config), kafka.group_id, kafka.auto_offset_reset, timeout_s
+            )
         if self.config.kafka.create_topics:
             wanted: dict[str, int] = {}
             for spec in self.config.pipelines:
@@ -248,17 +255,20 @@ class Pipeline:
         return True, f"polled {since_s:.2f} s ago"
 
     def readiness(self) -> tuple[bool, str]:
-        """``/readyz``: running, owning at least one partition, and no device holding a batch
-        because its model is judged broken (:mod:`streamproc.device.hold`)."""
+        """``/readyz``: running, owning at least one partition (a share group: a member of
+        it), and no device holding a batch because its model is judged broken
+        (:mod:`streamproc.device.hold`)."""
         if self.state is not State.RUNNING:
             return False, self.state.value
-        assigned = self.source.assignment.assigned
-        if not assigned:
+        assignment = self.source.assignment
+        if assignment.unassigned is not None:
             return False, "no partitions assigned"
         held = [f"{w.label}: {w.hold.held}" for w in self.workers if w.hold.held is not None]
         if held:
             return False, "batch held, the model is judged broken: " + "; ".join(held)
-        return True, f"{len(assigned)} partitions assigned"
+        if self.config.kafka.group_type == "share":
+            return True, f"share group member ({len(assignment.assigned)} partitions read)"
+        return True, f"{len(assignment.assigned)} partitions assigned"
 
     def idle(self) -> bool:
         """Nothing waiting in rings, nothing in flight, nothing awaiting acknowledgement, and
@@ -298,10 +308,12 @@ class Pipeline:
                 continue
         else:
             kafka = self.config.kafka
-            topics = [p.input_topic for p in self.config.pipelines]
-            self.stages.lag.watch_group(topics, kafka.auto_offset_reset)
+            whole_group = kafka.group_type == "consumer"
+            if whole_group:
+                topics = [p.input_topic for p in self.config.pipelines]
+                self.stages.lag.watch_group(topics, kafka.auto_offset_reset)
             timeout_s = kafka.assignment_timeout_s
-            self._run_until_idle(IdleExit(exit_when_idle_s, timeout_s, started_s))
+            self._run_until_idle(IdleExit(exit_when_idle_s, timeout_s, started_s, whole_group))
         self.close()
         fatal = self._fatal
         return RunSummary(

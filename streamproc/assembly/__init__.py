@@ -30,6 +30,8 @@ import errno
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from confluent_kafka import Consumer, ShareConsumer
+
 from streamproc.assembly.decoding import build_decoding
 from streamproc.assembly.shared import (
     OnFatal,
@@ -46,6 +48,8 @@ from streamproc.dispatch.dispatcher import Dispatcher
 from streamproc.dispatch.selection import select_devices
 from streamproc.errors import ConfigError
 from streamproc.health import HealthServer, Probe
+from streamproc.intake.lane import Lane
+from streamproc.intake.share import ShareSource
 from streamproc.intake.source import Source
 from streamproc.kafka.lag import LagMonitor
 from streamproc.kafka.protocols import ConsumerFactory, ProducerFactory
@@ -53,12 +57,19 @@ from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.models.admin import AdminApi
 from streamproc.models.manager import ModelManager
+from streamproc.offsets.guarantees import ShareAcknowledgements
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.output.headers import STAGE_DELIVERY
+from streamproc.records import Record
 from streamproc.schemas.writers import WriterSchemas
 
 log = get_logger(__name__)
 
-__all__ = ["Shared", "Stages", "TopicStages", "admin_settings", "assemble"]
+__all__ = ["Intake", "Shared", "Stages", "TopicStages", "admin_settings", "assemble"]
+
+Intake = Source | ShareSource
+"""The thread that owns the consumer: a consumer group's or a share group's
+(``kafka.group_type``); the same surface for the pipeline and the lag monitor."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,7 @@ class Stages:
     shared: Shared
     topics: tuple[TopicStages, ...]
     """One per pipeline, in config order."""
-    source: Source
+    source: Intake
     dispatchers: tuple[Dispatcher, ...]
     """One per pipeline, in config order."""
     lag: LagMonitor
@@ -91,7 +102,7 @@ def assemble(
     on_fatal: OnFatal,
     live: Probe,
     ready: Probe,
-    consumer_factory: ConsumerFactory,
+    consumer_factory: ConsumerFactory | None,
     producer_factory: ProducerFactory,
 ) -> Stages:
     """Build every stage from ``config``, in the order of the module docstring.
@@ -99,7 +110,8 @@ def assemble(
     Args:
         on_fatal: what a stage calls when the process must stop (any thread).
         live, ready: the ``/healthz`` and ``/readyz`` probes.
-        consumer_factory, producer_factory: build the Kafka clients (tests pass fakes).
+        consumer_factory, producer_factory: build the Kafka clients (tests pass fakes; None:
+            ``confluent_kafka.Consumer``, or ``ShareConsumer`` for a share group).
 
     Raises:
         ConfigError: librdkafka refused a setting under ``kafka.consumer``/``kafka.producer``,
@@ -146,16 +158,7 @@ def assemble(
             release.callback(topics[-1].staging.close)
         lanes = {stages.topic: stages.lane for stages in topics}
         sink.watch_latency(lanes)
-        source = Source(
-            config,
-            lanes,
-            tracker,
-            guarantee,
-            metrics,
-            on_fatal,
-            consumer_factory,
-            control=shared.control,
-        )
+        source = build_source(shared, lanes, consumer_factory)
         release.callback(source.close, 0.0)
         dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)
         lag = build_lag_monitor(config, source, tracker, metrics, tuple(topics))
@@ -169,9 +172,47 @@ def assemble(
     return Stages(shared, tuple(topics), source, dispatchers, lag, http)
 
 
+def build_source(
+    shared: Shared, lanes: Mapping[str, Lane], consumer_factory: ConsumerFactory | None
+) -> Intake:
+    """The source thread over ``lanes``: a consumer group's (:class:`Source`) or a share
+    group's (:class:`ShareSource`), by ``kafka.group_type``.
+
+    Raises:
+        ConfigError: librdkafka refused a setting under ``kafka.consumer``.
+    """
+    config, guarantee = shared.config, shared.guarantee
+    args = (config, lanes, shared.tracker)
+    if isinstance(guarantee, ShareAcknowledgements):
+        dlq_topics = {spec.input_topic: spec.dead_letter_topic for spec in config.pipelines}
+        sink = shared.sink
+
+        def dead_letter(record: Record, error_class: str, message: str) -> None:
+            topic = dlq_topics[record.tp.topic]
+            sink.dead_letter(record, topic, STAGE_DELIVERY, error_class, message)
+
+        return ShareSource(
+            *args,
+            guarantee,
+            shared.metrics,
+            shared.on_fatal,
+            consumer_factory or ShareConsumer,
+            control=shared.control,
+            dead_letter=dead_letter,
+        )
+    return Source(
+        *args,
+        guarantee,
+        shared.metrics,
+        shared.on_fatal,
+        consumer_factory or Consumer,
+        control=shared.control,
+    )
+
+
 def build_lag_monitor(
     config: Config,
-    source: Source,
+    source: Intake,
     tracker: OffsetTracker,
     metrics: Metrics,
     topics: tuple[TopicStages, ...],

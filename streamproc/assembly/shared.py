@@ -18,7 +18,12 @@ from streamproc.intake.source import SourceControl
 from streamproc.kafka.protocols import ProducerFactory
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
-from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
+from streamproc.offsets.guarantees import (
+    AtLeastOnce,
+    ExactlyOnce,
+    Guarantee,
+    ShareAcknowledgements,
+)
 from streamproc.offsets.identity import claim_transactional_id
 from streamproc.offsets.tracker import LateHook, OffsetTracker
 from streamproc.offsets.transactions import Transactions
@@ -108,6 +113,8 @@ def build_output(
             max_aborts=config.kafka.max_transaction_aborts,
         )
         if config.exactly_once
+        else ShareAcknowledgements(tracker, metrics)
+        if config.kafka.group_type == "share"
         else AtLeastOnce(tracker, metrics)
     )
     return guarantee, Sink(producer, guarantee, metrics, on_fatal, identity=identity)

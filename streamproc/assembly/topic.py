@@ -119,9 +119,16 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
 
     Raises:
         ConfigError: a device or the workload refuses the pipeline's precision, the workload
-            does not have its value formats, or the registry refused its result schema.
+            does not have its value formats, the registry refused its result schema, or the
+            workload keeps per-key order and the group is a share group.
     """
     workload = load_workload(spec.workload, spec.options)
+    if workload.ordered and shared.config.kafka.group_type == "share":
+        raise ConfigError(
+            f"kafka.group_type: share is refused for pipeline {spec.name!r}: its workload "
+            f"{spec.workload!r} needs its results in per-key order (Workload.ordered), which a "
+            "share group does not keep; set kafka.group_type to consumer"
+        )
     try:
         workload.use_input_format(spec.format, shared.schemas)
         workload.use_output_format(

@@ -100,6 +100,21 @@ class Config(BaseSettings):
         names = [p.name for p in self.pipelines]
         if len(set(names)) != len(names):
             raise ValueError(f"pipelines: each name may appear once, got {names}")
+        if self.kafka.group_type == "share":
+            if self.exactly_once:
+                raise ValueError(
+                    "processing_guarantee: exactly_once is not supported with "
+                    "kafka.group_type=share (a share group acknowledges records one by one "
+                    "and cannot commit them inside a transaction); use at_least_once, or set "
+                    "kafka.group_type to consumer"
+                )
+            ordered = [p.name for p in self.pipelines if p.ordered]
+            if ordered:
+                raise ValueError(
+                    f"pipelines[].ordered: pipelines {ordered} need their results in per-key "
+                    "order, which a share group (kafka.group_type=share) does not keep; set "
+                    "kafka.group_type to consumer, or ordered to false"
+                )
         return self
 
     @property

@@ -71,6 +71,25 @@ class KafkaConfig(_Section):
     rebalance; a member that leaves for good keeps its partitions unowned until the session
     timeout expires. Unique per instance and stable across its restarts (the chart sets it to
     the StatefulSet pod name); default none (dynamic membership).
+
+    ``group_type``: ``consumer`` (the default: a consumer group, each partition read by one
+    member, offsets committed) or ``share`` (a share group, KIP-932: any number of members read
+    the same partitions, each record acquired by one member and acknowledged by itself, so the
+    members can outnumber the partitions; at-least-once, no per-key order; see
+    ``streamproc.intake.share`` and docs/operations.md "Share groups"). ``group_protocol``,
+    ``group_instance_id`` and ``session_timeout_ms`` belong to consumer groups and fail at
+    start-up with ``share``. ``auto_offset_reset`` becomes the share group's
+    ``share.auto.offset.reset`` (a group setting streamproc sets at start-up).
+    ``share_release_after_ms`` (share only): records of a poll not done this long after it are
+    released to the group (``RELEASE``) and counted; keep it below the group's record lock,
+    ``group.share.record.lock.duration.ms`` (30 s by default). Milliseconds, above 0.
+    ``share_max_deliveries`` (share only): a record the group delivers for this many times
+    (the broker counts every delivery whose member did not acknowledge it: a crash, a kill, a
+    lock that ran out) is dead-lettered (stage ``delivery``) instead of run once more, then
+    rejected; keep it at most the group's ``group.share.delivery.count.limit`` (5 by default),
+    which archives the record silently after that many. 4 to 10: records delivered again run
+    alone, so valid ones finish within two deliveries more than their first
+    (``streamproc.intake.share_ledger``).
     """
 
     bootstrap_servers: str | None = None
@@ -88,6 +107,9 @@ class KafkaConfig(_Section):
     max_transaction_aborts: int = Field(default=5, ge=1, le=1000)
     group_protocol: Literal["classic", "consumer"] = "classic"
     group_instance_id: str | None = Field(default=None, min_length=1, max_length=249)
+    group_type: Literal["consumer", "share"] = "consumer"
+    share_release_after_ms: int = Field(default=25_000, gt=0)
+    share_max_deliveries: int = Field(default=5, ge=4, le=10)
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
 
@@ -119,6 +141,19 @@ class KafkaConfig(_Section):
                 raise ValueError(
                     f'kafka.consumer."{key}": set kafka.{field} instead (streamproc reads it)'
                 )
+        if self.group_type == "share":
+            consumer_only = sorted(
+                {"group_protocol", "group_instance_id", "session_timeout_ms"}
+                & self.model_fields_set
+            )
+            if consumer_only:
+                raise ValueError(
+                    f"kafka.{consumer_only[0]}: not supported with kafka.group_type=share (a "
+                    "share group has no partition assignment to keep, no static membership, and "
+                    "the broker's group.share.session.timeout.ms applies); remove it, or set "
+                    "kafka.group_type to consumer"
+                )
+            return self
         if self.group_protocol != "consumer":
             return self
         if "session_timeout_ms" in self.model_fields_set:
@@ -299,6 +334,9 @@ class PipelineConfig(_Section):
     on_expired: Literal["result", "dead_letter"] = "result"
     # the P99 consume -> acknowledgement the batcher aims for; None: by priority
     latency_target_ms: float | None = None
+    # results must follow their inputs' order per key (a stateful workload): a share group
+    # (kafka.group_type: share), which keeps no order, is refused for this pipeline
+    ordered: bool = False
 
     @field_validator("latency_target_ms", mode="before")
     @classmethod

@@ -154,6 +154,17 @@ class Assignment:
             new.unassigned = Unassigned(new.last_rebalance_s, cause)
         return new
 
+    def share_member(self, assigned: bool) -> Assignment:
+        """The next generation of a share group member whose assignment came or went
+        (``assigned``: it has partitions to fetch from; a share consumer reports how many, not
+        which); this one stays as it was."""
+        new = self._next()
+        if assigned:
+            new.unassigned = None
+        elif new.unassigned is None:
+            new.unassigned = Unassigned(new.last_rebalance_s, "revoked")
+        return new
+
     def _next(self) -> Assignment:
         """A copy of this assignment for the next generation, its rebalance time now."""
         new = Assignment(self._clock)

@@ -18,7 +18,6 @@ once), with some paused at most :data:`PAUSED_POLL_S`.
 from __future__ import annotations
 
 import contextlib
-import math
 import queue
 import threading
 import time
@@ -28,10 +27,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from streamproc.config import Config
-from streamproc.intake.deadlines import DEADLINE_HEADER
 from streamproc.intake.lane import Lane
 from streamproc.intake.rebalance import Assignment, RebalanceHandler
 from streamproc.intake.rings import FlowControl
+from streamproc.intake.routing import route
 from streamproc.kafka.clients import build_client
 from streamproc.kafka.protocols import ConsumerClient, ConsumerFactory, MessageLike, ktp
 from streamproc.logs import get_logger, kafka_logger, redact
@@ -39,9 +38,6 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import Guarantee
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import (
-    PRIORITY_HEADER,
-    PRIORITY_HEADER_VALUES,
-    Headers,
     Record,
     TopicPartition,
 )
@@ -54,12 +50,8 @@ queued meanwhile waits at most this long)."""
 GAUGE_INTERVAL_S = 1.0
 """Ring fill gauges are refreshed at least this often (and at every pause and resume)."""
 
-_Entry = list[Any]
-"""Per partition of one poll (``Source._route``): ``[TopicPartition, generation or None, Lane,
-lane has max_age_ms, the partition's records so far or None]``."""
-
-_STOP_FETCHING = "stop_fetching"
-_COMMIT_NOW = "commit_now"
+STOP_FETCHING = "stop_fetching"
+COMMIT_NOW = "commit_now"
 
 
 def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
@@ -112,11 +104,11 @@ class SourceControl:
     def request_commit(self) -> None:
         """Commit now rather than at the next ``commit_interval_ms`` (under exactly-once this
         closes the open transaction: a model version switch asks for it)."""
-        self.queue.put(_COMMIT_NOW)
+        self.queue.put(COMMIT_NOW)
 
     def stop_fetching(self) -> None:
         """Pause every assigned partition; polling (and group membership) continues."""
-        self.queue.put(_STOP_FETCHING)
+        self.queue.put(STOP_FETCHING)
 
 
 class Source:
@@ -299,99 +291,22 @@ class Source:
         return self._consumer.consume(1, timeout_s)
 
     def _route(self, messages: Sequence[MessageLike], now_s: float) -> None:
-        """Wrap one poll's messages in records and offer them to their lanes: one lock
-        acquisition per lane and poll, not per message (the per-message work here runs under
-        the GIL with every other stage).
-
-        A record's deadline (``streamproc.intake.deadlines``) is worked out here, where its
-        headers are read anyway: only for a record with headers or on a lane with
-        ``max_age_ms``, against one wall-clock reading per poll."""
-        generations = self.assignment.generations
-        floors = self.assignment.seek_floors
+        """Wrap one poll's messages in records (:func:`~streamproc.intake.routing.route`) and
+        offer them to their lanes: one lock acquisition per lane and poll, not per message."""
+        state = self.assignment
+        routed = route(
+            messages,
+            self._lanes,
+            state.generations.get,
+            state.seek_floors,
+            self._wall_clock() * 1000.0,
+            now_s,
+            self._metrics,
+            self._on_message_error,
+        )
         lanes = self._lanes
-        # per lane, per partition: this poll's records of it, in offset order
-        by_lane: dict[str, dict[TopicPartition, list[Record]]] = {}
-        wall_ms = self._wall_clock() * 1000.0
-        with_deadline: set[str] = set()  # lanes offered a record with a deadline in this poll
-        invalid: dict[str, int] = {}  # per lane: records whose deadline header was invalid
-        inf = math.inf
-        # per topic and partition of this poll: its TopicPartition, generation, lane, whether
-        # the lane has max_age_ms, and the partition's run of records (None until its first),
-        # looked up once per poll instead of building and hashing a TopicPartition per message
-        known: dict[str, dict[int, _Entry]] = {}
-        for message in messages:
-            if message.error() is not None:
-                self._on_message_error(message)
-                continue
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            assert topic is not None and partition is not None and offset is not None
-            partitions = known.get(topic)
-            if partitions is None:
-                partitions = known[topic] = {}
-            entry = partitions.get(partition)
-            if entry is None:
-                tp = TopicPartition(topic, partition)
-                lane = lanes[topic]
-                timed = lane.deadlines.max_age_ms is not None
-                entry = partitions[partition] = [tp, generations.get(tp), lane, timed, None]
-            tp, generation, lane, timed, run = entry
-            if generation is None:
-                continue  # not ours (revoked between fetch and delivery)
-            if floors:
-                floor = floors.get(tp)
-                if floor is not None:
-                    if offset != floor:
-                        continue  # fetched before our seek took effect; it will come again
-                    del floors[tp]
-            raw_headers = message.headers()
-            priority = lane.default_priority
-            timestamp_ms = message.timestamp()[1]
-            deadline_s = inf
-            dated = timed
-            if raw_headers:
-                headers: Headers = tuple(raw_headers)
-                # one scan for both headers read here (the first of each name counts, as in
-                # Priority.of and Deadlines.deadline_s)
-                named = False
-                for key, value in headers:
-                    if key == PRIORITY_HEADER and not named:
-                        priority = PRIORITY_HEADER_VALUES.get(value, priority)
-                        named = True
-                    elif key == DEADLINE_HEADER:
-                        dated = True
-            else:
-                headers = ()
-            if dated:
-                deadline_s, bad = lane.deadlines.deadline_s(headers, timestamp_ms, wall_ms, now_s)
-                if bad:
-                    invalid[topic] = invalid.get(topic, 0) + 1
-                if deadline_s != inf:
-                    with_deadline.add(topic)
-            record = Record(
-                tp,
-                offset,
-                message.key(),
-                message.value(),
-                headers,
-                timestamp_ms,
-                now_s,
-                generation,
-                priority,
-                deadline_s,
-            )
-            if run is None:
-                run = entry[4] = [record]
-                runs = by_lane.get(topic)
-                if runs is None:
-                    by_lane[topic] = {tp: run}
-                else:
-                    runs[tp] = run
-            else:
-                run.append(record)
-        for topic, count in invalid.items():
-            self._metrics.child(self._metrics.deadline_header_invalid, topic).inc(count)
-        for topic, runs in by_lane.items():
-            self._offer(topic, lanes[topic], runs, topic in with_deadline)
+        for topic, runs in routed.runs.items():
+            self._offer(topic, lanes[topic], runs, topic in routed.deadlines)
 
     def _on_message_error(self, message: MessageLike) -> None:
         err = message.error()
@@ -459,10 +374,10 @@ class Source:
 
     def _control_item(self, item: FlowControl | str) -> None:
         state = self.assignment
-        if item == _COMMIT_NOW:
+        if item == COMMIT_NOW:
             self._commit(synchronous=False)
             return
-        if item == _STOP_FETCHING:
+        if item == STOP_FETCHING:
             state.fetching = False
             if state.assigned:
                 self._consumer.pause([ktp(tp) for tp in state.assigned])

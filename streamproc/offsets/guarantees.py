@@ -30,6 +30,7 @@ refused it in a record batch of its own) or ``batch`` (in a record batch it may 
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -44,7 +45,7 @@ from streamproc.offsets.outcomes import Produced, dead_lettered
 from streamproc.offsets.refusals import Refusal, Refusals, record_refusal
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.offsets.transactions import Transactions
-from streamproc.records import Record
+from streamproc.records import Record, TopicPartition
 
 log = get_logger(__name__)
 
@@ -217,6 +218,53 @@ class AtLeastOnce:
     ) -> Callable[[], bool] | None:
         """None: each result is visible once acknowledged, no transaction to end first."""
         return None
+
+
+class ShareAcknowledgements(AtLeastOnce):
+    """At-least-once over a share group (``kafka.group_type: share``): results are produced at
+    once; an input is done when its output record (its result or its dead-letter record) is
+    acknowledged, and then, not before, the share source acknowledges it to the group
+    (``ACCEPT``, :mod:`streamproc.intake.share`). Nothing is committed by offset: the
+    :attr:`committer` is never called.
+
+    Args:
+        tracker: the offset tracker.
+        metrics: commit counters.
+
+    Attributes:
+        done: the inputs done, in the order their outputs were acknowledged (any thread puts;
+            the share source's thread takes).
+    """
+
+    name = "at_least_once"
+
+    def __init__(self, tracker: OffsetTracker, metrics: Metrics) -> None:
+        super().__init__(tracker, metrics)
+        self.consumer_settings = {"share.acknowledgement.mode": "explicit"}
+        self.done: queue.SimpleQueue[Sequence[Record]] = queue.SimpleQueue()
+        # inputs the source dead-letters without a ring (the tracker never saw them), as
+        # (partition, offset, generation): the source thread adds, a delivery report removes
+        self._untracked: set[tuple[TopicPartition, int, int]] = set()
+
+    def untracked(self, record: Record) -> None:
+        """``record`` is dead-lettered by the source itself, never tracked: its acknowledgement
+        goes to :attr:`done` only (call on the source thread before it is produced)."""
+        self._untracked.add((record.tp, record.offset, record.generation))
+
+    def acknowledged(self, records: Sequence[Record]) -> None:
+        untracked = self._untracked
+        if untracked:
+            tracked: list[Record] = []
+            for record in records:
+                key = (record.tp, record.offset, record.generation)
+                if key in untracked:
+                    untracked.discard(key)
+                else:
+                    tracked.append(record)
+            self._tracker.done_many(tracked)
+        else:
+            self._tracker.done_many(records)
+        self.done.put(records)
 
 
 class ExactlyOnce:

@@ -4,8 +4,8 @@ Every result and dead-letter record carries the source coordinates of its input:
 ``streamproc.source.topic``, ``streamproc.source.partition`` and ``streamproc.source.offset``
 (ASCII decimal). A result adds ``streamproc.timing`` (:data:`TIMING_FORMAT`) and
 ``streamproc.model.version`` (the version that made it), then the workload's own headers. A
-dead-letter record keeps the input's headers first, then adds the
-source coordinates and ``streamproc.error.stage`` (decode|model|encode|produce|callback),
+dead-letter record keeps the input's headers first, then adds the source coordinates and
+``streamproc.error.stage`` (decode|model|encode|produce|callback|deadline|delivery),
 ``streamproc.error.class`` and ``streamproc.error.message`` (the Kafka Connect dead-letter
 convention, our prefix), and ``streamproc.error.value_omitted`` (the value's size in bytes) when
 its value was left out. An *expired* result (its input was past its deadline when its batch was
@@ -40,6 +40,10 @@ KIND_EXPIRED = b"expired"
 """The ``streamproc.result.kind`` value of a result whose input was not run: past its deadline."""
 STAGE_DEADLINE = "deadline"
 """The ``streamproc.error.stage`` of a dead-letter record whose input was past its deadline."""
+STAGE_DELIVERY = "delivery"
+"""The ``streamproc.error.stage`` of a dead-letter record whose input a share group delivered
+``kafka.share_max_deliveries`` times (each earlier member failed to finish it: a crash, a kill,
+a lock that ran out); it is not run again (``streamproc.intake.share``)."""
 MAX_ERROR_MESSAGE_CHARS = 1000
 """``streamproc.error.message`` holds at most this many characters of the error's message."""
 

@@ -124,6 +124,9 @@ class Workload:
             the replay stamps it into the header (trades high, IoT normal, video low).
         refused_precisions: precision name (``worker.precision``) -> why this workload's
             model must not run at it (measured); refused at start-up with that reason.
+        ordered: its results must follow their inputs' order per key (a stateful workload,
+            as ``pipelines[].ordered`` declares it): a share group (``kafka.group_type:
+            share``), which keeps no order, is refused for it at start-up.
     """
 
     name: str = "workload"
@@ -132,6 +135,7 @@ class Workload:
     item_dtype: np.dtype = np.dtype(np.uint8)
     refused_precisions: Mapping[str, str] = MappingProxyType({})
     input_formats: tuple[str, ...] = ("json",)
+    ordered: bool = False
 
     def use_input_format(self, name: str, writers: WriterSchemas | None) -> None:
         """Read message values in format ``name`` (``pipelines[].format``), the writer schemas

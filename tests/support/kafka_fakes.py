@@ -87,6 +87,16 @@ class FakeMessage:
         return (1, self._timestamp_ms)  # TIMESTAMP_CREATE_TIME
 
 
+@dataclass
+class FakeShareMessage(FakeMessage):
+    """A message acquired from a share group (it also says how often it was delivered)."""
+
+    _delivery_count: int = 1
+
+    def delivery_count(self) -> int:
+        return self._delivery_count
+
+
 def _ours(part: KafkaTopicPartition) -> TopicPartition:
     return TopicPartition(part.topic, part.partition)
 
@@ -430,3 +440,78 @@ def factory(client: Any) -> Callable[[dict[str, Any]], Any]:
 if TYPE_CHECKING:  # the fakes satisfy the protocols the stages take
     _consumer: ConsumerClient = FakeConsumer({})
     _producer: ProducerClient = FakeProducer()
+
+
+@dataclass
+class FakeShareConsumer:
+    """An in-memory share consumer (``confluent_kafka.ShareConsumer``, explicit
+    acknowledgement): :meth:`poll` returns the next of :attr:`polls` (empty lists once they
+    run out) and, as the real client does, raises while a record of the previous poll is not
+    acknowledged. Acknowledgements are recorded in :attr:`acks` as ``(topic, partition,
+    offset, type)`` and reported to the commit callback by the next :meth:`poll` and by
+    :meth:`close`; :attr:`stats` (JSON strings) are handed to ``stats_cb`` by the next poll.
+    """
+
+    polls: deque[list[FakeShareMessage]] = field(default_factory=deque)
+    stats: deque[str] = field(default_factory=deque)
+    settings: dict[str, Any] = field(default_factory=dict)
+    acks: list[tuple[str, int, int, int]] = field(default_factory=list)
+    subscribed: list[str] = field(default_factory=list)
+    closed: bool = False
+    commits: int = 0
+    _unacked: set[tuple[str, int, int]] = field(default_factory=set)
+    _unsent: list[tuple[str, int, int, int]] = field(default_factory=list)
+    _on_commit: Callable[[dict[KafkaTopicPartition, set[int]], Any], None] | None = None
+
+    def __call__(self, settings: dict[str, Any]) -> FakeShareConsumer:
+        """Be the factory too: keep the settings, return self."""
+        self.settings = settings
+        return self
+
+    def set_acknowledgement_commit_callback(
+        self, callback: Callable[[dict[KafkaTopicPartition, set[int]], Any], None]
+    ) -> None:
+        self._on_commit = callback
+
+    def subscribe(self, topics: list[str]) -> None:
+        self.subscribed = list(topics)
+
+    def poll(self, timeout: float = -1) -> list[FakeShareMessage]:
+        if self._unacked:
+            raise KafkaException(
+                KafkaError(KafkaError._STATE, "not all records of the previous poll acknowledged")
+            )
+        self._send()
+        stats_cb = self.settings.get("stats_cb")
+        while self.stats and stats_cb is not None:
+            stats_cb(self.stats.popleft())
+        batch = self.polls.popleft() if self.polls else []
+        self._unacked = {(m.topic(), m.partition(), m.offset()) for m in batch}
+        return batch
+
+    def acknowledge_offset(self, topic: str, partition: int, offset: int, ack_type: int) -> None:
+        key = (topic, partition, offset)
+        if key not in self._unacked:
+            raise KafkaException(KafkaError(KafkaError._STATE, f"{key} is not in flight"))
+        self._unacked.discard(key)
+        self.acks.append((*key, int(ack_type)))
+        self._unsent.append((*key, int(ack_type)))
+
+    def commit_sync(self, timeout: float = 60) -> dict[KafkaTopicPartition, Any]:
+        self.commits += 1
+        self._send()
+        return {}
+
+    def close(self) -> None:
+        self._send()
+        self.closed = True
+
+    def _send(self) -> None:
+        if not self._unsent or self._on_commit is None:
+            self._unsent.clear()
+            return
+        offsets: dict[tuple[str, int], set[int]] = {}
+        for topic, partition, offset, _ in self._unsent:
+            offsets.setdefault((topic, partition), set()).add(offset)
+        self._unsent.clear()
+        self._on_commit({KafkaTopicPartition(t, p): o for (t, p), o in offsets.items()}, None)

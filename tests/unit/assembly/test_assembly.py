@@ -19,6 +19,8 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.identity import claim_transactional_id
 from streamproc.pipeline import Pipeline, State
 from streamproc.records import TopicPartition
+from streamproc.workloads import Workload
+from streamproc.workloads.trades import TradesWorkload
 from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory
 
 TRADES = {"name": "t", "input_topic": "t", "output_topic": "to", "workload": "trades"}
@@ -180,3 +182,19 @@ def test_a_start_that_fails_after_the_source_is_built_gives_back_every_stage() -
         assert identity.slot == 0, "a failed start kept its host slot"
     finally:
         identity.release()
+
+
+def ordered_trades() -> Workload:
+    """Trades as a stateful workload would declare itself: results in per-key order."""
+    workload = TradesWorkload()
+    workload.ordered = True
+    return workload
+
+
+def test_a_workload_that_keeps_per_key_order_refuses_a_share_group_naming_the_key() -> None:
+    spec = {**TRADES, "workload": "tests.unit.assembly.test_assembly:ordered_trades"}
+    _pipeline(_config([spec])).close()  # a consumer group keeps the order: accepted
+    with pytest.raises(ConfigError, match=r"kafka\.group_type: share is refused for pipeline 't'"):
+        _pipeline(
+            _config([spec], kafka={"bootstrap_servers": "127.0.0.1:9", "group_type": "share"})
+        )

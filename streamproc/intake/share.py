@@ -1,0 +1,566 @@
+"""The share source: the one thread that owns a share group's consumer (``kafka.group_type:
+share``, KIP-932).
+
+In a share group any number of members read the same partitions: the broker hands each record
+to one member at a time (it is *acquired*, under a lock of ``group.share.record.lock.duration.ms``,
+30 s by default), and the member acknowledges it by itself. So the members can outnumber the
+partitions, which a consumer group never allows. Records come into the same lanes, rings,
+batcher, device workers and sink as a consumer group's; only the intake and the acknowledgement
+differ:
+
+* **Acknowledged only once durable.** A record is acknowledged ``ACCEPT`` when its output record
+  (its result, or its dead-letter record) was acknowledged by the broker
+  (:class:`~streamproc.offsets.guarantees.ShareAcknowledgements`), never before. The
+  acknowledgements travel with the next ``poll`` (or the ``close``); the broker's answer is
+  counted (``streamproc_share_acknowledged_total``, ``..._acknowledgement_failures_total``).
+* **One poll in flight.** The client takes no ``poll`` while a record of the previous one is
+  not acknowledged (explicit acknowledgement), so the thread routes one poll's records, waits
+  for them to be done, then polls again. The rings therefore never hold more than one poll:
+  nothing is paused, and flow control has nothing to do here.
+* **A generation per poll.** Each partition of a poll starts a fresh tracker generation and a
+  fresh ring: a partition's records need not follow each other (the group spreads them over
+  its members, and a record released by one member comes back to another, below offsets
+  already seen).
+* **The lock rule.** Records of a poll not done ``kafka.share_release_after_ms`` after it
+  (25 s by default, inside the 30 s lock) are released (``RELEASE``) so that another member can
+  take them now rather than after the lock expires, and counted
+  (``streamproc_share_released_total{reason="lock"}``); their rings are emptied at the next
+  poll of their partition, and a result still produced for one of them is a duplicate, which
+  at-least-once allows. The client (librdkafka 2.16) cannot renew a lock.
+* **Stop.** Records not done at close are released (``reason="stop"``): the group hands them to
+  another member at once, nothing is lost.
+* **Delivery count.** A record the group delivers again (its members crashed, were killed, or
+  let its lock run out) runs alone, after the poll's other records, its acknowledgement
+  committed before the next one runs (:mod:`streamproc.intake.share_ledger` says why and in
+  which order). One delivered for the ``kafka.share_max_deliveries``-th time is dead-lettered
+  at once, stage ``delivery``, instead of being run once more, and rejected (``REJECT``) once
+  its dead-letter record is durable: a poison record stops taking members down, never reaches
+  the broker's own limit (where it would be archived without a trace), and takes no valid
+  record to the dead-letter topic with it.
+
+Ordering: none across records (a key's records may run on several members at once), and
+exactly-once is refused at start-up (``streamproc.config``). The share group's start offset is
+the group setting ``share.auto.offset.reset``: streamproc sets it from
+``kafka.auto_offset_reset`` at start-up (:func:`set_start_offset`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
+from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, ShareConsumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamproc.config import Config
+from streamproc.intake.lane import Lane
+from streamproc.intake.rebalance import Assignment
+from streamproc.intake.rings import FlowControl
+from streamproc.intake.routing import route
+from streamproc.intake.share_ledger import PollLedger
+from streamproc.intake.source import STOP_FETCHING, SourceControl
+from streamproc.kafka.clients import build_client
+from streamproc.kafka.protocols import MessageLike
+from streamproc.logs import get_logger, kafka_logger, redact
+from streamproc.metrics import Metrics
+from streamproc.offsets.guarantees import ShareAcknowledgements
+from streamproc.offsets.tracker import OffsetTracker
+from streamproc.records import Record, TopicPartition
+from streamproc.stages import observe_commits
+
+log = get_logger(__name__)
+
+START_OFFSET_KEY = "share.auto.offset.reset"
+"""The share group's setting of where a partition it has never read starts."""
+STATS_INTERVAL_MS = 1000
+"""How often the share consumer reports its statistics, whose ``cgrp`` says whether the member
+has partitions assigned (the client has no other way to say it); ``kafka.consumer``
+``statistics.interval.ms`` overrides it (0 turns it off: the member then counts as assigned
+from its first record on)."""
+
+
+def share_consumer_settings(config: Config, guarantee: ShareAcknowledgements) -> dict[str, Any]:
+    """The share consumer's librdkafka settings: ours, then the user's ``kafka.consumer``, then
+    what the guarantee needs (``share.acknowledgement.mode=explicit``)."""
+    kafka = config.kafka
+    return {
+        "bootstrap.servers": config.bootstrap_servers,
+        "group.id": kafka.group_id,
+        "max.poll.interval.ms": kafka.max_poll_interval_ms,
+        # one poll in flight at a time: its size is what a member takes from the others; the
+        # broker hands out whole record batches, so a poll may hold a few records more
+        "max.poll.records": kafka.consume_batch_messages,
+        # the member's assignment is visible only in the statistics (ShareSource._on_stats)
+        "statistics.interval.ms": STATS_INTERVAL_MS,
+        "logger": kafka_logger(),
+        **kafka.consumer,
+        **guarantee.consumer_settings,
+    }
+
+
+def set_start_offset(admin: Any, group_id: str, reset: str, timeout_s: float) -> bool:
+    """Set the share group's ``share.auto.offset.reset`` to ``reset`` (``earliest`` or
+    ``latest``; a group setting, not a client one: the broker's default is ``latest``).
+
+    Returns:
+        False when the broker refused it (e.g. not authorised to alter the group): logged; the
+        group keeps the setting it has.
+    """
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    entry = ConfigEntry(START_OFFSET_KEY, reset, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=[entry])
+    try:
+        admin.incremental_alter_configs([resource])[resource].result(timeout=timeout_s)
+    except (KafkaException, TimeoutError) as exc:
+        log.warning(
+            "could not set the share group's start offset; it keeps the one it has",
+            group=group_id,
+            setting=f"{START_OFFSET_KEY}={reset}",
+            error=str(exc),
+        )
+        return False
+    return True
+
+
+class ShareSource:
+    """Share consumer thread for all lanes of one process; the same surface as
+    :class:`~streamproc.intake.source.Source` for the pipeline and the lag monitor.
+
+    Args:
+        config: the validated config (``kafka.group_type: share``).
+        lanes: per input topic, its lane.
+        tracker: the offset tracker (a fresh generation per partition and poll).
+        guarantee: says which inputs are done (:attr:`ShareAcknowledgements.done`).
+        metrics: process metrics.
+        on_fatal: called when the consumer hits a fatal error.
+        consumer_factory: builds the share consumer from its settings (tests pass a fake).
+        clock: monotonic clock in seconds.
+        wall_clock: wall clock in seconds since the epoch (for deadlines).
+        control: its control queue (default: its own).
+        dead_letter: ``(record, error class, message)``: produce ``record``'s dead-letter
+            record (stage ``delivery``) to its pipeline's dead-letter topic.
+
+    Raises:
+        ConfigError: librdkafka refused a key or value under ``kafka.consumer``.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        lanes: Mapping[str, Lane],
+        tracker: OffsetTracker,
+        guarantee: ShareAcknowledgements,
+        metrics: Metrics,
+        on_fatal: Callable[[BaseException], None],
+        consumer_factory: Callable[[dict[str, Any]], Any] = ShareConsumer,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        control: SourceControl | None = None,
+        dead_letter: Callable[[Record, str, str], None] | None = None,
+    ) -> None:
+        self._config = config
+        self._lanes = lanes
+        self._tracker = tracker
+        self._guarantee = guarantee
+        self._done = guarantee.done
+        self._dead_letter = dead_letter
+        self._max_deliveries = config.kafka.share_max_deliveries
+        self._metrics = metrics
+        self._on_fatal = on_fatal
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.control = control or SourceControl()
+        self._release_after_s = config.kafka.share_release_after_ms / 1000.0
+        self._stop = threading.Event()
+        self._fetching = True
+        self._assignment = Assignment(clock)
+        self._last_poll_s = clock()
+        self._last_input_s = clock()
+        self._ledger = PollLedger()  # the poll in flight
+        # per partition, offsets accepted and not yet confirmed by the broker (the commit
+        # callback may name an offset more than once: measured, librdkafka 2.16)
+        self._unconfirmed: dict[tuple[str, int], set[int]] = {}
+        self._polled_s = 0.0
+        settings = share_consumer_settings(config, guarantee)
+        log.debug(
+            "share consumer config",
+            settings=redact({k: v for k, v in settings.items() if not callable(v)}),
+        )
+        user_stats = settings.pop("stats_cb", None)
+        settings["stats_cb"] = self._on_stats if user_stats is None else user_stats
+        self.assigned_partitions = 0  # from the statistics; any thread may read it
+        self._consumer = build_client(consumer_factory, settings, "kafka.consumer")
+        self._consumer.set_acknowledgement_commit_callback(self._on_acknowledged)
+        self._thread = threading.Thread(target=self._run, name="source", daemon=True)
+
+    # -- read from any thread (written by the source thread only) ------------------------
+    @property
+    def assignment(self) -> Assignment:
+        """The partitions this member has had records from (a share group assigns none that
+        a client can see); ``unassigned`` is None once the first poll returned."""
+        return self._assignment
+
+    @property
+    def last_poll_s(self) -> float:
+        """Monotonic seconds of the last turn of the poll loop (liveness)."""
+        return self._last_poll_s
+
+    @property
+    def last_input_s(self) -> float:
+        """Monotonic seconds when the last record was accepted into a ring."""
+        return self._last_input_s
+
+    def positions(self) -> dict[TopicPartition, int | None]:
+        """None known: a share member has no position of its own in a partition (the lag
+        monitor then measures only the records in this process)."""
+        return {}
+
+    # -- control from other threads --------------------------------------------------------
+    def subscribe(self) -> None:
+        """Join the share group on the lanes' input topics."""
+        self._consumer.subscribe(list(self._lanes))
+
+    def start(self) -> None:
+        """Subscribe and start the source thread."""
+        self.subscribe()
+        self._thread.start()
+
+    def apply(self, flow: FlowControl) -> None:
+        """Nothing: a share member never pauses (its rings hold one poll at most)."""
+
+    def request_commit(self) -> None:
+        """Nothing: acknowledgements travel with the next poll, nothing is committed."""
+
+    def stop_fetching(self) -> None:
+        """Take no further poll; the records of the one in flight are still acknowledged."""
+        self.control.stop_fetching()
+
+    def close(self, timeout_s: float) -> None:
+        """Release what is not done, send the acknowledgements, leave the group, join the
+        thread."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        else:  # never started
+            with contextlib.suppress(Exception):
+                self._consumer.close()
+
+    # -- the source thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.poll_until(self._stop.is_set)
+        except BaseException as exc:
+            self._on_fatal(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                self._settle()  # what was done before the stop is acknowledged
+            with contextlib.suppress(Exception):
+                self._release("stop")
+            with contextlib.suppress(Exception):
+                self._consumer.close()  # sends the acknowledgements, leaves the group
+
+    def poll_until(self, done: Callable[[], bool]) -> None:
+        """The poll loop, until ``done()``: poll, route, wait for the poll's records to be
+        done (acknowledging each, running suspects alone), poll again."""
+        timeout_s = self._config.kafka.poll_timeout_s
+        clock = self._clock
+        ledger = self._ledger
+        while not done():
+            self._drain_control()
+            now_s = self._last_poll_s = clock()
+            if ledger:
+                self._settle()
+                self._run_alone()
+                self._wait_for_done(timeout_s)
+                if ledger and now_s - self._polled_s >= self._release_after_s:
+                    self._release("lock")
+                continue
+            self._settle()
+            if not self._fetching:
+                self._wait_for_control(timeout_s)
+                continue
+            messages = self._consumer.poll(timeout_s)  # statistics arrive in here too
+            now_s = self._last_poll_s = clock()
+            if messages:
+                self._route(messages, now_s)
+
+    def _route(self, messages: Sequence[MessageLike], now_s: float) -> None:
+        """Route one poll's records into their lanes, each partition under a fresh generation
+        and ring; records delivered before wait to run alone, or are dead-lettered at
+        ``kafka.share_max_deliveries`` (:mod:`streamproc.intake.share_ledger`)."""
+        fresh: dict[TopicPartition, int] = {}
+
+        def generation_of(tp: TopicPartition) -> int | None:
+            generation = self._tracker.assign([tp])[tp]
+            self._lanes[tp.topic].assign([tp])
+            fresh[tp] = generation
+            return generation
+
+        routed = route(
+            messages,
+            self._lanes,
+            generation_of,
+            {},
+            self._wall_clock() * 1000.0,
+            now_s,
+            self._metrics,
+            self._on_message_error,
+        )
+        if fresh:
+            self._assignment = self._assignment.started(fresh, fresh)  # assigned: it has records
+        metrics = self._metrics
+        # per (topic, partition, offset) delivered before: its delivery count
+        again: dict[tuple[str, int, int], int] = {}
+        for message in messages:
+            count = message.delivery_count() if hasattr(message, "delivery_count") else 1
+            if message.error() is None and count is not None and count > 1:
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
+                assert topic is not None and partition is not None and offset is not None
+                metrics.child(metrics.share_redelivered, topic).inc()
+                again[(topic, partition, offset)] = count
+        self._polled_s = now_s
+        for topic, runs in routed.runs.items():
+            if again:
+                runs = self._set_apart(runs, again)
+            offered = self._lanes[topic].offer_runs(runs, topic in routed.deadlines)
+            accepted = 0
+            for run in offered.runs.values():
+                self._ledger.add(run)
+                accepted += len(run)
+            if accepted:
+                metrics.child(metrics.consumed, topic).inc(accepted)
+                self._last_input_s = now_s
+            for tp, first in offered.refused.items():
+                # a ring smaller than a poll: what it refused goes back to the group now
+                refused = [r.offset for r in runs[tp] if r.offset >= first]
+                for offset in refused:
+                    self._consumer.acknowledge_offset(
+                        tp.topic, tp.partition, offset, AcknowledgeType.RELEASE
+                    )
+                metrics.child(metrics.share_released, topic, "ring_full").inc(len(refused))
+        metrics.share_in_flight.set(len(self._ledger))
+
+    def _set_apart(
+        self,
+        runs: dict[TopicPartition, list[Record]],
+        again: dict[tuple[str, int, int], int],
+    ) -> dict[TopicPartition, list[Record]]:
+        """Take the records delivered before out of ``runs``: at ``share_max_deliveries`` each
+        is dead-lettered (then rejected), below it each waits to run alone; returns the runs
+        left to offer now."""
+        kept: dict[TopicPartition, list[Record]] = {}
+        suspects: list[tuple[Record, int]] = []
+        for tp, run in runs.items():
+            rest = []
+            for record in run:
+                count = again.get((tp.topic, tp.partition, record.offset))
+                if count is None:
+                    rest.append(record)
+                elif count < self._max_deliveries or self._dead_letter is None:
+                    suspects.append((record, count))
+                else:
+                    self._dead_letter_poison(record, count)
+            if rest:
+                kept[tp] = rest
+        if suspects:
+            self._ledger.wait_alone(suspects)
+            self._metrics.child(self._metrics.consumed, suspects[0][0].tp.topic).inc(len(suspects))
+        return kept
+
+    def _dead_letter_poison(self, record: Record, count: int) -> None:
+        assert self._dead_letter is not None
+        self._ledger.add_rejected(record)
+        self._guarantee.untracked(record)
+        log.warning(
+            "share record delivered too often; dead-lettered, not run again",
+            topic=record.tp.topic,
+            partition=record.tp.partition,
+            offset=record.offset,
+            deliveries=count,
+        )
+        self._dead_letter(
+            record,
+            "DeliveryCountExceeded",
+            f"delivered {count} times by the share group (kafka.share_max_deliveries "
+            f"{self._max_deliveries}): each member before failed to finish it",
+        )
+
+    def _run_alone(self) -> None:
+        """Start the next suspect, alone, under a fresh generation and ring of its partition,
+        when the poll's other records are done."""
+        record = self._ledger.next_alone()
+        if record is None:
+            return
+        tp = record.tp
+        generation = self._tracker.assign([tp])[tp]
+        lane = self._lanes[tp.topic]
+        lane.assign([tp])
+        alone = Record(
+            tp,
+            record.offset,
+            record.key,
+            record.value,
+            record.headers,
+            record.timestamp_ms,
+            record.consumed_at_s,
+            generation,
+            record.priority,
+            record.deadline_s,
+        )
+        self._ledger.started(alone)
+        lane.offer_runs({tp: [alone]}, alone.deadline_s != math.inf)
+        self._last_input_s = self._clock()
+
+    def _wait_for_done(self, timeout_s: float) -> None:
+        """Take the inputs done (blocking up to ``timeout_s`` for the first) and acknowledge
+        those of the poll in flight."""
+        try:
+            records = self._done.get(timeout=timeout_s)
+        except queue.Empty:
+            return
+        self._accept(records)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Acknowledge the inputs done since the last look (no waiting); the partitions whose
+        records are all done count as committed (their acknowledgements go with the next
+        ``poll``; the ``commit`` stage of their latency ends here)."""
+        while True:
+            try:
+                records = self._done.get_nowait()
+            except queue.Empty:
+                break
+            self._accept(records)
+        self._metrics.share_in_flight.set(len(self._ledger))
+        candidates = self._tracker.commit_candidates()
+        if candidates:
+            observe_commits(self._metrics, self._tracker.mark_committed(candidates))
+
+    def _accept(self, records: Sequence[Record]) -> None:
+        """Acknowledge each of ``records`` still outstanding: ``ACCEPT``, or ``REJECT`` for one
+        dead-lettered for its delivery count. A suspect's acknowledgement is committed at once:
+        the next suspect runs only once it is durable."""
+        ledger, consumer = self._ledger, self._consumer
+        for record in records:
+            alone = ledger.running is record
+            ending = ledger.done(record)
+            if ending is None:
+                continue
+            tp = record.tp
+            if ending == "reject":
+                consumer.acknowledge_offset(
+                    tp.topic, tp.partition, record.offset, AcknowledgeType.REJECT
+                )
+                continue
+            consumer.acknowledge_offset(
+                tp.topic, tp.partition, record.offset, AcknowledgeType.ACCEPT
+            )
+            self._unconfirmed.setdefault((tp.topic, tp.partition), set()).add(record.offset)
+            if alone:
+                try:
+                    consumer.commit_sync(self._config.kafka.startup_timeout_s)
+                except KafkaException as exc:  # it goes with the next poll instead
+                    log.warning("share acknowledgement commit failed", error=str(exc))
+
+    def _release(self, reason: str) -> None:
+        """Release every outstanding record of the poll in flight (``RELEASE``: the group
+        hands it to a member at once), counted by ``reason``."""
+        if not self._ledger:
+            return
+        released = self._ledger.release_all()
+        by_topic: dict[str, int] = {}
+        for tp, offsets in released.items():
+            for offset in offsets:
+                self._consumer.acknowledge_offset(
+                    tp.topic, tp.partition, offset, AcknowledgeType.RELEASE
+                )
+            by_topic[tp.topic] = by_topic.get(tp.topic, 0) + len(offsets)
+        self._metrics.share_in_flight.set(0)
+        for topic, count in by_topic.items():
+            self._metrics.child(self._metrics.share_released, topic, reason).inc(count)
+        log.warning(
+            "share records released before they were done",
+            reason=reason,
+            records=sum(by_topic.values()),
+            after_s=round(self._clock() - self._polled_s, 1),
+        )
+
+    def _on_stats(self, stats: str) -> None:
+        """librdkafka's statistics (on this thread, inside ``poll``): the consumer group's
+        ``assignment_size`` says whether the member has partitions assigned (a share group
+        assigns every partition to several members; a member gets its first ones a heartbeat,
+        ``group.share.heartbeat.interval.ms``, 5 s by default, after it joins)."""
+        group = orjson.loads(stats).get("cgrp") or {}
+        size = int(group.get("assignment_size", 0))
+        if size != self.assigned_partitions:
+            self.assigned_partitions = size
+            if (size > 0) == (self._assignment.unassigned is not None):
+                self._assignment = self._assignment.share_member(size > 0)
+            log.info("share group assignment", partitions=size)
+
+    def _on_acknowledged(
+        self, offsets: dict[KafkaTopicPartition, set[int]], exc: KafkaException | None
+    ) -> None:
+        """The broker's answer to acknowledgements sent (on this thread, inside ``poll`` or
+        ``close``): each accepted record is counted once, confirmed or refused (the callback
+        may name an offset again, and names released ones too: those are not counted here)."""
+        metrics = self._metrics
+        for part, acked in offsets.items():
+            unconfirmed = self._unconfirmed.get((part.topic, part.partition))
+            if not unconfirmed:
+                continue
+            answered = unconfirmed & acked
+            unconfirmed -= answered
+            if not answered:
+                continue
+            failed = exc is not None or part.error is not None
+            counter = metrics.share_ack_failures if failed else metrics.share_acknowledged
+            metrics.child(counter, part.topic).inc(len(answered))
+            if failed:
+                log.warning(
+                    "share acknowledgements refused; those records come again",
+                    topic=part.topic,
+                    partition=part.partition,
+                    records=len(answered),
+                    error=str(exc or part.error),
+                )
+
+    def _on_message_error(self, message: MessageLike) -> None:
+        err = message.error()
+        assert err is not None
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning("share consumer error", error=str(err))
+
+    def _drain_control(self) -> None:
+        while True:
+            try:
+                item = self.control.queue.get_nowait()
+            except queue.Empty:
+                return
+            self._control_item(item)
+
+    def _wait_for_control(self, timeout_s: float) -> None:
+        try:
+            item = self.control.queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return
+        self._control_item(item)
+
+    def _control_item(self, item: FlowControl | str) -> None:
+        if item == STOP_FETCHING:
+            self._fetching = False
