@@ -332,6 +332,14 @@ def test_static_membership_takes_the_group_instance_id_from_the_pod_name(render)
     }
 
 
+def test_a_share_group_renders_a_config_the_package_accepts(render) -> None:
+    config = rendered_config(render("defaults", "groupType=share"))
+    assert config["kafka"]["group_type"] == "share"
+    assert "group_protocol" not in config["kafka"]  # the values' default, refused by a share group
+    assert load_config(overrides=config).kafka.group_type == "share"
+    assert "group_type" not in rendered_config(render("defaults"))["kafka"]
+
+
 def test_the_consumer_group_protocol_renders_a_config_the_package_accepts(render) -> None:
     manifests = render("defaults", "config.kafka.group_protocol=consumer")
     config = rendered_config(manifests)
@@ -503,6 +511,21 @@ def test_prometheus_rule_matches_the_compose_alerts(render) -> None:
         (("workload.kind=DaemonSet",), "Deployment"),
         (("replicas=3",), "'replicas' not allowed"),
         (("staticMembership=true",), "staticMembership needs workload.kind StatefulSet"),
+        (("groupType=share", "keda.enabled=true"), "groupType share: keda.enabled"),
+        (
+            ("groupType=share", "workload.kind=StatefulSet", "staticMembership=true"),
+            "groupType share: staticMembership",
+        ),
+        (
+            (
+                "groupType=share",
+                "workload.kind=StatefulSet",
+                "config.processing_guarantee=exactly_once",
+            ),
+            "groupType share: config.processing_guarantee exactly_once",
+        ),
+        (("config.kafka.group_type=share",), "config.kafka.group_type: set groupType instead"),
+        (("groupType=queue",), "groupType"),
         (
             ("config.kafka.group_protocol=consumer", "config.kafka.session_timeout_ms=45000"),
             "session_timeout_ms is not supported with config.kafka.group_protocol consumer",

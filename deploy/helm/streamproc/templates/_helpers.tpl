@@ -88,6 +88,12 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- range $key, $value := $kafka -}}
 {{- if kindIs "invalid" $value -}}{{- $_ := unset $kafka $key -}}{{- end -}}
 {{- end -}}
+{{- if eq .Values.groupType "share" -}}
+{{- $_ := set $kafka "group_type" "share" -}}
+{{- /* consumer-group keys a share group refuses (the values' defaults set group_protocol) */ -}}
+{{- $_ := unset $kafka "group_protocol" -}}
+{{- $_ := unset $kafka "session_timeout_ms" -}}
+{{- end -}}
 {{- $security := include "streamproc.kafkaSecurity" . | fromYaml -}}
 {{- $_ := set $kafka "consumer" (mergeOverwrite (deepCopy $security) (default dict $kafka.consumer)) -}}
 {{- $_ := set $kafka "producer" (mergeOverwrite (deepCopy $security) (default dict $kafka.producer)) -}}
@@ -164,6 +170,20 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- fail "staticMembership needs workload.kind StatefulSet (stable pod names: the group instance ids)" -}}
 {{- end -}}
 {{- $kafka := default dict $config.kafka -}}
+{{- if and (hasKey $kafka "group_type") (ne (toString $kafka.group_type) .Values.groupType) -}}
+{{- fail (printf "config.kafka.group_type: set groupType instead (it is rendered into the config), got %v" $kafka.group_type) -}}
+{{- end -}}
+{{- if eq .Values.groupType "share" -}}
+{{- if .Values.staticMembership -}}
+{{- fail "groupType share: staticMembership is a consumer-group setting (a share group has no assignment to keep); remove it" -}}
+{{- end -}}
+{{- if eq (default "at_least_once" $config.processing_guarantee) "exactly_once" -}}
+{{- fail "groupType share: config.processing_guarantee exactly_once is not supported (a share group acknowledges records one by one, outside transactions); use at_least_once" -}}
+{{- end -}}
+{{- if .Values.keda.enabled -}}
+{{- fail "groupType share: keda.enabled scales on a consumer group's lag (KEDA's kafka scaler), which a share group does not have; set replicaCount (any number of pods share the partitions)" -}}
+{{- end -}}
+{{- end -}}
 {{- if and (eq (default "classic" $kafka.group_protocol) "consumer") (not (kindIs "invalid" $kafka.session_timeout_ms)) -}}
 {{- fail "config.kafka.session_timeout_ms is not supported with config.kafka.group_protocol consumer (the broker's group.consumer.session.timeout.ms applies): remove it" -}}
 {{- end -}}
