@@ -236,6 +236,13 @@ class Metrics:
             "Records this member acquired from its share group and has not acknowledged yet",
             registry=reg,
         )
+        self.share_busy = Gauge(
+            "streamproc_share_busy_ratio",
+            "Share of the last seconds (streamproc.intake.share.BUSY_WINDOW_S) in which this "
+            "member held records not yet acknowledged: near 1 while the group has a backlog "
+            "for it, near 0 once it finds nothing to acquire (the share-group scaling signal)",
+            registry=reg,
+        )
         self.share_acknowledged = Counter(
             "streamproc_share_acknowledged",
             "Records acknowledged to the share group (ACCEPT: result or dead-letter record "

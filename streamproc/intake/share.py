@@ -78,6 +78,9 @@ log = get_logger(__name__)
 
 START_OFFSET_KEY = "share.auto.offset.reset"
 """The share group's setting of where a partition it has never read starts."""
+BUSY_WINDOW_S = 5.0
+"""``streamproc_share_busy_ratio`` is the share of each window of this many seconds in which the
+member held records not yet acknowledged."""
 STATS_INTERVAL_MS = 1000
 """How often the share consumer reports its statistics, whose ``cgrp`` says whether the member
 has partitions assigned (the client has no other way to say it); ``kafka.consumer``
@@ -193,6 +196,8 @@ class ShareSource:
         # callback may name an offset more than once: measured, librdkafka 2.16)
         self._unconfirmed: dict[tuple[str, int], set[int]] = {}
         self._polled_s = 0.0
+        self._busy_s = 0.0  # seconds of the current window with records in flight
+        self._window_start_s = self._turn_s = clock()
         settings = share_consumer_settings(config, guarantee)
         log.debug(
             "share consumer config",
@@ -280,6 +285,7 @@ class ShareSource:
         while not done():
             self._drain_control()
             now_s = self._last_poll_s = clock()
+            self._measure_busy(now_s)
             if ledger:
                 self._settle()
                 self._run_alone()
@@ -295,6 +301,17 @@ class ShareSource:
             now_s = self._last_poll_s = clock()
             if messages:
                 self._route(messages, now_s)
+
+    def _measure_busy(self, now_s: float) -> None:
+        """Count the time since the last turn as busy when records were in flight; publish
+        the window's share every :data:`BUSY_WINDOW_S`."""
+        if self._ledger:
+            self._busy_s += now_s - self._turn_s
+        self._turn_s = now_s
+        elapsed_s = now_s - self._window_start_s
+        if elapsed_s >= BUSY_WINDOW_S:
+            self._metrics.share_busy.set(min(1.0, self._busy_s / elapsed_s))
+            self._busy_s, self._window_start_s = 0.0, now_s
 
     def _route(self, messages: Sequence[MessageLike], now_s: float) -> None:
         """Route one poll's records into their lanes, each partition under a fresh generation

@@ -340,6 +340,22 @@ def test_a_share_group_renders_a_config_the_package_accepts(render) -> None:
     assert "group_type" not in rendered_config(render("defaults"))["kafka"]
 
 
+def test_a_share_group_scales_on_how_busy_its_pods_are_past_the_partition_count(render) -> None:
+    manifests = render(
+        "defaults",
+        "groupType=share",
+        "keda.enabled=true",
+        "keda.share.prometheusAddress=http://prometheus.monitoring:9090",
+    )
+    (trigger,) = one(manifests, "ScaledObject")["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"  # KEDA's kafka scaler reads consumer-group lag only
+    meta = trigger["metadata"]
+    assert meta["serverAddress"] == "http://prometheus.monitoring:9090"
+    assert meta["query"].startswith("sum(streamproc_share_busy_ratio{namespace=")
+    assert meta["threshold"] == "0.5"
+    assert not by_kind(manifests, "TriggerAuthentication")
+
+
 def test_the_consumer_group_protocol_renders_a_config_the_package_accepts(render) -> None:
     manifests = render("defaults", "config.kafka.group_protocol=consumer")
     config = rendered_config(manifests)
@@ -511,7 +527,16 @@ def test_prometheus_rule_matches_the_compose_alerts(render) -> None:
         (("workload.kind=DaemonSet",), "Deployment"),
         (("replicas=3",), "'replicas' not allowed"),
         (("staticMembership=true",), "staticMembership needs workload.kind StatefulSet"),
-        (("groupType=share", "keda.enabled=true"), "groupType share: keda.enabled"),
+        (("groupType=share", "keda.enabled=true"), "groupType share: keda.enabled needs"),
+        (
+            (
+                "groupType=share",
+                "keda.enabled=true",
+                "keda.share.prometheusAddress=http://prometheus:9090",
+                "keda.minReplicaCount=0",
+            ),
+            "keda.minReplicaCount must be at least 1",
+        ),
         (
             ("groupType=share", "workload.kind=StatefulSet", "staticMembership=true"),
             "groupType share: staticMembership",

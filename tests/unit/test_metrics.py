@@ -41,6 +41,7 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_producer_renewals", "counter"),
     ("streamproc_late_results", "counter"),
     ("streamproc_share_in_flight_records", "gauge"),
+    ("streamproc_share_busy_ratio", "gauge"),
     ("streamproc_share_acknowledged", "counter"),
     ("streamproc_share_released", "counter"),
     ("streamproc_share_acknowledgement_failures", "counter"),

@@ -162,6 +162,16 @@ def test_a_stop_accepts_what_is_done_and_releases_the_rest() -> None:
     assert h.count("streamproc_share_released_total", topic="in", reason="stop") == 2
 
 
+def test_the_busy_ratio_is_the_share_of_time_with_records_in_flight() -> None:
+    h = ShareHarness()
+    h.turn(advance_s=1.0)  # two idle seconds (the clock moves before each turn and at the end)
+    h.consumer.polls.append(_messages(0, range(0, 2)))
+    h.turn()  # the poll: records in flight from here
+    h.cut()
+    h.turn(3, advance_s=1.0)  # three seconds in flight: the 5 s window ends, 3 s of it busy
+    assert h.count("streamproc_share_busy_ratio") == pytest.approx(0.6)
+
+
 def test_the_statistics_say_when_the_member_has_partitions() -> None:
     h = ShareHarness()
     assert h.source.assignment.unassigned is not None  # joined, nothing assigned yet

@@ -180,8 +180,11 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- if eq (default "at_least_once" $config.processing_guarantee) "exactly_once" -}}
 {{- fail "groupType share: config.processing_guarantee exactly_once is not supported (a share group acknowledges records one by one, outside transactions); use at_least_once" -}}
 {{- end -}}
-{{- if .Values.keda.enabled -}}
-{{- fail "groupType share: keda.enabled scales on a consumer group's lag (KEDA's kafka scaler), which a share group does not have; set replicaCount (any number of pods share the partitions)" -}}
+{{- if and .Values.keda.enabled (not .Values.keda.share.prometheusAddress) -}}
+{{- fail "groupType share: keda.enabled needs keda.share.prometheusAddress (a share group has no lag KEDA's kafka scaler can read; the chart scales on streamproc_share_busy_ratio through KEDA's prometheus scaler)" -}}
+{{- end -}}
+{{- if and .Values.keda.enabled (lt (int .Values.keda.minReplicaCount) 1) -}}
+{{- fail "groupType share: keda.minReplicaCount must be at least 1 (the scaling gauge comes from the pods: with none, nothing would ever scale up)" -}}
 {{- end -}}
 {{- end -}}
 {{- if and (eq (default "classic" $kafka.group_protocol) "consumer") (not (kindIs "invalid" $kafka.session_timeout_ms)) -}}
