@@ -177,6 +177,14 @@ rebalance-gaps: venv kafka-jars
 bench-formats: venv
 	$(PY) benchmarks/formats.py
 
+# Past the partition count: 6 processes on a 2-partition video topic (a slow model) as a consumer
+# group and as a share group, alternating (benchmarks/share_groups.py; docs/operations.md
+# "Share groups"). ~2 min per mode and repetition.
+SHARE_ARGS ?= --reps 3
+.PHONY: bench-share
+bench-share: venv kafka-jars
+	$(PY) -m benchmarks.share_groups $(SHARE_ARGS)
+
 .PHONY: bench-models
 bench-models: venv kafka-jars
 	$(PY) benchmarks/model_swap.py

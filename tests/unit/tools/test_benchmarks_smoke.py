@@ -42,6 +42,7 @@ from benchmarks import (
     quix_app,
     rebalance_gaps,
     results_path,
+    share_groups,
     soak,
 )
 from streamproc.config import load_config
@@ -355,6 +356,32 @@ def test_rebalance_gaps_measures_stretches_without_results_per_partition() -> No
     ]
     text = rebalance_gaps.summary(rows)
     assert "consumer static" in text and "41" in text and "42" in text
+
+
+def test_share_groups_configures_both_modes_and_knows_when_the_processes_are_ready(
+    tmp_path: Path,
+) -> None:
+    for mode in share_groups.MODES:
+        config = share_groups.config("b:9092", mode, "share-bench.abc", 0.2)
+        loaded = load_config(overrides=config)  # the package accepts what the processes read
+        assert loaded.kafka.group_type == mode
+        assert loaded.pipelines[0].options == {"base": "video", "delay_s": 0.2}
+    logs = [tmp_path / f"{i}.log" for i in range(3)]
+    running = '{"event": "pipeline running"}\n'
+    for log in logs:
+        log.write_text(running)
+    assert not share_groups.ready("share", logs, 2)  # not assigned yet
+    for log in logs:
+        log.write_text(running + '{"event": "share group assignment", "partitions": 2}\n')
+    assert share_groups.ready("share", logs, 2)
+    # a consumer group: ready once every partition is owned and the group settled (2 s)
+    logs[0].write_text(running + '{"event": "partitions assigned", "partitions": ["t[0]"]}\n')
+    logs[1].write_text(running + '{"event": "partitions assigned", "partitions": ["t[1]"]}\n')
+    assert not share_groups.ready("consumer", logs, 2)  # just assigned: not settled yet
+    settled = time.time() - 5
+    for log in logs:
+        os.utime(log, (settled, settled))
+    assert share_groups.ready("consumer", logs, 2)
 
 
 def test_lane_routes_builds_the_bench_context_it_runs_in() -> None:
