@@ -230,7 +230,7 @@ class Metrics:
             "Results for partitions no longer owned (not committed)",
             registry=reg,
         )
-        # share groups (kafka.group_type: share; streamproc.intake.share)
+        # share groups (kafka.group_type: share; streamproc.share)
         self.share_in_flight = Gauge(
             "streamproc_share_in_flight_records",
             "Records this member acquired from its share group and has not acknowledged yet",
@@ -238,9 +238,9 @@ class Metrics:
         )
         self.share_busy = Gauge(
             "streamproc_share_busy_ratio",
-            "Share of the last seconds (streamproc.intake.share.BUSY_WINDOW_S) in which this "
-            "member held records not yet acknowledged: near 1 while the group has a backlog "
-            "for it, near 0 once it finds nothing to acquire (the share-group scaling signal)",
+            "Share of the last 5 s in which this member held records not yet acknowledged: "
+            "near 1 while the group has a backlog for it, near 0 once it finds nothing to "
+            "acquire (the share-group scaling signal)",
             registry=reg,
         )
         self.share_acknowledged = Counter(

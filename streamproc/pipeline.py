@@ -34,7 +34,6 @@ from streamproc.decode.sizing import DecodeSizer
 from streamproc.device import DeviceWorker, PoolLeak
 from streamproc.errors import FatalPipelineError, RegistryUnavailable
 from streamproc.idle import IdleDecision, IdleExit, not_yet_fetched
-from streamproc.intake.share import set_start_offset
 from streamproc.kafka.admin import (
     cluster_metadata,
     ensure_topics,
@@ -47,6 +46,7 @@ from streamproc.logs import get_logger
 from streamproc.metrics import Metrics
 from streamproc.offsets.outcomes import RunCounts
 from streamproc.offsets.tracker import OffsetTracker
+from streamproc.share.source import ShareSource, set_start_offset
 
 log = get_logger(__name__)
 
@@ -124,6 +124,7 @@ class Pipeline:
         self.leaks: tuple[PoolLeak, ...] = ()
         self._admin_factory = admin_factory
         self._stop = threading.Event()
+        self._quieting = False  # a share member found idle stopped taking records
         self._fatal: BaseException | None = None
         # torch's intra-op thread count is process-wide: set for this pipeline's life (before
         # the models are built) and restored at close, or here if building fails (an embedding
@@ -364,9 +365,27 @@ class Pipeline:
                 self.stages.lag.wake()  # measure now, not in metrics.lag_interval_s
                 next_wake_s = now_s + LAG_WAKE_INTERVAL_S
             elif verdict is IdleDecision.IDLE:
+                if not self._share_member_quiet():
+                    continue
                 quiet_s = now_s - max(last_input_s, last_rebalance_s)
                 log.info("idle; exiting", idle_s=round(quiet_s, 1))
                 return
+
+    def _share_member_quiet(self) -> bool:
+        """Whether a member found idle may exit now. A consumer group's may (what a poll
+        returned meanwhile stays uncommitted: read again). A share member first stops taking
+        records and runs what it already acquired: a poll that returned between the idle check
+        and the drain would otherwise be released at the stop, and with every member of the
+        group exiting the same way, be left to no one (measured: 13 of 960 records left)."""
+        source = self.source
+        if not isinstance(source, ShareSource):
+            return True
+        if source.fetching:
+            if not self._quieting:
+                source.stop_fetching()
+                self._quieting = True
+            return False  # the source thread takes the request between polls
+        return source.in_flight == 0
 
     # -- stop and drain ------------------------------------------------------------------------
     def close(self) -> None:

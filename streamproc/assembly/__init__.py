@@ -49,7 +49,6 @@ from streamproc.dispatch.selection import select_devices
 from streamproc.errors import ConfigError
 from streamproc.health import HealthServer, Probe
 from streamproc.intake.lane import Lane
-from streamproc.intake.share import ShareSource
 from streamproc.intake.source import Source
 from streamproc.kafka.lag import LagMonitor
 from streamproc.kafka.protocols import ConsumerFactory, ProducerFactory
@@ -62,6 +61,7 @@ from streamproc.offsets.tracker import OffsetTracker
 from streamproc.output.headers import STAGE_DELIVERY
 from streamproc.records import Record
 from streamproc.schemas.writers import WriterSchemas
+from streamproc.share.source import ShareSource
 
 log = get_logger(__name__)
 

@@ -76,7 +76,7 @@ class KafkaConfig(_Section):
     member, offsets committed) or ``share`` (a share group, KIP-932: any number of members read
     the same partitions, each record acquired by one member and acknowledged by itself, so the
     members can outnumber the partitions; at-least-once, no per-key order; see
-    ``streamproc.intake.share`` and docs/operations.md "Share groups"). ``group_protocol``,
+    ``streamproc.share`` and docs/operations.md "Share groups"). ``group_protocol``,
     ``group_instance_id`` and ``session_timeout_ms`` belong to consumer groups and fail at
     start-up with ``share``. ``auto_offset_reset`` becomes the share group's
     ``share.auto.offset.reset`` (a group setting streamproc sets at start-up).
@@ -89,7 +89,7 @@ class KafkaConfig(_Section):
     rejected; keep it at most the group's ``group.share.delivery.count.limit`` (5 by default),
     which archives the record silently after that many. 4 to 10: records delivered again run
     alone, so valid ones finish within two deliveries more than their first
-    (``streamproc.intake.share_ledger``).
+    (``streamproc.share.ledger``).
     """
 
     bootstrap_servers: str | None = None

@@ -1,7 +1,7 @@
 """One poll's messages routed: each wrapped in a :class:`~streamproc.records.Record` and grouped
 per lane and partition, in offset order (both intakes: the consumer group's
 :class:`~streamproc.intake.source.Source` and the share group's
-:class:`~streamproc.intake.share.ShareSource`).
+:class:`~streamproc.share.source.ShareSource`).
 
 A record's priority and deadline (``streamproc.intake.deadlines``) are worked out here, where its
 headers are read anyway: a deadline only for a record with headers or on a lane with

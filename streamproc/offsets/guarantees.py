@@ -224,7 +224,7 @@ class ShareAcknowledgements(AtLeastOnce):
     """At-least-once over a share group (``kafka.group_type: share``): results are produced at
     once; an input is done when its output record (its result or its dead-letter record) is
     acknowledged, and then, not before, the share source acknowledges it to the group
-    (``ACCEPT``, :mod:`streamproc.intake.share`). Nothing is committed by offset: the
+    (``ACCEPT``, :mod:`streamproc.share`). Nothing is committed by offset: the
     :attr:`committer` is never called.
 
     Args:

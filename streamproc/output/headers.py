@@ -43,7 +43,7 @@ STAGE_DEADLINE = "deadline"
 STAGE_DELIVERY = "delivery"
 """The ``streamproc.error.stage`` of a dead-letter record whose input a share group delivered
 ``kafka.share_max_deliveries`` times (each earlier member failed to finish it: a crash, a kill,
-a lock that ran out); it is not run again (``streamproc.intake.share``)."""
+a lock that ran out); it is not run again (``streamproc.share``)."""
 MAX_ERROR_MESSAGE_CHARS = 1000
 """``streamproc.error.message`` holds at most this many characters of the error's message."""
 

@@ -16,11 +16,11 @@ from streamproc.errors import ConfigError
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import CutRecords, Lane
 from streamproc.intake.rings import PartitionBuffers
-from streamproc.intake.share import ShareSource, share_consumer_settings
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import ShareAcknowledgements
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Record, TopicPartition
+from streamproc.share.source import ShareSource, share_consumer_settings
 from tests.support.kafka_fakes import FakeClock, FakeShareConsumer, FakeShareMessage
 
 PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload": "trades"}

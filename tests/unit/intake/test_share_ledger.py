@@ -3,8 +3,8 @@ and the order suspects run in."""
 
 from __future__ import annotations
 
-from streamproc.intake.share_ledger import PollLedger
 from streamproc.records import Record, TopicPartition
+from streamproc.share.ledger import PollLedger
 
 TP = TopicPartition("in", 0)
 

@@ -31,7 +31,7 @@ differ:
   another member at once, nothing is lost.
 * **Delivery count.** A record the group delivers again (its members crashed, were killed, or
   let its lock run out) runs alone, after the poll's other records, its acknowledgement
-  committed before the next one runs (:mod:`streamproc.intake.share_ledger` says why and in
+  committed before the next one runs (:mod:`streamproc.share.ledger` says why and in
   which order). One delivered for the ``kafka.share_max_deliveries``-th time is dead-lettered
   at once, stage ``delivery``, instead of being run once more, and rejected (``REJECT``) once
   its dead-letter record is durable: a poison record stops taking members down, never reaches
@@ -63,7 +63,6 @@ from streamproc.intake.lane import Lane
 from streamproc.intake.rebalance import Assignment
 from streamproc.intake.rings import FlowControl
 from streamproc.intake.routing import route
-from streamproc.intake.share_ledger import PollLedger
 from streamproc.intake.source import STOP_FETCHING, SourceControl
 from streamproc.kafka.clients import build_client
 from streamproc.kafka.protocols import MessageLike
@@ -72,6 +71,7 @@ from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import ShareAcknowledgements
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Record, TopicPartition
+from streamproc.share.ledger import PollLedger
 from streamproc.stages import observe_commits
 
 log = get_logger(__name__)
@@ -227,6 +227,16 @@ class ShareSource:
         """Monotonic seconds when the last record was accepted into a ring."""
         return self._last_input_s
 
+    @property
+    def fetching(self) -> bool:
+        """False once the source thread took a :meth:`stop_fetching` (no poll from then on)."""
+        return self._fetching
+
+    @property
+    def in_flight(self) -> int:
+        """Records of the poll in flight not yet acknowledged (suspects waiting included)."""
+        return len(self._ledger)
+
     def positions(self) -> dict[TopicPartition, int | None]:
         """None known: a share member has no position of its own in a partition (the lag
         monitor then measures only the records in this process)."""
@@ -316,7 +326,7 @@ class ShareSource:
     def _route(self, messages: Sequence[MessageLike], now_s: float) -> None:
         """Route one poll's records into their lanes, each partition under a fresh generation
         and ring; records delivered before wait to run alone, or are dead-lettered at
-        ``kafka.share_max_deliveries`` (:mod:`streamproc.intake.share_ledger`)."""
+        ``kafka.share_max_deliveries`` (:mod:`streamproc.share.ledger`)."""
         fresh: dict[TopicPartition, int] = {}
 
         def generation_of(tp: TopicPartition) -> int | None:

@@ -12,7 +12,7 @@ tried yet. Their order alternates with the delivery count (ascending offsets at 
 descending at an odd one), so the records behind the poison record in one round run before it
 in the next: after two rounds only the poison record is left, and valid records finish within
 two deliveries more than their first, below ``kafka.share_max_deliveries`` (at least 4). The
-poison record reaches the limit alone and is dead-lettered (``streamproc.intake.share``).
+poison record reaches the limit alone and is dead-lettered (``streamproc.share``).
 
 Owned by the share source's thread; nothing here is shared.
 """
