@@ -4,6 +4,7 @@ started; the pipeline's close releases what was built)."""
 from __future__ import annotations
 
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -18,10 +19,17 @@ from streamproc.errors import ConfigError
 from streamproc.metrics import Metrics
 from streamproc.offsets.identity import claim_transactional_id
 from streamproc.pipeline import Pipeline, State
-from streamproc.records import TopicPartition
+from streamproc.records import Record, TopicPartition
+from streamproc.share.source import ShareSource
 from streamproc.workloads import Workload
 from streamproc.workloads.trades import TradesWorkload
-from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory
+from tests.support.kafka_fakes import (
+    FakeConsumer,
+    FakeProducer,
+    FakeShareConsumer,
+    FakeShareMessage,
+    factory,
+)
 
 TRADES = {"name": "t", "input_topic": "t", "output_topic": "to", "workload": "trades"}
 IOT = {"name": "i", "input_topic": "i", "output_topic": "io", "workload": "iot"}
@@ -198,3 +206,38 @@ def test_a_workload_that_keeps_per_key_order_refuses_a_share_group_naming_the_ke
         _pipeline(
             _config([spec], kafka={"bootstrap_servers": "127.0.0.1:9", "group_type": "share"})
         )
+
+
+def test_an_idle_share_member_takes_no_more_records_and_runs_what_it_took_before_it_exits() -> None:
+    # bench-share: a poll returned between a member's idle check and its drain was released at
+    # the stop; the whole group exiting the same way left 13 of 960 records to no one
+    consumer = FakeShareConsumer()
+    consumer.polls.append([FakeShareMessage("t", 0, o, b"v") for o in range(2)])
+    pipeline = Pipeline(
+        _config([TRADES], kafka={"bootstrap_servers": "127.0.0.1:9", "group_type": "share"}),
+        consumer,
+        factory(FakeProducer()),
+    )
+    try:
+        source = pipeline.source
+        assert isinstance(source, ShareSource)
+        turns = iter([False, True])
+        source.poll_until(lambda: next(turns))  # the poll returned just before the idle check
+        assert source.in_flight == 2
+        assert not pipeline._share_member_quiet()  # asks the source to stop taking records
+        turns = iter([False, True])
+        source.poll_until(lambda: next(turns))  # the source takes the request between polls
+        assert not source.fetching and not consumer.polls
+        assert not pipeline._share_member_quiet()  # what it took must run first
+        lane = pipeline.stages.topics[0].lane
+        taken: list[Record] = []
+        while len(taken) < 2:  # the batches of the two records, results acknowledged
+            cut = lane.next_cut(threading.Event())
+            assert cut is not None
+            taken += cut.records
+        pipeline.stages.shared.guarantee.acknowledged(taken)
+        turns = iter([False, True])
+        source.poll_until(lambda: next(turns))
+        assert source.in_flight == 0 and pipeline._share_member_quiet()
+    finally:
+        pipeline.close()
