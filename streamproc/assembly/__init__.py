@@ -152,16 +152,16 @@ def assemble(
             on_fatal,
             schemas,
         )
-        topics: list[TopicStages] = []
-        for spec in config.pipelines:
-            topics.append(build_topic_stages(spec, shared))
-            release.callback(topics[-1].staging.close)
+        topics = tuple(
+            _given_back_on_failure(build_topic_stages(spec, shared), release)
+            for spec in config.pipelines
+        )
         lanes = {stages.topic: stages.lane for stages in topics}
         sink.watch_latency(lanes)
         source = build_source(shared, lanes, consumer_factory)
         release.callback(source.close, 0.0)
         dispatchers = tuple(build_dispatcher(stages, source.apply, shared) for stages in topics)
-        lag = build_lag_monitor(config, source, tracker, metrics, tuple(topics))
+        lag = build_lag_monitor(config, source, tracker, metrics, topics)
         managers = {
             spec.name: stages.model.manager
             for spec, stages in zip(config.pipelines, topics, strict=True)
@@ -169,7 +169,14 @@ def assemble(
         }
         http = build_health(config, metrics, live, ready, managers)
         release.pop_all()
-    return Stages(shared, tuple(topics), source, dispatchers, lag, http)
+    return Stages(shared, topics, source, dispatchers, lag, http)
+
+
+def _given_back_on_failure(stages: TopicStages, release: contextlib.ExitStack) -> TopicStages:
+    """``stages``, its staging slabs registered with ``release`` (closed if a later stage
+    fails to build)."""
+    release.callback(stages.staging.close)
+    return stages
 
 
 def build_source(

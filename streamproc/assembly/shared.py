@@ -14,7 +14,7 @@ from streamproc.config import Config
 from streamproc.config.sections import Scalar
 from streamproc.dispatch.admission import DeviceAdmission
 from streamproc.dispatch.selection import DeviceSpec
-from streamproc.intake.source import SourceControl
+from streamproc.intake.source_control import SourceControl
 from streamproc.kafka.protocols import ProducerFactory
 from streamproc.logs import get_logger
 from streamproc.metrics import Metrics

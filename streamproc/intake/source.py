@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaException
 
 from streamproc.config import Config
 from streamproc.intake.lane import Lane
 from streamproc.intake.rebalance import Assignment, RebalanceHandler
 from streamproc.intake.rings import FlowControl
 from streamproc.intake.routing import route
+from streamproc.intake.source_control import COMMIT_NOW, STOP_FETCHING, SourceControl
+from streamproc.intake.thread import SourceThread, message_error
 from streamproc.kafka.clients import build_client
 from streamproc.kafka.protocols import ConsumerClient, ConsumerFactory, MessageLike, ktp
 from streamproc.logs import get_logger, kafka_logger, redact
@@ -49,9 +50,6 @@ PAUSED_POLL_S = 0.005
 queued meanwhile waits at most this long)."""
 GAUGE_INTERVAL_S = 1.0
 """Ring fill gauges are refreshed at least this often (and at every pause and resume)."""
-
-STOP_FETCHING = "stop_fetching"
-COMMIT_NOW = "commit_now"
 
 
 def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
@@ -87,31 +85,7 @@ def consumer_settings(config: Config, guarantee: Guarantee) -> dict[str, Any]:
     }
 
 
-class SourceControl:
-    """The source thread's control queue: what other threads ask of it (thread-safe puts,
-    taken by the source thread between polls). Made before the source, so the stages built
-    earlier can hold it (a model version switch asks for a commit) without binding late.
-    """
-
-    def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[FlowControl | str] = queue.SimpleQueue()
-
-    def apply(self, flow: FlowControl) -> None:
-        """Queue a flow-control change (nothing when it changes nothing)."""
-        if flow:
-            self.queue.put(flow)
-
-    def request_commit(self) -> None:
-        """Commit now rather than at the next ``commit_interval_ms`` (under exactly-once this
-        closes the open transaction: a model version switch asks for it)."""
-        self.queue.put(COMMIT_NOW)
-
-    def stop_fetching(self) -> None:
-        """Pause every assigned partition; polling (and group membership) continues."""
-        self.queue.put(STOP_FETCHING)
-
-
-class Source:
+class Source(SourceThread):
     """Consumer thread for all lanes of one process.
 
     Args:
@@ -144,19 +118,13 @@ class Source:
         wall_clock: Callable[[], float] = time.time,
         control: SourceControl | None = None,
     ) -> None:
+        super().__init__(clock, on_fatal, control)
         self._config = config
         self._wall_clock = wall_clock
         self._lanes = lanes
         self._metrics = metrics
-        self._on_fatal = on_fatal
-        self._clock = clock
         self._committer = guarantee.committer
         self._tracker = tracker
-        self.control = control or SourceControl()
-        self._control = self.control.queue
-        self._stop = threading.Event()
-        self._last_poll_s = clock()
-        self._last_input_s = clock()
         # per partition, the offset after the highest this process consumed (source thread)
         self._read_up_to: dict[TopicPartition, int] = {}
         settings = consumer_settings(config, guarantee)
@@ -176,7 +144,6 @@ class Source:
             config.kafka.auto_offset_reset,
             on_rewound=self._export_buffer_gauges,
         )
-        self._thread = threading.Thread(target=self._run, name="source", daemon=True)
 
     # -- read from any thread (written by the source thread only) ------------------------
     @property
@@ -184,16 +151,6 @@ class Source:
         """The current generation's assignment (:attr:`RebalanceHandler.assignment`); read
         it again after a poll: a rebalance replaces it."""
         return self.rebalance.assignment
-
-    @property
-    def last_poll_s(self) -> float:
-        """Monotonic seconds of the last return from ``consume`` (liveness)."""
-        return self._last_poll_s
-
-    @property
-    def last_input_s(self) -> float:
-        """Monotonic seconds when the last record was accepted into a ring."""
-        return self._last_input_s
 
     def positions(self) -> dict[TopicPartition, int | None]:
         """Next offset to deliver per assigned partition (None before its first message)."""
@@ -209,11 +166,6 @@ class Source:
             on_lost=self.rebalance.on_lost,
         )
 
-    def start(self) -> None:
-        """Subscribe and start the source thread."""
-        self.subscribe()
-        self._thread.start()
-
     def apply(self, flow: FlowControl) -> None:
         """Queue a flow-control change for the source thread (:meth:`SourceControl.apply`)."""
         self.control.apply(flow)
@@ -222,30 +174,13 @@ class Source:
         """Commit now (:meth:`SourceControl.request_commit`)."""
         self.control.request_commit()
 
-    def stop_fetching(self) -> None:
-        """Pause every assigned partition (:meth:`SourceControl.stop_fetching`)."""
-        self.control.stop_fetching()
-
-    def close(self, timeout_s: float) -> None:
-        """Commit final watermarks, close the consumer (leaving the group), join the thread."""
-        self._stop.set()
-        if self._thread.is_alive() or self._thread.ident is not None:
-            self._thread.join(timeout_s)
-        else:  # never started
-            with contextlib.suppress(Exception):
-                self._consumer.close()
-
     # -- the source thread -----------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self.poll_until(self._stop.is_set)
-        except BaseException as exc:
-            self._on_fatal(exc)
-        finally:
-            with contextlib.suppress(Exception):
-                self._commit(synchronous=True)
-            with contextlib.suppress(Exception):
-                self._consumer.close()
+    def _finish(self) -> None:
+        """Commit the final watermarks, close the consumer (leaving the group)."""
+        with contextlib.suppress(Exception):
+            self._commit(synchronous=True)
+        with contextlib.suppress(Exception):
+            self._consumer.close()
 
     def poll_until(self, done: Callable[[], bool]) -> None:
         """The poll loop, until ``done()`` (the thread runs it until :meth:`close`; unit tests
@@ -302,20 +237,11 @@ class Source:
             self._wall_clock() * 1000.0,
             now_s,
             self._metrics,
-            self._on_message_error,
+            message_error,
         )
         lanes = self._lanes
         for topic, runs in routed.runs.items():
             self._offer(topic, lanes[topic], runs, topic in routed.deadlines)
-
-    def _on_message_error(self, message: MessageLike) -> None:
-        err = message.error()
-        assert err is not None
-        if err.code() == KafkaError._PARTITION_EOF:
-            return
-        if err.fatal():
-            raise KafkaException(err)
-        log.warning("consumer error", error=str(err))
 
     def _offer(
         self,

@@ -49,13 +49,12 @@ from __future__ import annotations
 import contextlib
 import math
 import queue
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.config import Config
@@ -63,7 +62,8 @@ from streamproc.intake.lane import Lane
 from streamproc.intake.rebalance import Assignment
 from streamproc.intake.rings import FlowControl
 from streamproc.intake.routing import route
-from streamproc.intake.source import STOP_FETCHING, SourceControl
+from streamproc.intake.source_control import STOP_FETCHING, SourceControl
+from streamproc.intake.thread import SourceThread, message_error
 from streamproc.kafka.clients import build_client
 from streamproc.kafka.protocols import MessageLike
 from streamproc.logs import get_logger, kafka_logger, redact
@@ -137,7 +137,7 @@ def set_start_offset(admin: Any, group_id: str, reset: str, timeout_s: float) ->
     return True
 
 
-class ShareSource:
+class ShareSource(SourceThread):
     """Share consumer thread for all lanes of one process; the same surface as
     :class:`~streamproc.intake.source.Source` for the pipeline and the lag monitor.
 
@@ -173,6 +173,7 @@ class ShareSource:
         control: SourceControl | None = None,
         dead_letter: Callable[[Record, str, str], None] | None = None,
     ) -> None:
+        super().__init__(clock, on_fatal, control)
         self._config = config
         self._lanes = lanes
         self._tracker = tracker
@@ -181,16 +182,10 @@ class ShareSource:
         self._dead_letter = dead_letter
         self._max_deliveries = config.kafka.share_max_deliveries
         self._metrics = metrics
-        self._on_fatal = on_fatal
-        self._clock = clock
         self._wall_clock = wall_clock
-        self.control = control or SourceControl()
         self._release_after_s = config.kafka.share_release_after_ms / 1000.0
-        self._stop = threading.Event()
         self._fetching = True
         self._assignment = Assignment(clock)
-        self._last_poll_s = clock()
-        self._last_input_s = clock()
         self._ledger = PollLedger()  # the poll in flight
         # per partition, offsets accepted and not yet confirmed by the broker (the commit
         # callback may name an offset more than once: measured, librdkafka 2.16)
@@ -208,7 +203,6 @@ class ShareSource:
         self.assigned_partitions = 0  # from the statistics; any thread may read it
         self._consumer = build_client(consumer_factory, settings, "kafka.consumer")
         self._consumer.set_acknowledgement_commit_callback(self._on_acknowledged)
-        self._thread = threading.Thread(target=self._run, name="source", daemon=True)
 
     # -- read from any thread (written by the source thread only) ------------------------
     @property
@@ -216,16 +210,6 @@ class ShareSource:
         """The partitions this member has had records from (a share group assigns none that
         a client can see); ``unassigned`` is None once the first poll returned."""
         return self._assignment
-
-    @property
-    def last_poll_s(self) -> float:
-        """Monotonic seconds of the last turn of the poll loop (liveness)."""
-        return self._last_poll_s
-
-    @property
-    def last_input_s(self) -> float:
-        """Monotonic seconds when the last record was accepted into a ring."""
-        return self._last_input_s
 
     @property
     def fetching(self) -> bool:
@@ -247,44 +231,22 @@ class ShareSource:
         """Join the share group on the lanes' input topics."""
         self._consumer.subscribe(list(self._lanes))
 
-    def start(self) -> None:
-        """Subscribe and start the source thread."""
-        self.subscribe()
-        self._thread.start()
-
     def apply(self, flow: FlowControl) -> None:
         """Nothing: a share member never pauses (its rings hold one poll at most)."""
 
     def request_commit(self) -> None:
         """Nothing: acknowledgements travel with the next poll, nothing is committed."""
 
-    def stop_fetching(self) -> None:
-        """Take no further poll; the records of the one in flight are still acknowledged."""
-        self.control.stop_fetching()
-
-    def close(self, timeout_s: float) -> None:
-        """Release what is not done, send the acknowledgements, leave the group, join the
-        thread."""
-        self._stop.set()
-        if self._thread.ident is not None:
-            self._thread.join(timeout_s)
-        else:  # never started
-            with contextlib.suppress(Exception):
-                self._consumer.close()
-
     # -- the source thread -----------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self.poll_until(self._stop.is_set)
-        except BaseException as exc:
-            self._on_fatal(exc)
-        finally:
-            with contextlib.suppress(Exception):
-                self._settle()  # what was done before the stop is acknowledged
-            with contextlib.suppress(Exception):
-                self._release("stop")
-            with contextlib.suppress(Exception):
-                self._consumer.close()  # sends the acknowledgements, leaves the group
+    def _finish(self) -> None:
+        """Acknowledge what was done before the stop, release the rest, close the consumer
+        (which sends the acknowledgements and leaves the group)."""
+        with contextlib.suppress(Exception):
+            self._settle()
+        with contextlib.suppress(Exception):
+            self._release("stop")
+        with contextlib.suppress(Exception):
+            self._consumer.close()
 
     def poll_until(self, done: Callable[[], bool]) -> None:
         """The poll loop, until ``done()``: poll, route, wait for the poll's records to be
@@ -343,7 +305,7 @@ class ShareSource:
             self._wall_clock() * 1000.0,
             now_s,
             self._metrics,
-            self._on_message_error,
+            message_error,
         )
         if fresh:
             self._assignment = self._assignment.started(fresh, fresh)  # assigned: it has records
@@ -563,15 +525,6 @@ class ShareSource:
                     records=len(answered),
                     error=str(exc or part.error),
                 )
-
-    def _on_message_error(self, message: MessageLike) -> None:
-        err = message.error()
-        assert err is not None
-        if err.code() == KafkaError._PARTITION_EOF:
-            return
-        if err.fatal():
-            raise KafkaException(err)
-        log.warning("share consumer error", error=str(err))
 
     def _drain_control(self) -> None:
         while True:
