@@ -54,6 +54,20 @@ def _lock_records_for(bootstrap: str, group: str, lock_ms: int) -> None:
     admin.incremental_alter_configs([resource])[resource].result(30)
 
 
+def _slow_members_config(tmp_path: Path, bootstrap: str, t: Topics) -> Path:
+    """The config of ``streamproc run`` share members with a slow model (50 ms per batch),
+    polls of 20, JSON logs."""
+    slow = {"workload": "tests.support.slow:make_workload", "options": {"delay_s": 0.05}}
+    return write_config(
+        tmp_path / "c.yaml",
+        bootstrap,
+        t,
+        kafka={**SHARE, "consume_batch_messages": 20},
+        pipelines=[{"name": "p", "input_topic": t.input, "output_topic": t.output, **slow}],
+        logging={"format": "json"},
+    )
+
+
 def _results(bootstrap: str, topic: str) -> collections.Counter[tuple[int, int]]:
     """How many results each input (partition, offset) has on ``topic``."""
     dump = read_topic(bootstrap, topic)
@@ -98,17 +112,11 @@ def test_three_members_on_one_partition_all_take_records(
 ) -> None:
     """More members than partitions: a consumer group would leave two of them idle."""
     t = _topics(bootstrap_servers, 1)
-    slow = {"workload": "tests.support.slow:make_workload", "options": {"delay_s": 0.05}}
-    config = write_config(
-        tmp_path / "c.yaml",
-        bootstrap_servers,
-        t,
-        kafka={**SHARE, "consume_batch_messages": 20},
-        pipelines=[{"name": "p", "input_topic": t.input, "output_topic": t.output, **slow}],
-        logging={"format": "json"},
-    )
+    config = _slow_members_config(tmp_path, bootstrap_servers, t)
     logs = [tmp_path / f"member-{i}.log" for i in range(3)]
-    members = [start_consumer(config, log, idle_s=3) for log in logs]
+    # a member assigned a heartbeat (5 s) before the last one must not go idle before the
+    # records come: an idle share member stops taking records
+    members = [start_consumer(config, log, idle_s=10) for log in logs]
 
     def assigned(log: Path) -> bool:
         # the log is being written: a line may be half there, so no JSON parsing
@@ -139,15 +147,7 @@ def test_a_member_stopped_mid_stream_releases_what_it_held_and_nothing_is_lost(
     bootstrap_servers: str, tmp_path: Path
 ) -> None:
     t = _topics(bootstrap_servers, 1)
-    slow = {"workload": "tests.support.slow:make_workload", "options": {"delay_s": 0.05}}
-    config = write_config(
-        tmp_path / "c.yaml",
-        bootstrap_servers,
-        t,
-        kafka={**SHARE, "consume_batch_messages": 20},
-        pipelines=[{"name": "p", "input_topic": t.input, "output_topic": t.output, **slow}],
-        logging={"format": "json"},
-    )
+    config = _slow_members_config(tmp_path, bootstrap_servers, t)
     total = produce("trades", t.input, bootstrap_servers, 1, limit=400, progress=False)
     first = start_consumer(config, tmp_path / "first.log", idle_s=None)
     wait_for(lambda: len(_results(bootstrap_servers, t.output)) >= 40, 120, "the first results")

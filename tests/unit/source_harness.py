@@ -12,6 +12,7 @@ from streamproc.intake.batcher import Batcher
 from streamproc.intake.lane import CutRecords, Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.intake.source import Source
+from streamproc.intake.thread import SourceThread
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce, ExactlyOnce, Guarantee
 from streamproc.offsets.tracker import OffsetTracker
@@ -74,14 +75,7 @@ class Harness:
 
     def poll(self, times: int = 1, advance_s: float = 0.0) -> None:
         """Run the poll loop ``times`` iterations, moving the clock ``advance_s`` before each."""
-        left = [times]
-
-        def done() -> bool:
-            left[0] -= 1
-            self.clock.advance(advance_s)
-            return left[0] < 0
-
-        self.source.poll_until(done)
+        drive(self.source, self.clock, times, advance_s)
         assert not self.fatal, self.fatal
 
     def cut(self) -> CutRecords:
@@ -95,6 +89,19 @@ class Harness:
 
     def in_ring(self) -> float:
         return self.lane.fill_ratios().get(TP, 0.0) * 8
+
+
+def drive(source: SourceThread, clock: FakeClock, times: int, advance_s: float) -> None:
+    """Run ``source``'s poll loop ``times`` turns on this thread, moving ``clock`` by
+    ``advance_s`` before each (and once more at the end)."""
+    left = [times]
+
+    def done() -> bool:
+        left[0] -= 1
+        clock.advance(advance_s)
+        return left[0] < 0
+
+    source.poll_until(done)
 
 
 def exactly_once(producer: FakeProducer) -> Callable[[OffsetTracker, Metrics], Guarantee]:

@@ -22,6 +22,7 @@ from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Record, TopicPartition
 from streamproc.share.source import ShareSource, share_consumer_settings
 from tests.support.kafka_fakes import FakeClock, FakeShareConsumer, FakeShareMessage
+from tests.unit.source_harness import drive
 
 PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload": "trades"}
 ACCEPT, RELEASE = int(AcknowledgeType.ACCEPT), int(AcknowledgeType.RELEASE)
@@ -76,14 +77,7 @@ class ShareHarness:
 
     def turn(self, times: int = 1, advance_s: float = 0.0) -> None:
         """Run the poll loop ``times`` turns, moving the clock ``advance_s`` before each."""
-        left = [times]
-
-        def done() -> bool:
-            left[0] -= 1
-            self.clock.advance(advance_s)
-            return left[0] < 0
-
-        self.source.poll_until(done)
+        drive(self.source, self.clock, times, advance_s)
         assert not self.fatal, self.fatal
 
     def cut(self) -> CutRecords:
