@@ -87,9 +87,8 @@ class KafkaConfig(_Section):
     (the broker counts every delivery whose member did not acknowledge it: a crash, a kill, a
     lock that ran out) is dead-lettered (stage ``delivery``) instead of run once more, then
     rejected; keep it at most the group's ``group.share.delivery.count.limit`` (5 by default),
-    which archives the record silently after that many. 4 to 10: records delivered again run
-    alone, so valid ones finish within two deliveries more than their first
-    (``streamproc.share.ledger``).
+    which archives the record silently after that many. 5 to 10: a record delivered a third time
+    runs alone, so valid ones finish by their fourth delivery (``streamproc.share.ledger``).
     """
 
     bootstrap_servers: str | None = None
@@ -109,7 +108,7 @@ class KafkaConfig(_Section):
     group_instance_id: str | None = Field(default=None, min_length=1, max_length=249)
     group_type: Literal["consumer", "share"] = "consumer"
     share_release_after_ms: int = Field(default=25_000, gt=0)
-    share_max_deliveries: int = Field(default=5, ge=4, le=10)
+    share_max_deliveries: int = Field(default=5, ge=5, le=10)
     consumer: dict[str, Scalar] = Field(default_factory=dict)
     producer: dict[str, Scalar] = Field(default_factory=dict)
 

@@ -1,18 +1,20 @@
 """The share source's ledger of the poll in flight: which of its records are not done yet, how
 each one ends (``ACCEPT`` or ``REJECT``), and which wait to be run alone.
 
-**Suspects run alone.** A record the group delivers again (delivery count above 1) was held by a
-member that failed to finish it: crashed, killed, or let its lock run out. One record of such a
-poll may be a *poison* record that kills whichever member runs it, and every record that shared
-its poll was delivered again with it. Run together once more, they would all reach the
-delivery limit with the poison record and be dead-lettered with it, valid records included. So
-each suspect runs in a batch of its own, after the poll's other records, and its
+**Suspects run alone.** A record the group delivers a third time (``SUSPECT_DELIVERIES`` of
+:mod:`streamproc.share.source`; a second delivery follows any release, a scale-down's included) was
+held twice by a member that failed to finish it: crashed, killed, or let its lock run out. One
+record of such a poll may be a *poison* record that kills whichever member runs it, and every
+record that shared its poll was delivered again with it. Run together once more, they would all
+reach the delivery limit with the poison record and be dead-lettered with it, valid records
+included. So each suspect runs in a batch of its own, after the poll's other records, and its
 acknowledgement is committed before the next one runs: a crash then costs only the records not
 tried yet. Their order alternates with the delivery count (ascending offsets at an even count,
-descending at an odd one), so the records behind the poison record in one round run before it
-in the next: after two rounds only the poison record is left, and valid records finish within
-two deliveries more than their first, below ``kafka.share_max_deliveries`` (at least 4). The
-poison record reaches the limit alone and is dead-lettered (``streamproc.share``).
+descending at an odd one), so the records behind the poison record in one round run before it in
+the next: after two rounds only the poison record is left, and valid records finish within two
+deliveries more than their first as suspects (by the fourth), below ``kafka.share_max_deliveries``
+(at least 5). The poison record reaches the limit alone and is dead-lettered
+(``streamproc.share``).
 
 Owned by the share source's thread; nothing here is shared.
 """

@@ -78,6 +78,10 @@ log = get_logger(__name__)
 
 START_OFFSET_KEY = "share.auto.offset.reset"
 """The share group's setting of where a partition it has never read starts."""
+SUSPECT_DELIVERIES = 3
+"""A record delivered this many times runs alone (:mod:`streamproc.share.ledger`). A second
+delivery alone proves little: a member that stopped (a scale-down) or let a slow poll's lock run
+out releases whole polls, and those run again in batches as before."""
 BUSY_WINDOW_S = 5.0
 """``streamproc_share_busy_ratio`` is the share of each window of this many seconds in which the
 member held records not yet acknowledged."""
@@ -271,6 +275,7 @@ class ShareSource(SourceThread):
                 continue
             messages = self._consumer.poll(timeout_s)  # statistics arrive in here too
             now_s = self._last_poll_s = clock()
+            self._measure_busy(now_s)  # the wait in poll was idle, whatever it returned
             if messages:
                 self._route(messages, now_s)
 
@@ -355,7 +360,7 @@ class ShareSource(SourceThread):
             rest = []
             for record in run:
                 count = again.get((tp.topic, tp.partition, record.offset))
-                if count is None:
+                if count is None or count < SUSPECT_DELIVERIES:
                     rest.append(record)
                 elif count < self._max_deliveries or self._dead_letter is None:
                     suspects.append((record, count))
@@ -442,6 +447,7 @@ class ShareSource(SourceThread):
         dead-lettered for its delivery count. A suspect's acknowledgement is committed at once:
         the next suspect runs only once it is durable."""
         ledger, consumer = self._ledger, self._consumer
+        sent = False
         for record in records:
             alone = ledger.running is record
             ending = ledger.done(record)
@@ -457,11 +463,20 @@ class ShareSource(SourceThread):
                 tp.topic, tp.partition, record.offset, AcknowledgeType.ACCEPT
             )
             self._unconfirmed.setdefault((tp.topic, tp.partition), set()).add(record.offset)
+            sent = True
             if alone:
+                sent = False
                 try:
                     consumer.commit_sync(self._config.kafka.startup_timeout_s)
                 except KafkaException as exc:  # it goes with the next poll instead
                     log.warning("share acknowledgement commit failed", error=str(exc))
+        if sent and (ledger or not self._fetching):
+            # no poll comes at once to carry them: send them now, so what is durable is not
+            # delivered again if this member dies, or if its poll's lock runs out meanwhile
+            try:
+                consumer.commit_async()
+            except KafkaException as exc:  # the next poll or the close carries them
+                log.warning("share acknowledgement commit failed", error=str(exc))
 
     def _release(self, reason: str) -> None:
         """Release every outstanding record of the poll in flight (``RELEASE``: the group

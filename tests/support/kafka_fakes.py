@@ -459,6 +459,7 @@ class FakeShareConsumer:
     subscribed: list[str] = field(default_factory=list)
     closed: bool = False
     commits: int = 0
+    async_commits: int = 0
     _unacked: set[tuple[str, int, int]] = field(default_factory=set)
     _unsent: list[tuple[str, int, int, int]] = field(default_factory=list)
     _on_commit: Callable[[dict[KafkaTopicPartition, set[int]], Any], None] | None = None
@@ -501,6 +502,10 @@ class FakeShareConsumer:
         self.commits += 1
         self._send()
         return {}
+
+    def commit_async(self) -> None:
+        self.async_commits += 1
+        self._send()
 
     def close(self) -> None:
         self._send()
