@@ -340,9 +340,7 @@ class ShareSource(SourceThread):
                 # a ring smaller than a poll: what it refused goes back to the group now
                 refused = [r.offset for r in runs[tp] if r.offset >= first]
                 for offset in refused:
-                    self._consumer.acknowledge_offset(
-                        tp.topic, tp.partition, offset, AcknowledgeType.RELEASE
-                    )
+                    self._acknowledge(tp, offset, AcknowledgeType.RELEASE)
                 metrics.child(metrics.share_released, topic, "ring_full").inc(len(refused))
         metrics.share_in_flight.set(len(self._ledger))
 
@@ -455,13 +453,10 @@ class ShareSource(SourceThread):
                 continue
             tp = record.tp
             if ending == "reject":
-                consumer.acknowledge_offset(
-                    tp.topic, tp.partition, record.offset, AcknowledgeType.REJECT
-                )
+                self._acknowledge(tp, record.offset, AcknowledgeType.REJECT)
                 continue
-            consumer.acknowledge_offset(
-                tp.topic, tp.partition, record.offset, AcknowledgeType.ACCEPT
-            )
+            if not self._acknowledge(tp, record.offset, AcknowledgeType.ACCEPT):
+                continue
             self._unconfirmed.setdefault((tp.topic, tp.partition), set()).add(record.offset)
             sent = True
             if alone:
@@ -478,6 +473,25 @@ class ShareSource(SourceThread):
             except KafkaException as exc:  # the next poll or the close carries them
                 log.warning("share acknowledgement commit failed", error=str(exc))
 
+    def _acknowledge(self, tp: TopicPartition, offset: int, how: AcknowledgeType) -> bool:
+        """Acknowledge one record; False when the client refuses (the record is no longer in
+        flight for it: its lock or the member's share session ended; the group delivers it
+        again). Counted and logged, never fatal: the next poll is not held by it."""
+        try:
+            self._consumer.acknowledge_offset(tp.topic, tp.partition, offset, how)
+        except (KafkaException, RuntimeError) as exc:  # IllegalStateException is a RuntimeError
+            self._metrics.child(self._metrics.share_ack_failures, tp.topic).inc()
+            log.warning(
+                "share acknowledgement refused by the client; the record comes again",
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=offset,
+                acknowledgement=how.name,
+                error=str(exc),
+            )
+            return False
+        return True
+
     def _release(self, reason: str) -> None:
         """Release every outstanding record of the poll in flight (``RELEASE``: the group
         hands it to a member at once), counted by ``reason``."""
@@ -487,9 +501,7 @@ class ShareSource(SourceThread):
         by_topic: dict[str, int] = {}
         for tp, offsets in released.items():
             for offset in offsets:
-                self._consumer.acknowledge_offset(
-                    tp.topic, tp.partition, offset, AcknowledgeType.RELEASE
-                )
+                self._acknowledge(tp, offset, AcknowledgeType.RELEASE)
             by_topic[tp.topic] = by_topic.get(tp.topic, 0) + len(offsets)
         self._metrics.share_in_flight.set(0)
         for topic, count in by_topic.items():

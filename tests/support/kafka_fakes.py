@@ -492,8 +492,8 @@ class FakeShareConsumer:
 
     def acknowledge_offset(self, topic: str, partition: int, offset: int, ack_type: int) -> None:
         key = (topic, partition, offset)
-        if key not in self._unacked:
-            raise KafkaException(KafkaError(KafkaError._STATE, f"{key} is not in flight"))
+        if key not in self._unacked:  # the client's IllegalStateException is a RuntimeError
+            raise RuntimeError(f"{key} is not in flight")
         self._unacked.discard(key)
         self.acks.append((*key, int(ack_type)))
         self._unsent.append((*key, int(ack_type)))
