@@ -199,34 +199,6 @@ def test_each_poll_starts_its_partitions_afresh_and_counts_redeliveries() -> Non
     assert h.tracker.total_pending() == 0 and not h.tracker.commit_candidates()
 
 
-def test_what_is_durable_is_acknowledged_at_once_when_no_poll_comes_to_carry_it() -> None:
-    # review: after a stop (or while a poll's slowest record ran) the acknowledgements of done
-    # records waited for the close, past their lock: the group delivered them again
-    h = ShareHarness()
-    h.consumer.polls.append(_messages(0, range(0, 8)))
-    h.turn()
-    first = h.cut().records
-    h.outputs_acknowledged(first[:4])
-    h.turn()
-    assert h.consumer.async_commits == 1  # four done, four in flight: sent now, not at the poll
-    assert h.count("streamproc_share_acknowledged_total", topic="in") == 4
-
-
-def test_an_acknowledgement_the_client_refuses_is_counted_and_stops_nothing() -> None:
-    # review: the client refuses a record no longer in flight (its lock or session ended) with
-    # IllegalStateException; that raised out of the poll loop and stopped the pipeline
-    h = ShareHarness()
-    h.consumer.polls.append(_messages(0, range(0, 2)))
-    h.turn()
-    records = h.cut().records
-    h.consumer._unacked.discard(("in", 0, 0))  # the client forgot offset 0 (lock ended)
-    h.outputs_acknowledged(records)
-    h.turn()
-    assert h.consumer.acks == [("in", 0, 1, ACCEPT)]
-    assert h.count("streamproc_share_acknowledgement_failures_total", topic="in") == 1
-    assert h.source.in_flight == 0 and not h.fatal
-
-
 def test_records_delivered_again_run_alone_after_the_rest_each_committed_before_the_next() -> None:
     """A poll that comes back after its member died: any of its records may be the poison one,
     so each runs in a batch of its own, and its acknowledgement is durable before the next
