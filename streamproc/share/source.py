@@ -51,7 +51,7 @@ import math
 import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
@@ -75,6 +75,14 @@ from streamproc.share.ledger import PollLedger
 from streamproc.stages import observe_commits
 
 log = get_logger(__name__)
+
+
+class ShareMessageLike(MessageLike, Protocol):
+    """A message of a share consumer: a consumer's message that also says how often the
+    group delivered it."""
+
+    def delivery_count(self) -> int | None: ...
+
 
 START_OFFSET_KEY = "share.auto.offset.reset"
 """The share group's setting of where a partition it has never read starts."""
@@ -290,7 +298,7 @@ class ShareSource(SourceThread):
             self._metrics.share_busy.set(min(1.0, self._busy_s / elapsed_s))
             self._busy_s, self._window_start_s = 0.0, now_s
 
-    def _route(self, messages: Sequence[MessageLike], now_s: float) -> None:
+    def _route(self, messages: Sequence[ShareMessageLike], now_s: float) -> None:
         """Route one poll's records into their lanes, each partition under a fresh generation
         and ring; records delivered before wait to run alone, or are dead-lettered at
         ``kafka.share_max_deliveries`` (:mod:`streamproc.share.ledger`)."""
@@ -318,8 +326,10 @@ class ShareSource(SourceThread):
         # per (topic, partition, offset) delivered before: its delivery count
         again: dict[tuple[str, int, int], int] = {}
         for message in messages:
-            count = message.delivery_count() if hasattr(message, "delivery_count") else 1
-            if message.error() is None and count is not None and count > 1:
+            if message.error() is not None:
+                continue
+            count = message.delivery_count()  # every message of a share consumer has one
+            if count is not None and count > 1:
                 topic, partition, offset = message.topic(), message.partition(), message.offset()
                 assert topic is not None and partition is not None and offset is not None
                 metrics.child(metrics.share_redelivered, topic).inc()
