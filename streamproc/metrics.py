@@ -264,6 +264,23 @@ class Metrics:
             _TOPIC,
             registry=reg,
         )
+        self.share_acquired_end = Gauge(
+            "streamproc_share_acquired_end_offset",
+            "One past the highest offset this member has acquired from the partition. With "
+            "streamproc_partition_end_offset: a share group's records not yet acquired by any "
+            "member are max by (topic, partition) of the end offset minus max by (topic, "
+            "partition) of this gauge (Kafka's admin API has the group's own start offsets; "
+            "confluent-kafka 2.16 has no call for them)",
+            _TOPIC_PARTITION,
+            registry=reg,
+        )
+        self.partition_end_offset = Gauge(
+            "streamproc_partition_end_offset",
+            "End offset (high watermark) of every partition of the input topics, measured by "
+            "the lag thread every metrics.lag_interval_s (share groups: kafka.group_type share)",
+            _TOPIC_PARTITION,
+            registry=reg,
+        )
         self.share_redelivered = Counter(
             "streamproc_share_redelivered",
             "Records acquired with a delivery count above 1 (delivered before to some member "

@@ -9,8 +9,10 @@
 #     Apache Kafka broker (deploy/k8s/manifests/kafka.yaml);
 #  4. runs tests/k8s (helm install with deploy/k8s/values/*.yaml, replay, crash, roll, scale,
 #     probes, securityContext, exactly-once StatefulSet, KEDA, scale to zero and back under
-#     exactly-once, a rolling update with static membership, the consumer group protocol under
-#     kill -9, helm test, helm uninstall), each verified from the broker;
+#     exactly-once, a share group scaled by KEDA's prometheus scaler from 1 to 6 pods on a
+#     2-partition topic (with an in-cluster Prometheus, deploy/k8s/manifests/prometheus.yaml), a
+#     rolling update with static membership, the consumer group protocol under kill -9, helm
+#     test, helm uninstall), each verified from the broker;
 #  5. tears the cluster down and fails if any process, mount, network device, iptables chain or
 #     cgroup of it is left; prints the time of every phase.
 # KEEP=1 leaves the cluster up (deploy/k8s/cluster.sh down removes it). PYTEST_ARGS passes on.
@@ -32,6 +34,7 @@ source "$HERE/versions.env"
 PYTHON="${PY:-.venv/bin/python}"
 STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
 export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.4.0}"
+export PROMETHEUS_IMAGE="${PROMETHEUS_IMAGE:-streamproc/prometheus:2.42}"
 KEDA_IMAGE="streamproc.local/keda:$KEDA_VERSION"
 KEDA_ADAPTER_IMAGE="streamproc.local/keda-metrics-apiserver:$KEDA_VERSION"
 export KAFKA_IP=10.96.0.100
@@ -74,7 +77,10 @@ phase build
 
 # --- 2. images --------------------------------------------------------------------------------------
 docker info >/dev/null 2>&1 || die "no Docker engine answers (make images starts one)"
-for image in "$STREAMPROC_IMAGE" "$KAFKA_IMAGE"; do
+needed=("$STREAMPROC_IMAGE" "$KAFKA_IMAGE")
+# the share group's scaling check (KEDA's prometheus scaler) scrapes the pods with Prometheus
+[[ "$K8S_CHECKS" != all ]] || needed+=("$PROMETHEUS_IMAGE")
+for image in "${needed[@]}"; do
   docker image inspect "$image" >/dev/null 2>&1 && continue
   grep -q '^images:' Makefile || die "no image $image (and no \`make images\` to build it)"
   log "no image $image: make images ..."
@@ -90,11 +96,11 @@ scratch_image() {
   docker build --quiet --tag "$tag" "$dir" >"$dir/build.log" 2>&1 ||
     { cat "$dir/build.log" >&2; die "docker build of $tag failed"; }
 }
-keda_images=()
+extra_images=()
 if [[ "$K8S_CHECKS" == all ]]; then
   scratch_image "$KEDA_IMAGE" "$KEDA_BIN/keda"
   scratch_image "$KEDA_ADAPTER_IMAGE" "$KEDA_BIN/keda-adapter"
-  keda_images=("$KEDA_IMAGE" "$KEDA_ADAPTER_IMAGE")
+  extra_images=("$KEDA_IMAGE" "$KEDA_ADAPTER_IMAGE" "$PROMETHEUS_IMAGE")
 fi
 phase images
 
@@ -124,7 +130,7 @@ at_exit cleanup
 deploy/k8s/cluster.sh up
 eval "$(deploy/k8s/cluster.sh env)"
 phase cluster-up
-deploy/k8s/cluster.sh load "$STREAMPROC_IMAGE" "$KAFKA_IMAGE" "${keda_images[@]}"
+deploy/k8s/cluster.sh load "$STREAMPROC_IMAGE" "$KAFKA_IMAGE" "${extra_images[@]}"
 phase load
 
 # shellcheck disable=SC2016 # the variables envsubst may replace

@@ -225,14 +225,15 @@ def build_lag_monitor(
     topics: tuple[TopicStages, ...],
 ) -> LagMonitor:
     """The ``lag`` thread; every ``metrics.lag_interval_s`` it also samples the GPU gauges and
-    checks every pipeline's devices for stalls."""
+    checks every pipeline's devices for stalls; for a share group it also measures the end
+    offset of every input partition (a share member has no position of its own)."""
 
     def tick() -> None:
         metrics.sample_gpu()
         for stages in topics:
             stages.load.check_stalls()
 
-    return LagMonitor(
+    lag = LagMonitor(
         admin_settings(config),
         config.kafka.group_id,
         source.positions,
@@ -242,6 +243,9 @@ def build_lag_monitor(
         stall_timeout_s=config.metrics.stall_timeout_s,
         backlog=tracker.backlog,
     )
+    if config.kafka.group_type == "share":
+        lag.watch_ends([p.input_topic for p in config.pipelines])
+    return lag
 
 
 METRICS_PORTS_TRIED = 16

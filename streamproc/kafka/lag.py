@@ -143,6 +143,7 @@ class LagMonitor:
         monotonic time that refresh began. Replaced whole by each refresh (lag thread);
         one attribute read from any thread."""
         self._group_topics: tuple[str, ...] = ()
+        self._end_topics: tuple[str, ...] = ()
         self._group_reset: Literal["earliest", "latest"] = "earliest"
         self.group: GroupOffsets | None = None
         """The last complete measurement of the group (:meth:`watch_group`), None before the
@@ -162,6 +163,14 @@ class LagMonitor:
         (thread-safe)."""
         self._group_reset = reset
         self._group_topics = tuple(dict.fromkeys(topics))
+
+    def watch_ends(self, topics: Sequence[str]) -> None:
+        """Export the end offset of every partition of ``topics``
+        (``streamproc_partition_end_offset``) at each refresh from now on: a share member has
+        no position of its own, and the group's backlog is measured against these
+        (``streamproc_share_acquired_end_offset``). One metadata request per topic and one per
+        partition per refresh (thread-safe)."""
+        self._end_topics = tuple(dict.fromkeys(topics))
 
     def wake(self) -> None:
         """Refresh now instead of at the end of the period (thread-safe)."""
@@ -205,6 +214,15 @@ class LagMonitor:
                 self.group = self._measure_group(started_s, timeout_s)
             except KafkaException as exc:  # the previous measurement stands, older
                 log.debug("group offsets unavailable", error=str(exc))
+        if self._end_topics:
+            try:
+                partitions = self._partitions(self._end_topics, timeout_s)
+            except KafkaException as exc:  # the previous values stand, older
+                log.debug("end offsets unavailable", error=str(exc))
+            else:
+                gauge = self._metrics.partition_end_offset
+                for tp, end in self._offsets(partitions, True, timeout_s).items():
+                    gauge.labels(tp.topic, str(tp.partition)).set(end)
         positions = self._positions()
         for tp in set(self._progress) - positions.keys():
             self._progress.pop(tp, None)
@@ -293,12 +311,7 @@ class LagMonitor:
         """
         probe = self._client()
         reset_to_end = self._group_reset == "latest"
-        tps: list[TopicPartition] = []
-        for topic in self._group_topics:
-            metadata = probe.list_topics(topic, timeout=timeout_s).topics[topic]
-            if metadata.error is not None:
-                raise KafkaException(metadata.error)
-            tps += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+        tps = self._partitions(self._group_topics, timeout_s)
         asked = [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
         answered = probe.committed(asked, timeout=timeout_s)
         ends = self._offsets(tps, True, timeout_s)
@@ -318,6 +331,21 @@ class LagMonitor:
         if fresh:
             committed.update(self._offsets(fresh, False, timeout_s))
         return GroupOffsets(started_s, tuple(tps), committed, ends)
+
+    def _partitions(self, topics: Sequence[str], timeout_s: float) -> list[TopicPartition]:
+        """Every partition of ``topics``, from their metadata, in order.
+
+        Raises:
+            KafkaException: a topic's metadata did not answer.
+        """
+        probe = self._client()
+        tps: list[TopicPartition] = []
+        for topic in topics:
+            metadata = probe.list_topics(topic, timeout=timeout_s).topics[topic]
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
+            tps += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+        return tps
 
     def _starts(self, tps: list[TopicPartition], timeout_s: float) -> dict[TopicPartition, int]:
         """Committed offset of the group, else the earliest offset (auto.offset.reset)."""

@@ -106,6 +106,15 @@ class PollLedger:
             return "reject"
         return "accept"
 
+    def forget(self, record: Record) -> None:
+        """``record`` (the suspect just started) is released to the group, not run: no longer
+        outstanding, and the next suspect may start."""
+        key = (record.tp, record.offset)
+        self._outstanding.pop(key, None)
+        self._rejected.discard(key)
+        if self.running is not None and key == (self.running.tp, self.running.offset):
+            self.running = None
+
     def release_all(self) -> dict[TopicPartition, list[int]]:
         """Forget every outstanding record; returns them per partition, in offset order, to be
         released to the group."""

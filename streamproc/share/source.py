@@ -203,6 +203,8 @@ class ShareSource(SourceThread):
         # callback may name an offset more than once: measured, librdkafka 2.16)
         self._unconfirmed: dict[tuple[str, int], set[int]] = {}
         self._polled_s = 0.0
+        # per (topic, partition), one past the highest offset acquired (the backlog gauge)
+        self._acquired_end: dict[tuple[str, int], int] = {}
         self._busy_s = 0.0  # seconds of the current window with records in flight
         self._window_start_s = self._turn_s = clock()
         settings = share_consumer_settings(config, guarantee)
@@ -234,8 +236,9 @@ class ShareSource(SourceThread):
         return len(self._ledger)
 
     def positions(self) -> dict[TopicPartition, int | None]:
-        """None known: a share member has no position of its own in a partition (the lag
-        monitor then measures only the records in this process)."""
+        """None: a share member has no position of its own in a partition, so it exports no
+        consumer lag; the group's backlog comes from ``streamproc_partition_end_offset`` and
+        ``streamproc_share_acquired_end_offset`` (docs/operations.md, "Share groups")."""
         return {}
 
     # -- control from other threads --------------------------------------------------------
@@ -325,15 +328,24 @@ class ShareSource(SourceThread):
         metrics = self._metrics
         # per (topic, partition, offset) delivered before: its delivery count
         again: dict[tuple[str, int, int], int] = {}
+        acquired = self._acquired_end
+        grew: set[tuple[str, int]] = set()
         for message in messages:
             if message.error() is not None:
                 continue
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            assert topic is not None and partition is not None and offset is not None
+            if offset >= acquired.get((topic, partition), 0):
+                acquired[(topic, partition)] = offset + 1
+                grew.add((topic, partition))
             count = message.delivery_count()  # every message of a share consumer has one
             if count is not None and count > 1:
-                topic, partition, offset = message.topic(), message.partition(), message.offset()
-                assert topic is not None and partition is not None and offset is not None
                 metrics.child(metrics.share_redelivered, topic).inc()
                 again[(topic, partition, offset)] = count
+        for topic, partition in grew:
+            metrics.share_acquired_end.labels(topic, str(partition)).set(
+                acquired[(topic, partition)]
+            )
         self._polled_s = now_s
         for topic, runs in routed.runs.items():
             if again:
@@ -422,7 +434,14 @@ class ShareSource(SourceThread):
             record.deadline_s,
         )
         self._ledger.started(alone)
-        lane.offer_runs({tp: [alone]}, alone.deadline_s != math.inf)
+        offered = lane.offer_runs({tp: [alone]}, alone.deadline_s != math.inf)
+        if tp in offered.refused:
+            # its lane no longer takes the partition: back to the group now, not at the lock
+            # rule's release (the suspects after it would wait for that)
+            self._ledger.forget(alone)
+            self._acknowledge(tp, alone.offset, AcknowledgeType.RELEASE)
+            self._metrics.child(self._metrics.share_released, tp.topic, "ring_full").inc()
+            return
         self._last_input_s = self._clock()
 
     def _wait_for_done(self, timeout_s: float) -> None:

@@ -640,6 +640,91 @@ def test_keda_scales_a_transactional_group_to_zero_and_back(guarantee: str) -> N
     assert all(v.committed_equals_end for v in verdicts(pipelines, group))
 
 
+SHARE_RELEASE = "share"
+SHARE_GROUP = "streamproc-share"
+# values/share.yaml: the video workload in a share group on a topic of 2 partitions
+SHARE_PIPELINE = ("video", "share.video.frames", "share.video.labels", "share.video.frames.dlq")
+SHARE_SELECTOR = f"app.kubernetes.io/instance={SHARE_RELEASE},app.kubernetes.io/name=streamproc"
+SHARE_PODS = 6
+# enough video frames on 2 shared cores to outlast the scale-up (about 1 -> 2 -> 4 -> 6 pods)
+# and a minute of all six at work
+SHARE_BACKLOG = 12_000
+
+
+def acknowledged_by_pod(promql_range: str) -> dict[str, float]:
+    """PROMQL_RANGE (a function of streamproc_share_acknowledged_total over a range) per pod of
+    the share release, from the in-cluster Prometheus."""
+    from tests.k8s.prometheus import query
+
+    labels = f'namespace="{NS}",service="{SHARE_RELEASE}-streamproc"'
+    series = f"streamproc_share_acknowledged_total{{{labels}}}"
+    samples = query(f"sum by (pod) ({promql_range.format(series=series)})")
+    return {dict(labels)["pod"]: value for labels, value in samples.items()}
+
+
+@pytest.mark.keda
+def test_keda_scales_a_share_group_past_the_partition_count() -> None:
+    # Issue 44: a consumer group on a 2-partition topic keeps at most 2 pods busy. A share
+    # group's pods all take records from the same 2 partitions, and the chart's scaling rule
+    # (KEDA's prometheus scaler on the sum of streamproc_share_busy_ratio, busyTarget 0.5)
+    # doubles the pods while every pod is busy: 1 -> 6 on a backlog, every pod acknowledging
+    # records, every frame its result, and back to 1 once drained.
+    keda_config = os.environ.get("KEDA_CONFIG", "")
+    if not keda_config:
+        pytest.fail("KEDA_CONFIG is not set (deploy/k8s/k8s-test.sh sets it)")
+    from tests.k8s.keda import deploy_keda
+    from tests.k8s.prometheus import deploy_prometheus
+
+    deploy_keda(keda_config)
+    deploy_prometheus(NS)
+    _, topic, output, dead_letters = SHARE_PIPELINE
+    ensure_topics(BOOTSTRAP, {topic: 2, output: 2, dead_letters: 2})
+    deployment = f"{SHARE_RELEASE}-streamproc"
+    install(SHARE_RELEASE, "share.yaml")
+    try:
+        assert replicas("deployment", deployment) == 1
+        Replay("video", topic, SHARE_BACKLOG, None, partitions=2).finish()
+        started = time.monotonic()
+        six = wait_for(
+            f"KEDA to scale the share group to {SHARE_PODS} ready pods on 2 partitions",
+            lambda: all_ready(NS, SHARE_SELECTOR, SHARE_PODS), 600, 5, diagnose=NS,
+        )  # fmt: skip
+        scaled_s = time.monotonic() - started
+        names = {p["metadata"]["name"] for p in six}
+
+        # a minute in which all six pods were up and scraped (12 samples at the 5 s interval)
+        def a_minute_of_samples() -> bool:
+            samples = acknowledged_by_pod("count_over_time({series}[60s])")
+            return all(samples.get(pod, 0) >= 12 for pod in names)
+
+        wait_for("a minute of samples from each of the six pods", a_minute_of_samples, 240, 5)
+        taken = acknowledged_by_pod("increase({series}[60s])")
+        per_pod = {pod: taken.get(pod, 0.0) for pod in names}
+        rate = sum(per_pod.values()) / 60
+        print(
+            f"[share group on k8s] {SHARE_PODS} pods ready {scaled_s:.0f} s after the backlog; "
+            f"acknowledged in the next minute per pod {sorted(round(n) for n in per_pod.values())} "
+            f"({rate:.1f} frames/s together)"
+        )
+        # all six took records from a topic of 2 partitions, within 2x of each other
+        assert min(per_pod.values()) > 0, per_pod
+        assert max(per_pod.values()) <= 2 * min(per_pod.values()), per_pod
+
+        def every_result() -> Verdict | None:
+            # a share group commits no offsets: complete() and committed_equals_end do not apply
+            found = verify(BOOTSTRAP, topic, output, dead_letters, SHARE_GROUP)
+            return found if found.inputs and not found.missing else None
+
+        found = wait_for("every frame's result", every_result, 900, 5)
+        report("share group on k8s", [found])
+        assert found.inputs == SHARE_BACKLOG and found.dead_lettered == 0
+        wait_for(
+            "KEDA to scale back to 1 pod", lambda: replicas("deployment", deployment) == 1, 420, 5
+        )
+    finally:
+        helm("uninstall", SHARE_RELEASE, "--namespace", NS, "--wait", "--timeout", "180s")
+
+
 def test_rolling_update_with_static_membership_moves_no_partition() -> None:
     # Each pod's group instance id is its StatefulSet name; a pod restarted within the session
     # timeout takes back its own partitions: the coordinator never hands them to the other pod.

@@ -45,6 +45,8 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_share_acknowledged", "counter"),
     ("streamproc_share_released", "counter"),
     ("streamproc_share_acknowledgement_failures", "counter"),
+    ("streamproc_share_acquired_end_offset", "gauge"),
+    ("streamproc_partition_end_offset", "gauge"),
     ("streamproc_share_redelivered", "counter"),
     ("streamproc_pinned_pool_in_use_buffers", "gauge"),
     ("streamproc_pinned_pool_capacity_buffers", "gauge"),

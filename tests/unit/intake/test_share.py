@@ -14,7 +14,7 @@ from confluent_kafka import AcknowledgeType
 from streamproc.config import load_config
 from streamproc.errors import ConfigError
 from streamproc.intake.batcher import Batcher
-from streamproc.intake.lane import CutRecords, Lane
+from streamproc.intake.lane import CutRecords, Lane, Offered
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import ShareAcknowledgements
@@ -222,6 +222,50 @@ def test_records_delivered_again_run_alone_after_the_rest_each_committed_before_
         assert h.consumer.commits == commits + 1  # durable before the next one runs
     assert ran == [4, 3, 2]  # delivery count 3 (odd): from the highest offset down
     assert [a[2:] for a in h.consumer.acks] == [(o, ACCEPT) for o in (0, 1, 4, 3, 2)]
+
+
+def test_a_suspect_its_ring_refuses_is_released_at_once_and_the_next_one_runs() -> None:
+    """A suspect whose ring refuses it (its lane no longer takes the partition) goes back to
+    the group at once, counted; it does not hold the poll until the lock rule releases it."""
+    h = ShareHarness()
+    h.consumer.polls.append(_messages(0, range(0, 2), 3))
+    refuse_once = [True]
+    offer = h.lane.offer_runs
+
+    def refusing(runs: dict[TopicPartition, list[Record]], deadlines: bool = False) -> Offered:
+        if refuse_once and any(len(run) == 1 for run in runs.values()):
+            refuse_once.clear()
+            return Offered({}, {tp: run[0].offset for tp, run in runs.items()}, ())
+        return offer(runs, deadlines)
+
+    h.lane.offer_runs = refusing  # type: ignore[method-assign]
+    h.turn()  # the poll: two suspects, waiting to run alone
+    h.turn()  # the first suspect's ring refuses it: released now
+    assert h.consumer.acks == [("in", 0, 1, RELEASE)]  # count 3 (odd): the highest first
+    assert h.count("streamproc_share_released_total", topic="in", reason="ring_full") == 1
+    h.turn()  # the next suspect runs
+    (alone,) = h.cut().records
+    assert alone.offset == 0
+    h.outputs_acknowledged([alone])
+    h.turn()
+    assert h.consumer.acks[-1] == ("in", 0, 0, ACCEPT)
+    assert h.count("streamproc_share_in_flight_records") == 0
+
+
+def test_the_highest_offset_acquired_per_partition_is_exported_for_the_backlog() -> None:
+    """One past the highest offset acquired, per partition: a record delivered again (a
+    lower offset) never moves it back."""
+    h = ShareHarness()
+    h.consumer.polls.extend([_messages(0, range(10, 14)) + _messages(1, range(0, 3))])
+    h.turn()
+    assert h.count("streamproc_share_acquired_end_offset", topic="in", partition="0") == 14
+    assert h.count("streamproc_share_acquired_end_offset", topic="in", partition="1") == 3
+    h.outputs_acknowledged(h.cut().records)
+    h.consumer.polls.append(_messages(0, range(4, 6), 2))
+    h.turn(2)
+    assert not h.consumer.polls  # the redelivery was acquired
+    assert h.count("streamproc_share_redelivered_total", topic="in") == 2
+    assert h.count("streamproc_share_acquired_end_offset", topic="in", partition="0") == 14
 
 
 def test_a_record_delivered_too_often_is_dead_lettered_not_run_then_rejected() -> None:
