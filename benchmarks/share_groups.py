@@ -4,7 +4,7 @@ share group (``kafka.group_type``), on a topic with fewer partitions than proces
 Usage (from a checkout's root, with its .venv; a local broker is started unless
 ``--bootstrap`` or ``$KAFKA_BOOTSTRAP_SERVERS`` names one)::
 
-    .venv/bin/python benchmarks/share_groups.py --reps 3
+    .venv/bin/python benchmarks/share_groups.py --reps 5
 
 Per repetition and mode (the modes alternate, the first one swapping each repetition):
 ``--processes`` processes (6) join one group on a video topic of ``--partitions`` partitions (2),
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frames", type=int, default=960)
     parser.add_argument("--rate", type=float, default=150.0, help="frames/s produced")
     parser.add_argument("--delay-s", type=float, default=0.8, help="model sleep per batch")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="share-bench-") as tmp:

@@ -118,7 +118,8 @@ def assemble(
             a device is not visible, or a model refused its precision.
     """
     metrics = Metrics()
-    tracker = OffsetTracker(on_late=late_results_reporter(metrics))
+    share = config.kafka.group_type == "share"
+    tracker = OffsetTracker(on_late=late_results_reporter(metrics, share))
     registry = config.schema_registry
     settings = registry.client_settings() if config.schema_managed else None
     backoff_s = (registry.retry_backoff_s, registry.retry_backoff_max_s)

@@ -56,17 +56,24 @@ class Shared:
     """The source thread's control queue (a version switch asks it for a commit)."""
 
 
-def late_results_reporter(metrics: Metrics) -> LateHook:
+def late_results_reporter(metrics: Metrics, share: bool = False) -> LateHook:
     """The offset tracker's ``on_late``: results for a partition no longer owned (revoked while
-    in flight) are produced (duplicates under at-least-once), never committed; each is counted
-    in ``streamproc_late_results_total`` and the first of an assignment is logged."""
+    in flight; ``share``: records released to the share group while in flight) are produced
+    (duplicates under at-least-once), never committed nor acknowledged; each is counted in
+    ``streamproc_late_results_total`` and the first of an assignment (a share poll) is
+    logged."""
+    event = (
+        "late results for records released to the share group; produced, not acknowledged "
+        "(the group delivers them again)"
+        if share
+        else "late results for a partition no longer owned; produced, not committed"
+    )
 
     def report(tp: TopicPartition, count: int, first: bool) -> None:
         metrics.late_results.inc(count)
         if first:
             log.warning(
-                "late results for a partition no longer owned; produced, not committed "
-                "(further ones are counted in streamproc_late_results_total)",
+                f"{event} (further ones are counted in streamproc_late_results_total)",
                 topic=tp.topic,
                 partition=tp.partition,
                 results=count,

@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pytest
+import structlog
 
 from streamproc.assembly import METRICS_PORTS_TRIED, build_health
 from streamproc.assembly.decoding import ProcessDecoding, ThreadDecoding
@@ -107,6 +108,14 @@ def test_late_results_are_counted_as_they_happen() -> None:
     report(TopicPartition("t", 0), 3, True)
     report(TopicPartition("t", 0), 2, False)
     assert metrics.registry.get_sample_value("streamproc_late_results_total") == 5
+
+
+def test_late_results_of_a_share_member_say_they_were_released_not_revoked() -> None:
+    report = late_results_reporter(Metrics(), share=True)
+    with structlog.testing.capture_logs() as logs:
+        report(TopicPartition("t", 0), 3, True)
+    (logged,) = [e["event"] for e in logs if "late results" in e["event"]]
+    assert "released to the share group" in logged and "no longer owned" not in logged
 
 
 def _holding(port: int) -> socket.socket | None:
