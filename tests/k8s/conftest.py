@@ -7,8 +7,9 @@ chart's checks are not collected, so ``make test`` neither runs nor skips them; 
 helpers themselves (test_kube_helpers.py, no cluster needed) run in ``make test``.
 
 ``K8S_CHECKS`` (exported by k8s-test.sh) picks the subset by marker, never by a name's substring:
-``all`` (default) every check, ``ci`` the checks marked ``k8s_ci`` (none needs KEDA, which that
-run does not build), ``gaps`` those marked ``k8s_gaps``. The others are deselected, not skipped.
+``all`` (default) every check, ``ci`` the checks marked ``k8s_ci`` (one of them, the share
+group's scaling, needs KEDA: that run builds it too), ``gaps`` those marked ``k8s_gaps`` (no
+KEDA built). The others are deselected, not skipped.
 """
 
 from __future__ import annotations

@@ -662,6 +662,7 @@ def acknowledged_by_pod(promql_range: str) -> dict[str, float]:
     return {dict(labels)["pod"]: value for labels, value in samples.items()}
 
 
+@pytest.mark.k8s_ci
 @pytest.mark.keda
 def test_keda_scales_a_share_group_past_the_partition_count() -> None:
     # Issue 44: a consumer group on a 2-partition topic keeps at most 2 pods busy. A share
@@ -676,12 +677,12 @@ def test_keda_scales_a_share_group_past_the_partition_count() -> None:
     from tests.k8s.prometheus import deploy_prometheus
 
     deploy_keda(keda_config)
-    deploy_prometheus(NS)
+    targets = deploy_prometheus(NS)
     _, topic, output, dead_letters = SHARE_PIPELINE
-    ensure_topics(BOOTSTRAP, {topic: 2, output: 2, dead_letters: 2})
     deployment = f"{SHARE_RELEASE}-streamproc"
-    install(SHARE_RELEASE, "share.yaml")
     try:
+        ensure_topics(BOOTSTRAP, {topic: 2, output: 2, dead_letters: 2})
+        install(SHARE_RELEASE, "share.yaml")
         assert replicas("deployment", deployment) == 1
         Replay("video", topic, SHARE_BACKLOG, None, partitions=2).finish()
         started = time.monotonic()
@@ -718,11 +719,14 @@ def test_keda_scales_a_share_group_past_the_partition_count() -> None:
         found = wait_for("every frame's result", every_result, 900, 5)
         report("share group on k8s", [found])
         assert found.inputs == SHARE_BACKLOG and found.dead_lettered == 0
+        drained = time.monotonic()
         wait_for(
             "KEDA to scale back to 1 pod", lambda: replicas("deployment", deployment) == 1, 420, 5
         )
+        print(f"[share group on k8s] back to 1 pod {time.monotonic() - drained:.0f} s after")
     finally:
         helm("uninstall", SHARE_RELEASE, "--namespace", NS, "--wait", "--timeout", "180s")
+        targets.stop()
 
 
 def test_rolling_update_with_static_membership_moves_no_partition() -> None:

@@ -82,3 +82,45 @@ def test_a_timed_out_wait_carries_the_namespace_diagnosis(monkeypatch: pytest.Mo
         AssertionError, match=r"waiting for one Ready pod \(None\)\npods and events"
     ):
         wait_for("one Ready pod", lambda: None, 0.0, 0.0, diagnose="streaming")
+
+
+def test_the_scrape_targets_name_each_pod_behind_the_metrics_services(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prometheus' HTTP service discovery (tests/k8s/prometheus.py): one target group per pod
+    and metrics port, ready or not, labelled as a ServiceMonitor labels its series."""
+    from tests.k8s import prometheus
+
+    endpoints = {
+        "items": [
+            {
+                "metadata": {"name": "share-streamproc"},
+                "subsets": [
+                    {
+                        "addresses": [{"ip": "10.244.0.7", "targetRef": {"name": "share-a"}}],
+                        "notReadyAddresses": [{"ip": "10.244.0.8", "targetRef": {"name": "b"}}],
+                        "ports": [{"name": "http-metrics", "port": 9108}, {"name": "x", "port": 1}],
+                    }
+                ],
+            },
+            {"metadata": {"name": "no-pods-yet"}},
+        ]
+    }
+    asked: list[tuple[str, ...]] = []
+
+    def fake_kubectl_json(*args: str) -> object:
+        asked.append(args)
+        return endpoints
+
+    monkeypatch.setattr(prometheus, "kubectl_json", fake_kubectl_json)
+    assert prometheus.scrape_targets("streaming") == [
+        {
+            "targets": ["10.244.0.7:9108"],
+            "labels": {"namespace": "streaming", "service": "share-streamproc", "pod": "share-a"},
+        },
+        {
+            "targets": ["10.244.0.8:9108"],
+            "labels": {"namespace": "streaming", "service": "share-streamproc", "pod": "b"},
+        },
+    ]
+    assert asked == [("get", "endpoints", "-n", "streaming", "-l", "streamproc.io/metrics=true")]
