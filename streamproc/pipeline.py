@@ -335,6 +335,7 @@ class Pipeline:
                 round(metrics.counter_value(metrics.consumed, topic=spec.input_topic)),
                 round(metrics.counter_value(metrics.read_again, topic=spec.input_topic)),
                 guarantee.produced(metrics, spec),
+                round(metrics.counter_value(metrics.share_redelivered, topic=spec.input_topic)),
             )
             for spec in self.config.pipelines
         }

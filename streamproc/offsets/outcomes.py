@@ -45,6 +45,9 @@ class RunCounts:
     read: int
     read_again: int
     produced: Produced
+    delivered_again: int = 0
+    """Share groups: records the group delivered before to some member that did not
+    acknowledge them (part of ``read``)."""
 
     def line(self, name: str, input_topic: str, output_topic: str, dlq_topic: str) -> str:
         """The summary line, e.g. ``p: 1000 consumed from in (800 again after a rewind), 198
@@ -52,6 +55,8 @@ class RunCounts:
         dead-lettered, invisible to read_committed readers)``."""
         produced = self.produced
         again = f" ({self.read_again} again after a rewind)" if self.read_again else ""
+        if self.delivered_again:
+            again += f" ({self.delivered_again} delivered again by the share group)"
         text = (
             f"{name}: {self.read} consumed from {input_topic}{again}, {produced.results} results "
             f"to {output_topic}, {produced.dead_lettered} dead-lettered to {dlq_topic}"

@@ -21,6 +21,14 @@ def test_the_line_of_a_run_that_aborted_and_rewound_separates_what_readers_see()
     )
 
 
+def test_the_line_of_a_share_member_counts_what_the_group_delivered_again() -> None:
+    outcome = RunCounts(120, 0, Produced(120, 0), delivered_again=7)
+    assert outcome.line("p", "in", "out", "in.dlq") == (
+        "p: 120 consumed from in (7 delivered again by the share group), 120 results to out, "
+        "0 dead-lettered to in.dlq"
+    )
+
+
 def test_a_tally_moves_the_open_transaction_by_how_it_ended() -> None:
     tally = TransactionTally()
     tally.sent("in", "results", 3)
