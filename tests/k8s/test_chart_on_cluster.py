@@ -455,14 +455,19 @@ def test_exactly_once_statefulset_killed_mid_stream_no_duplicates() -> None:
     assert ids == {f"{EOS_GROUP}-eos-streamproc-0", f"{EOS_GROUP}-eos-streamproc-1"}, ids
 
 
-@pytest.mark.keda
-def test_keda_scales_on_lag_and_back() -> None:
+def keda_up() -> None:
+    """KEDA deployed on the cluster (idempotent), from the manifests k8s-test.sh built."""
     keda_config = os.environ.get("KEDA_CONFIG", "")
     if not keda_config:
         pytest.fail("KEDA_CONFIG is not set (deploy/k8s/k8s-test.sh sets it)")
     from tests.k8s.keda import deploy_keda
 
     deploy_keda(keda_config)
+
+
+@pytest.mark.keda
+def test_keda_scales_on_lag_and_back() -> None:
+    keda_up()
     install(RELEASE, "at-least-once.yaml", "--values", str(VALUES / "keda.yaml"))
     wait_for(
         "the ScaledObject Ready",
@@ -514,12 +519,7 @@ def test_a_stuck_partition_does_not_scale_to_the_maximum() -> None:
     # backlog of 3,000: with the chart's KEDA defaults (limitToPartitionsWithLag) the
     # Deployment stays at 1 replica; without, the same lag drives it to keda.maxReplicaCount
     # (3), pods that could not touch the stuck partition.
-    keda_config = os.environ.get("KEDA_CONFIG", "")
-    if not keda_config:
-        pytest.fail("KEDA_CONFIG is not set (deploy/k8s/k8s-test.sh sets it)")
-    from tests.k8s.keda import deploy_keda
-
-    deploy_keda(keda_config)
+    keda_up()
     ensure_topics(BOOTSTRAP, {"trades": PARTITIONS})
     keda = ("--values", str(VALUES / "keda.yaml"))
     install(RELEASE, "at-least-once.yaml", *keda)
@@ -578,12 +578,7 @@ def test_keda_scales_a_transactional_group_to_zero_and_back(guarantee: str) -> N
     # never scaled to zero. The input here is written in transactions (an upstream exactly-once
     # stage), under either guarantee: the exactly-once release (a StatefulSet, transactional
     # output) and the at-least-once one (a Deployment, the three workloads' group).
-    keda_config = os.environ.get("KEDA_CONFIG", "")
-    if not keda_config:
-        pytest.fail("KEDA_CONFIG is not set (deploy/k8s/k8s-test.sh sets it)")
-    from tests.k8s.keda import deploy_keda
-
-    deploy_keda(keda_config)
+    keda_up()
     if guarantee == "exactly_once":
         release, values, kind, group = EOS_RELEASE, "exactly-once.yaml", "sts", EOS_GROUP
         pipelines = [("trades", *EOS_TOPICS)]
@@ -670,13 +665,9 @@ def test_keda_scales_a_share_group_past_the_partition_count() -> None:
     # (KEDA's prometheus scaler on the sum of streamproc_share_busy_ratio, busyTarget 0.5)
     # doubles the pods while every pod is busy: 1 -> 6 on a backlog, every pod acknowledging
     # records, every frame its result, and back to 1 once drained.
-    keda_config = os.environ.get("KEDA_CONFIG", "")
-    if not keda_config:
-        pytest.fail("KEDA_CONFIG is not set (deploy/k8s/k8s-test.sh sets it)")
-    from tests.k8s.keda import deploy_keda
     from tests.k8s.prometheus import deploy_prometheus
 
-    deploy_keda(keda_config)
+    keda_up()
     targets = deploy_prometheus(NS)
     _, topic, output, dead_letters = SHARE_PIPELINE
     deployment = f"{SHARE_RELEASE}-streamproc"
