@@ -918,7 +918,7 @@ def test_uninstall_leaves_nothing() -> None:
     for release in sorted(installed):
         helm("uninstall", release, "--namespace", NS, "--wait", "--timeout", "180s")
     release_objects = "all,configmap,serviceaccount,poddisruptionbudget,secret"
-    # ScaledObjects only where KEDA's CRDs are installed (K8S_CHECKS=ci builds no KEDA: asking
+    # ScaledObjects only where KEDA's CRDs are installed (K8S_CHECKS=gaps builds no KEDA: asking
     # for the type there fails with "the server doesn't have a resource type")
     if kubectl("api-resources", "--api-group=keda.sh", "-o", "name").strip():
         release_objects += ",scaledobject"
