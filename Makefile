@@ -180,7 +180,7 @@ bench-formats: venv
 # Past the partition count: 6 processes on a 2-partition video topic (a slow model) as a consumer
 # group and as a share group, alternating (benchmarks/share_groups.py; docs/operations.md
 # "Share groups"). ~2 min per mode and repetition.
-SHARE_ARGS ?= --reps 3
+SHARE_ARGS ?= --reps 5
 .PHONY: bench-share
 bench-share: venv kafka-jars
 	$(PY) -m benchmarks.share_groups $(SHARE_ARGS)
