@@ -153,8 +153,17 @@ def run_once(bootstrap: str, mode: str, rep: int, args: argparse.Namespace, work
     try:
         deadline_s = time.monotonic() + READY_TIMEOUT_S
         while not ready(mode, logs, args.partitions):
-            if time.monotonic() > deadline_s or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"{mode}: the processes did not get ready (logs in {work})")
+            exited = [
+                (log, p.returncode)
+                for log, p in zip(logs, procs, strict=True)
+                if p.poll() is not None
+            ]
+            if time.monotonic() > deadline_s or exited:
+                # the logs go with the temporary folder: what failed is in the message
+                log, code = exited[0] if exited else (logs[0], None)
+                state = f"exited {code}" if exited else f"not ready after {READY_TIMEOUT_S:.0f} s"
+                why = f"{log.name} {state}:\n{log.read_text()[-1500:]}"
+                raise RuntimeError(f"{mode}: the processes did not get ready ({why})")
             time.sleep(0.5)  # polling the processes' logs, as an operator would
         # frame i to partition i % partitions: the recording's keys put 480 of 600 frames on
         # one of 2 partitions, and a share group assigns each member some partitions, not all
