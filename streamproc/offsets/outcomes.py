@@ -46,8 +46,8 @@ class RunCounts:
     read_again: int
     produced: Produced
     delivered_again: int = 0
-    """Share groups: records the group delivered before to some member that did not
-    acknowledge them (part of ``read``)."""
+    """Share groups: records acquired with a delivery count above 1 (delivered before to some
+    member that did not acknowledge them; ``streamproc_share_redelivered_total``)."""
 
     def line(self, name: str, input_topic: str, output_topic: str, dlq_topic: str) -> str:
         """The summary line, e.g. ``p: 1000 consumed from in (800 again after a rewind), 198
