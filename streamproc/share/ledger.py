@@ -95,25 +95,23 @@ class PollLedger:
         """``record``'s output is durable: how it ends, or None when it is not outstanding
         under that generation (released before, of an earlier poll, or reported twice)."""
         key = (record.tp, record.offset)
-        generation = self._outstanding.get(key, -1)
-        if generation != record.generation:
+        if self._outstanding.get(key, -1) != record.generation:
             return None
-        del self._outstanding[key]
-        if self.running is not None and key == (self.running.tp, self.running.offset):
-            self.running = None
-        if key in self._rejected:
-            self._rejected.discard(key)
-            return "reject"
-        return "accept"
+        return "reject" if self._drop(key) else "accept"
 
     def forget(self, record: Record) -> None:
         """``record`` (the suspect just started) is released to the group, not run: no longer
         outstanding, and the next suspect may start."""
-        key = (record.tp, record.offset)
+        self._drop((record.tp, record.offset))
+
+    def _drop(self, key: _Key) -> bool:
+        """No longer outstanding (nor running); whether it was to be rejected."""
         self._outstanding.pop(key, None)
-        self._rejected.discard(key)
         if self.running is not None and key == (self.running.tp, self.running.offset):
             self.running = None
+        rejected = key in self._rejected
+        self._rejected.discard(key)
+        return rejected
 
     def release_all(self) -> dict[TopicPartition, list[int]]:
         """Forget every outstanding record; returns them per partition, in offset order, to be

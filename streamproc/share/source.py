@@ -203,8 +203,8 @@ class ShareSource(SourceThread):
         # callback may name an offset more than once: measured, librdkafka 2.16)
         self._unconfirmed: dict[tuple[str, int], set[int]] = {}
         self._polled_s = 0.0
-        # per (topic, partition), one past the highest offset acquired (the backlog gauge)
-        self._acquired_end: dict[tuple[str, int], int] = {}
+        # per partition, one past the highest offset acquired (the backlog gauge)
+        self._acquired_end: dict[TopicPartition, int] = {}
         self._busy_s = 0.0  # seconds of the current window with records in flight
         self._window_start_s = self._turn_s = clock()
         settings = share_consumer_settings(config, guarantee)
@@ -328,26 +328,23 @@ class ShareSource(SourceThread):
         metrics = self._metrics
         # per (topic, partition, offset) delivered before: its delivery count
         again: dict[tuple[str, int, int], int] = {}
-        acquired = self._acquired_end
-        grew: set[tuple[str, int]] = set()
         for message in messages:
             if message.error() is not None:
                 continue
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            assert topic is not None and partition is not None and offset is not None
-            if offset >= acquired.get((topic, partition), 0):
-                acquired[(topic, partition)] = offset + 1
-                grew.add((topic, partition))
             count = message.delivery_count()  # every message of a share consumer has one
             if count is not None and count > 1:
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
+                assert topic is not None and partition is not None and offset is not None
                 metrics.child(metrics.share_redelivered, topic).inc()
                 again[(topic, partition, offset)] = count
-        for topic, partition in grew:
-            metrics.share_acquired_end.labels(topic, str(partition)).set(
-                acquired[(topic, partition)]
-            )
         self._polled_s = now_s
+        acquired = self._acquired_end
         for topic, runs in routed.runs.items():
+            for tp, run in runs.items():  # each run in offset order: its last is its highest
+                end = run[-1].offset + 1
+                if end > acquired.get(tp, 0):
+                    acquired[tp] = end
+                    metrics.share_acquired_end.labels(tp.topic, str(tp.partition)).set(end)
             if again:
                 runs = self._set_apart(runs, again)
             offered = self._lanes[topic].offer_runs(runs, topic in routed.deadlines)
@@ -360,10 +357,7 @@ class ShareSource(SourceThread):
                 self._last_input_s = now_s
             for tp, first in offered.refused.items():
                 # a ring smaller than a poll: what it refused goes back to the group now
-                refused = [r.offset for r in runs[tp] if r.offset >= first]
-                for offset in refused:
-                    self._acknowledge(tp, offset, AcknowledgeType.RELEASE)
-                metrics.child(metrics.share_released, topic, "ring_full").inc(len(refused))
+                self._give_back(tp, [r.offset for r in runs[tp] if r.offset >= first], "ring_full")
         metrics.share_in_flight.set(len(self._ledger))
 
     def _set_apart(
@@ -389,8 +383,7 @@ class ShareSource(SourceThread):
             if rest:
                 kept[tp] = rest
         if suspects:
-            self._ledger.wait_alone(suspects)
-            self._metrics.child(self._metrics.consumed, suspects[0][0].tp.topic).inc(len(suspects))
+            self._ledger.wait_alone(suspects)  # each counted as consumed when its ring takes it
         return kept
 
     def _dead_letter_poison(self, record: Record, count: int) -> None:
@@ -439,9 +432,9 @@ class ShareSource(SourceThread):
             # its lane no longer takes the partition: back to the group now, not at the lock
             # rule's release (the suspects after it would wait for that)
             self._ledger.forget(alone)
-            self._acknowledge(tp, alone.offset, AcknowledgeType.RELEASE)
-            self._metrics.child(self._metrics.share_released, tp.topic, "ring_full").inc()
+            self._give_back(tp, [alone.offset], "ring_full")
             return
+        self._metrics.child(self._metrics.consumed, tp.topic).inc()
         self._last_input_s = self._clock()
 
     def _wait_for_done(self, timeout_s: float) -> None:
@@ -515,24 +508,26 @@ class ShareSource(SourceThread):
             return False
         return True
 
+    def _give_back(self, tp: TopicPartition, offsets: Sequence[int], reason: str) -> None:
+        """Release ``offsets`` of ``tp`` to the group (``RELEASE``: another member may take
+        them at once), counted in ``streamproc_share_released_total`` by ``reason``."""
+        for offset in offsets:
+            self._acknowledge(tp, offset, AcknowledgeType.RELEASE)
+        self._metrics.child(self._metrics.share_released, tp.topic, reason).inc(len(offsets))
+
     def _release(self, reason: str) -> None:
         """Release every outstanding record of the poll in flight (``RELEASE``: the group
         hands it to a member at once), counted by ``reason``."""
         if not self._ledger:
             return
         released = self._ledger.release_all()
-        by_topic: dict[str, int] = {}
         for tp, offsets in released.items():
-            for offset in offsets:
-                self._acknowledge(tp, offset, AcknowledgeType.RELEASE)
-            by_topic[tp.topic] = by_topic.get(tp.topic, 0) + len(offsets)
+            self._give_back(tp, offsets, reason)
         self._metrics.share_in_flight.set(0)
-        for topic, count in by_topic.items():
-            self._metrics.child(self._metrics.share_released, topic, reason).inc(count)
         log.warning(
             "share records released before they were done",
             reason=reason,
-            records=sum(by_topic.values()),
+            records=sum(map(len, released.values())),
             after_s=round(self._clock() - self._polled_s, 1),
         )
 

@@ -68,6 +68,12 @@ def _slow_members_config(tmp_path: Path, bootstrap: str, t: Topics) -> Path:
     )
 
 
+def _assigned(log: Path) -> bool:
+    """Whether the member logging to ``log`` has been assigned partitions of its share group
+    (the log is being written: a line may be half there, so no JSON parsing)."""
+    return '"event": "share group assignment"' in log.read_text()
+
+
 def _results(bootstrap: str, topic: str) -> collections.Counter[tuple[int, int]]:
     """How many results each input (partition, offset) has on ``topic``."""
     dump = read_topic(bootstrap, topic)
@@ -118,12 +124,8 @@ def test_three_members_on_one_partition_all_take_records(
     # records come: an idle share member stops taking records
     members = [start_consumer(config, log, idle_s=10) for log in logs]
 
-    def assigned(log: Path) -> bool:
-        # the log is being written: a line may be half there, so no JSON parsing
-        return '"event": "share group assignment"' in log.read_text()
-
     # every member has the partition before the records come: none finds them all taken
-    wait_for(lambda: all(assigned(log) for log in logs), 90, "three members assigned")
+    wait_for(lambda: all(_assigned(log) for log in logs), 90, "three members assigned")
     # paced, so that a record batch holds a few records: the broker hands a member whole
     # record batches (one producer batch of 600 goes to one member, whatever its poll size)
     total = produce("trades", t.input, bootstrap_servers, 1, limit=600, rate=300, progress=False)
@@ -177,10 +179,7 @@ def test_a_member_killed_mid_stream_loses_nothing_and_duplicates_only_what_it_he
     survivor = start_consumer(config, logs["survivor"], idle_s=25)
     killed = start_consumer(config, logs["killed"], idle_s=None)
 
-    def assigned(log: Path) -> bool:
-        return '"event": "share group assignment"' in log.read_text()
-
-    wait_for(lambda: all(assigned(log) for log in logs.values()), 90, "both members assigned")
+    wait_for(lambda: all(_assigned(log) for log in logs.values()), 90, "both members assigned")
     # paced: record batches of a few records, so that both members take some
     total = produce("trades", t.input, bootstrap_servers, 1, limit=400, rate=200, progress=False)
     wait_for(lambda: len(_results(bootstrap_servers, t.output)) >= 100, 120, "results flowing")

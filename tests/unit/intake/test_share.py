@@ -250,6 +250,8 @@ def test_a_suspect_its_ring_refuses_is_released_at_once_and_the_next_one_runs() 
     h.turn()
     assert h.consumer.acks[-1] == ("in", 0, 0, ACCEPT)
     assert h.count("streamproc_share_in_flight_records") == 0
+    # consumed counts what a ring took: the suspect that ran, not the one given back
+    assert h.count("streamproc_messages_consumed_total", topic="in") == 1
 
 
 def test_the_highest_offset_acquired_per_partition_is_exported_for_the_backlog() -> None:
