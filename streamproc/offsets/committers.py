@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from attrs import define, field
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
@@ -133,6 +134,7 @@ class AtLeastOnceCommitter:
         self._last_error = reason
 
 
+@define(eq=False)
 class TransactionalCommitter:
     """Exactly-once: closes the open transaction with every moved watermark
     (``send_offsets_to_transaction`` + ``commit_transaction``).
@@ -153,21 +155,13 @@ class TransactionalCommitter:
         max_aborts: fruitless aborts in a row before the pipeline stops.
     """
 
-    def __init__(
-        self,
-        tracker: OffsetTracker,
-        metrics: Metrics,
-        transactions: Transactions,
-        refusals: Refusals,
-        max_aborts: int = 5,
-    ) -> None:
-        self._tracker = tracker
-        self._metrics = metrics
-        self._transactions = transactions
-        self._refusals = refusals
-        self._max_aborts = max_aborts
-        self._fruitless = 0  # source thread only
-        self._gave_up: FatalPipelineError | None = None
+    _tracker: OffsetTracker
+    _metrics: Metrics
+    _transactions: Transactions
+    _refusals: Refusals
+    _max_aborts: int = 5
+    _fruitless: int = field(init=False, default=0)  # source thread only
+    _gave_up: FatalPipelineError | None = field(init=False, default=None)
 
     def commit(
         self,

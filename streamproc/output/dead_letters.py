@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from attrs import define
 from confluent_kafka import KafkaError, KafkaException
 
 from streamproc.errors import FatalPipelineError
@@ -127,6 +128,7 @@ class Attempt:
     headers: OutputHeaders
 
 
+@define(eq=False)
 class DeadLetters:
     """Produces dead-letter records and climbs the ladder with a refused one.
 
@@ -138,19 +140,11 @@ class DeadLetters:
         on_fatal: called (from the thread of the refusal) when the pipeline must stop.
     """
 
-    def __init__(
-        self,
-        producer: ResultsProducer,
-        guarantee: Guarantee,
-        limits: RecordLimits,
-        metrics: Metrics,
-        on_fatal: Callable[[BaseException], None],
-    ) -> None:
-        self._producer = producer
-        self._guarantee = guarantee
-        self._limits = limits
-        self._metrics = metrics
-        self._on_fatal = on_fatal
+    _producer: ResultsProducer
+    _guarantee: Guarantee
+    _limits: RecordLimits
+    _metrics: Metrics
+    _on_fatal: Callable[[BaseException], None]
 
     def send(self, record: Record, topic: str, stage: str, error_class: str, message: str) -> None:
         """Produce ``record``'s dead-letter record to ``topic`` (step 1 of the ladder); the

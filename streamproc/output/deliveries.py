@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from attrs import define, field
 
 from streamproc.errors import FatalPipelineError
 from streamproc.kafka.protocols import DeliveryCallback
@@ -37,6 +38,7 @@ from streamproc.records import Record
 log = get_logger(__name__)
 
 
+@define(eq=False)
 class ResultDeliveries:
     """Recovers refused results and reports acknowledged ones to the guarantee.
 
@@ -48,22 +50,14 @@ class ResultDeliveries:
         on_fatal: called when the pipeline must stop (the guarantee says so).
     """
 
-    def __init__(
-        self,
-        producer: ResultsProducer,
-        dead_letters: DeadLetters,
-        guarantee: Guarantee,
-        metrics: Metrics,
-        on_fatal: Callable[[BaseException], None],
-    ) -> None:
-        self._producer = producer
-        self._dead_letters = dead_letters
-        self._guarantee = guarantee
-        self._metrics = metrics
-        self._on_fatal = on_fatal
-        self.latency: LatencyReport | None = None
-        """Where acknowledged results go as latency measurements (set before the sink
-        starts: :meth:`~streamproc.output.sink.Sink.watch_latency`); None: nowhere."""
+    _producer: ResultsProducer
+    _dead_letters: DeadLetters
+    _guarantee: Guarantee
+    _metrics: Metrics
+    _on_fatal: Callable[[BaseException], None]
+    latency: LatencyReport | None = field(init=False, default=None)
+    """Where acknowledged results go as latency measurements (set before the sink starts:
+    :meth:`~streamproc.output.sink.Sink.watch_latency`); None: nowhere."""
 
     def recover(self, refused: RefusedResult, report: DeliveryCallback) -> bool:
         """See :meth:`DeliveryHandler.recover` and the module docstring."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 
+from attrs import define
 from confluent_kafka import KafkaException
 
 from streamproc.intake.lane import Lane
@@ -159,6 +160,7 @@ class Sink:
             self._identity.release()
 
 
+@define(eq=False)
 class _PlannedBatch:
     """One batch's results and the plan to produce them: a
     :class:`~streamproc.offsets.guarantees.RowProducer` for ``Guarantee.send_batch``.
@@ -173,23 +175,12 @@ class _PlannedBatch:
         give_up: True when waiting for the producer's queue is pointless (``Guarantee.failed``).
     """
 
-    __slots__ = ("_ack", "_alone", "_dead", "_dead_letters", "_give_up", "_producer")
-
-    def __init__(
-        self,
-        ack: BatchAck,
-        dead: Mapping[Row, tuple[str, str]],
-        alone: Collection[Row],
-        producer: ResultsProducer,
-        dead_letters: DeadLetters,
-        give_up: Callable[[], bool],
-    ) -> None:
-        self._ack = ack
-        self._dead = dead
-        self._alone = alone
-        self._producer = producer
-        self._dead_letters = dead_letters
-        self._give_up = give_up
+    _ack: BatchAck
+    _dead: Mapping[Row, tuple[str, str]]
+    _alone: Collection[Row]
+    _producer: ResultsProducer
+    _dead_letters: DeadLetters
+    _give_up: Callable[[], bool]
 
     def produce_rows(self, rows: Sequence[int]) -> Sequence[int]:
         """Produce the results of ``rows`` (see ``RowProducer.produce_rows``). A dead row is
