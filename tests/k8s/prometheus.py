@@ -111,10 +111,12 @@ def _answers() -> bool:
         return False
 
 
-def query(promql: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """An instant query's samples: {sorted label pairs: value}. Raises AssertionError when
-    Prometheus answers with an error, OSError when it does not answer."""
-    url = f"{ADDRESS}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+def query(promql: str, at: float | None = None) -> dict[tuple[tuple[str, str], ...], float]:
+    """An instant query's samples: {sorted label pairs: value}, evaluated now or AT (Unix
+    seconds; a series' value there is its last sample scraped at or before AT). Raises
+    AssertionError when Prometheus answers with an error, OSError when it does not answer."""
+    params = {"query": promql} | ({} if at is None else {"time": f"{at:.3f}"})
+    url = f"{ADDRESS}/api/v1/query?" + urllib.parse.urlencode(params)
     with urllib.request.urlopen(url, timeout=10) as response:
         body = json.load(response)
     assert body["status"] == "success", body
