@@ -645,6 +645,7 @@ SHARE_PODS = 6
 # enough video frames for the slow model (4 frames/s a pod) to outlast the scale-up (about
 # 1 -> 2 -> 4 -> 6 pods in 100 s) and a minute of all six at work
 SHARE_BACKLOG = 5_000
+SHARE_RATE = 100.0  # frames/s the backlog is produced at
 # the slow model plug-in the share release mounts (values/share.yaml)
 SHARE_MODEL = ("share-slow-model", "slow_model.py", ROOT / "tests" / "support" / "slow.py")
 
@@ -709,12 +710,21 @@ def test_keda_scales_a_share_group_past_the_partition_count() -> None:
     try:
         ensure_topics(BOOTSTRAP, {topic: 2, output: 2, dead_letters: 2})
         configmap, module, source = SHARE_MODEL
+        # the model's ConfigMap goes in before the release, in its namespace (which the first
+        # helm install creates when this check runs alone)
+        namespace = kubectl("create", "namespace", NS, "--dry-run=client", "--output=yaml")
+        kubectl("apply", "--filename=-", stdin=namespace)
         kubectl(
             "create", "configmap", configmap, "--namespace", NS, f"--from-file={module}={source}"
         )
         install(SHARE_RELEASE, "share.yaml")
         assert replicas("deployment", deployment) == 1
-        Replay("video", topic, SHARE_BACKLOG, None, partitions=2).finish()
+        # frame i to partition i % 2 (the recording's keys put 4 of 5 frames on one partition,
+        # and each member is assigned one of the two: the light partition's members would run
+        # dry), paced so that record batches stay small (a member acquires whole record
+        # batches, and an unpaced producer packs many frames into one: too much of the slow
+        # model for one member's lock)
+        Replay("video", topic, SHARE_BACKLOG, SHARE_RATE, partitions=2, spread=True).finish()
         started = time.monotonic()
         six = wait_for(
             f"KEDA to scale the share group to {SHARE_PODS} ready pods on 2 partitions",
