@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-$(DEPS_HASH)
 PYTEST_ARGS ?=
 
-.PHONY: all venv deps kafka-jars demo bench soak test test-slow lint format clean
+.PHONY: all venv deps kafka-jars tracing-backend demo bench soak test test-slow lint format clean
 
 all: test
 
@@ -48,6 +48,12 @@ $(STAMP): $(DEPS)/.complete pyproject.toml
 kafka-jars: venv
 	$(PY) -c "from streamproc.tools.kafka_local import ensure_kafka_jars; print(ensure_kafka_jars())"
 
+# The local trace backend (streamproc tracing start): Zipkin's jar (Maven Central) and the
+# OpenTelemetry Collector (built with Go once, about 100 s); cached under $(CACHE).
+tracing-backend: venv
+	$(PY) -c "from streamproc.tools.tracing_local import ensure_collector, ensure_zipkin_jar; \
+	print(ensure_zipkin_jar()); print(ensure_collector())"
+
 demo: venv kafka-jars
 	$(VENV)/bin/streamproc demo
 
@@ -79,7 +85,7 @@ endef
 .PHONY: test-models test-registry test-failures test-workloads
 # The fast loop: lint, then the core tier (unit tests, deployment checks, the core guarantees on
 # a real broker); the gpu tier too where torch sees CUDA (elsewhere it is not collected).
-test: venv kafka-jars lint tools
+test: venv kafka-jars tracing-backend lint tools
 	$(call run_tier,core or gpu,core)
 
 # Model versions on a real broker: folder and MLflow sources, live swaps, refusals, rollbacks,

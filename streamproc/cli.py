@@ -34,6 +34,11 @@ mlflow_app = typer.Typer(
     no_args_is_help=True, help="A local MLflow tracking server with its model registry (SQLite)."
 )
 app.add_typer(mlflow_app, name="mlflow")
+tracing_app = typer.Typer(
+    no_args_is_help=True,
+    help="A local trace backend: Zipkin behind an OpenTelemetry Collector (OTLP in).",
+)
+app.add_typer(tracing_app, name="tracing")
 model_app = typer.Typer(
     no_args_is_help=True,
     help="A running pipeline's model versions (its admin endpoint on the metrics port).",
@@ -43,6 +48,7 @@ app.add_typer(model_app, name="model")
 DEFAULT_BROKER_DIR = Path(".streamproc/kafka")
 DEFAULT_REGISTRY_DIR = Path(".streamproc/registry")
 DEFAULT_MLFLOW_DIR = Path(".streamproc/mlflow")
+DEFAULT_TRACING_DIR = Path(".streamproc/tracing")
 Bootstrap = Annotated[
     str | None,
     typer.Option(
@@ -148,9 +154,11 @@ def _start_server(
     address_file: str,
     make: Callable[[Path], LocalService],
     last_line: str,
+    stop_command: str | None = None,
 ) -> None:
     """Start a local server (``make`` of the resolved ``directory``) in the background unless
-    the one recorded in ``directory`` runs (says which, and where its log is); the last line
+    the one recorded in ``directory`` runs (says which, how to stop it: ``stop_command``, by
+    default ``streamproc NAME stop --dir DIRECTORY``, and where its log is); the last line
     printed is ``last_line`` with the server's address in its ``{}``."""
     from streamproc.tools.local_service import start_recorded
 
@@ -162,10 +170,8 @@ def _start_server(
     except StreamprocError as exc:
         raise _fail(exc) from exc
     if running is not None:
-        typer.echo(
-            f"{name} server already running (pid {running}); stop it with "
-            f"`streamproc {name} stop --dir {directory}`"
-        )
+        stop_command = stop_command or f"streamproc {name} stop --dir {directory}"
+        typer.echo(f"{name} server already running (pid {running}); stop it with `{stop_command}`")
     elif server is not None:
         typer.echo(f"{name} log: {server.log_path}")
     typer.echo(last_line.format(address))
@@ -184,6 +190,9 @@ def _stop_server(directory: Path, name: str, label: str) -> None:
 
 RegistryDir = Annotated[Path, typer.Option("--dir", help="Registry state folder.")]
 MlflowDir = Annotated[Path, typer.Option("--dir", help="MLflow state folder.")]
+TracingDir = Annotated[
+    Path, typer.Option("--dir", help="Trace backend folder (zipkin/ and collector/ below it).")
+]
 
 
 @registry_app.command("start")
@@ -228,6 +237,52 @@ def mlflow_stop(directory: MlflowDir = DEFAULT_MLFLOW_DIR) -> None:
     """Stop the MLflow server started with `mlflow start --dir DIR`; no process is left behind
     (its database and artifacts stay in DIR)."""
     _stop_server(directory, "mlflow", "MLflow server")
+
+
+@tracing_app.command("start")
+def tracing_start(directory: TracingDir = DEFAULT_TRACING_DIR) -> None:
+    """Start a local trace backend in the background, on loopback: Zipkin (in-memory trace
+    store, query API, UI) behind an OpenTelemetry Collector that takes OTLP over HTTP and gRPC.
+    The first start fetches Zipkin with Maven and builds the collector with Go (minutes). The
+    collector is always started afresh, pointed at the Zipkin that runs. The last line is
+    export OTEL_EXPORTER_OTLP_ENDPOINT=..."""
+    from streamproc.tools.local_service import stop_recorded
+    from streamproc.tools.tracing_local import (
+        LocalCollector,
+        LocalZipkin,
+        ensure_collector,
+        ensure_zipkin_jar,
+    )
+
+    root = directory.resolve()
+    stop = f"streamproc tracing stop --dir {root}"
+    _start_server(
+        root / "zipkin",
+        "zipkin",
+        "ui",
+        lambda at: LocalZipkin(at, ensure_zipkin_jar(), own_lifetime=False),
+        "trace UI: {}",
+        stop,
+    )
+    zipkin_url = (root / "zipkin" / "ui").read_text().strip().removesuffix("/zipkin/")
+    stop_recorded(root / "collector", "collector")
+    _start_server(
+        root / "collector",
+        "collector",
+        "endpoint",
+        lambda at: LocalCollector(at, ensure_collector(), zipkin_url, own_lifetime=False),
+        "export OTEL_EXPORTER_OTLP_ENDPOINT={}",
+        stop,
+    )
+
+
+@tracing_app.command("stop")
+def tracing_stop(directory: TracingDir = DEFAULT_TRACING_DIR) -> None:
+    """Stop the trace backend started with `tracing start --dir DIR` (the collector, then
+    Zipkin, whose traces are lost: in-memory storage); no process is left behind."""
+    root = directory.resolve()
+    _stop_server(root / "collector", "collector", "trace collector")
+    _stop_server(root / "zipkin", "zipkin", "Zipkin server")
 
 
 AdminUrl = Annotated[

@@ -13,11 +13,13 @@ file.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamproc.errors import BrokerError
@@ -32,19 +34,29 @@ from streamproc.tools.kafka_local import (
 )
 
 
+@dataclass
 class LocalService:
-    """Mixed into a dataclass with the fields ``run_dir: Path``, ``own_lifetime: bool``,
-    ``port: int`` and ``_proc: subprocess.Popen[bytes] | None``; the subclass sets
-    :attr:`NAME` (file names), :attr:`LABEL` (messages), :attr:`HEALTH_PATH` and implements
-    :meth:`command` and :attr:`address`."""
+    """The base of a local server (a dataclass; a subclass adds its own fields after
+    ``run_dir``, sets :attr:`NAME` (file names), :attr:`LABEL` (messages), :attr:`HEALTH_PATH`
+    and implements :meth:`command`, and :attr:`address` where it is not :attr:`base_url`).
+
+    Args:
+        run_dir: folder for the log (``<NAME>.log``), the pid file and the server's own files; a
+            non-empty folder that streamproc did not create is refused (BrokerError), so user
+            files are never touched.
+        own_lifetime: (keyword) kill the server when the starting thread dies (tests, demo);
+            False for ``streamproc <server> start``.
+        port: (keyword) the loopback port; 0: a free one, chosen at the first :meth:`start`
+            and kept by :meth:`restart`.
+    """
 
     NAME = "service"
     LABEL = "the service"
     HEALTH_PATH = "/health"
     run_dir: Path
-    own_lifetime: bool
-    port: int
-    _proc: subprocess.Popen[bytes] | None
+    own_lifetime: bool = field(default=True, kw_only=True)
+    port: int = field(default=0, kw_only=True)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The server's command line and its extra environment variables."""
@@ -52,8 +64,8 @@ class LocalService:
 
     @property
     def address(self) -> str:
-        """What :meth:`start` returns: the URL clients are given."""
-        raise NotImplementedError
+        """What :meth:`start` returns: the URL clients are given (by default :attr:`base_url`)."""
+        return self.base_url
 
     @property
     def base_url(self) -> str:
@@ -166,6 +178,37 @@ class LocalService:
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"state folder of {self.LABEL}, started by streamproc\n")
+
+
+def require_tools(*tools: str, what: str) -> None:
+    """Raise BrokerError naming the first of ``tools`` not on PATH (``what`` needs it)."""
+    for tool in tools:
+        if shutil.which(tool) is None:
+            raise BrokerError(f"`{tool}` not found on PATH: {what} needs {', '.join(tools)}")
+
+
+def maven_copy(artifact: str, into: Path) -> Path:
+    """Resolve ``artifact`` (``group:artifact:version[:type[:classifier]]``) from Maven Central
+    with ``mvn dependency:copy`` into the folder ``into`` (emptied first); the one file copied.
+
+    Raises:
+        BrokerError: Maven or Java is missing, or the resolution failed (Maven's output is in
+            the message).
+    """
+    require_tools("mvn", "java", what=f"fetching {artifact}")
+    shutil.rmtree(into, ignore_errors=True)
+    proc = subprocess.run(
+        ["mvn", "-q", "-B", "dependency:copy", f"-Dartifact={artifact}",
+         f"-DoutputDirectory={into}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    copied = list(into.glob("*")) if into.is_dir() else []
+    if proc.returncode != 0 or len(copied) != 1:
+        raise BrokerError(
+            f"could not fetch {artifact} with Maven (exit {proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+    return copied[0]
 
 
 def start_recorded(

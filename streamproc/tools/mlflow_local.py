@@ -98,11 +98,7 @@ class LocalMlflow(LocalService):
         own_lifetime: kill the server when the starting thread dies (tests, demo).
     """
 
-    run_dir: Path
     env: Path
-    own_lifetime: bool = True
-    port: int = 0
-    _proc: subprocess.Popen[bytes] | None = None
 
     NAME = "mlflow"
     LABEL = "the local MLflow server"
@@ -112,10 +108,6 @@ class LocalMlflow(LocalService):
     def tracking_uri(self) -> str:
         """``http://127.0.0.1:PORT``: what ``MLFLOW_TRACKING_URI`` takes."""
         return self.base_url
-
-    @property
-    def address(self) -> str:
-        return self.tracking_uri
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         store = self.run_dir / "mlflow.db"

@@ -25,14 +25,13 @@ a fixed address would.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamproc.errors import BrokerError
 from streamproc.tools.kafka_local import cache_dir, install_once
-from streamproc.tools.local_service import LocalService
+from streamproc.tools.local_service import LocalService, maven_copy
 
 REGISTRY_VERSION = "2.6.13.Final"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all"
@@ -56,31 +55,15 @@ def ensure_registry_app(root: Path | None = None) -> Path:
 def _fetch_registry_app(app: Path) -> None:
     """Fetch and unpack the registry into ``app`` (staged, renamed when complete); mark it."""
     marker = app / ".complete"
-    for tool in ("mvn", "java"):
-        if shutil.which(tool) is None:
-            raise BrokerError(
-                f"`{tool}` not found on PATH: the local registry needs Java 17 + Maven"
-            )
     download = app.parent / f"{app.name}.download"
     staging = app.parent / f"{app.name}.partial"
-    for folder in (download, staging):
-        shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
     # dependency:copy, not dependency:unpack (which leaves a marker folder in the output)
-    proc = subprocess.run(
-        ["mvn", "-q", "-B", "dependency:copy", f"-Dartifact={ARTIFACT}",
-         f"-DoutputDirectory={download}"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    archives = list(download.glob("*.tar.gz"))
-    if proc.returncode != 0 or len(archives) != 1:
-        raise BrokerError(
-            f"could not fetch {ARTIFACT} with Maven (exit {proc.returncode}):\n"
-            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        )
-    with tarfile.open(archives[0]) as archive:
+    archive_path = maven_copy(ARTIFACT, download)
+    with tarfile.open(archive_path) as archive:
         archive.extractall(staging, filter="data")
     if not (staging / RUNNER).exists():
-        raise BrokerError(f"{archives[0]} holds no {RUNNER}")
+        raise BrokerError(f"{archive_path} holds no {RUNNER}")
     shutil.rmtree(download, ignore_errors=True)
     shutil.rmtree(app, ignore_errors=True)
     staging.rename(app)
@@ -102,13 +85,9 @@ class LocalRegistry(LocalService):
             refused with HTTP 409.
     """
 
-    run_dir: Path
     app: Path
-    own_lifetime: bool = True
     heap_mb: int = 256
     compatibility: str = "BACKWARD"
-    port: int = 0
-    _proc: subprocess.Popen[bytes] | None = None
 
     NAME = "registry"
     LABEL = "the local Schema Registry"
