@@ -155,11 +155,12 @@ def _start_server(
     make: Callable[[Path], LocalService],
     last_line: str,
     stop_command: str | None = None,
-) -> None:
+) -> bool:
     """Start a local server (``make`` of the resolved ``directory``) in the background unless
     the one recorded in ``directory`` runs (says which, how to stop it: ``stop_command``, by
     default ``streamproc NAME stop --dir DIRECTORY``, and where its log is); the last line
-    printed is ``last_line`` with the server's address in its ``{}``."""
+    printed is ``last_line`` with the server's address in its ``{}``. True when one already
+    ran."""
     from streamproc.tools.local_service import start_recorded
 
     directory = directory.resolve()
@@ -175,6 +176,7 @@ def _start_server(
     elif server is not None:
         typer.echo(f"{name} log: {server.log_path}")
     typer.echo(last_line.format(address))
+    return running is not None
 
 
 def _stop_server(directory: Path, name: str, label: str) -> None:
@@ -244,36 +246,44 @@ def tracing_start(directory: TracingDir = DEFAULT_TRACING_DIR) -> None:
     """Start a local trace backend in the background, on loopback: Zipkin (in-memory trace
     store, query API, UI) behind an OpenTelemetry Collector that takes OTLP over HTTP and gRPC.
     The first start fetches Zipkin with Maven and builds the collector with Go (minutes). The
-    collector is always started afresh, pointed at the Zipkin that runs. The last line is
-    export OTEL_EXPORTER_OTLP_ENDPOINT=..."""
+    collector is started afresh on its previous port, pointed at the Zipkin that runs; when it
+    fails, a Zipkin started now is stopped again. The last line is export
+    OTEL_EXPORTER_OTLP_ENDPOINT=... OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"""
     from streamproc.tools.local_service import stop_recorded
     from streamproc.tools.tracing_local import (
         LocalCollector,
         LocalZipkin,
+        claim_tracing_dir,
         ensure_collector,
         ensure_zipkin_jar,
+        previous_port,
     )
 
     root = directory.resolve()
+    try:  # everything fetched or built before either server starts
+        claim_tracing_dir(root)
+        jar, binary = ensure_zipkin_jar(), ensure_collector()
+    except StreamprocError as exc:
+        raise _fail(exc) from exc
     stop = f"streamproc tracing stop --dir {root}"
-    _start_server(
-        root / "zipkin",
-        "zipkin",
-        "ui",
-        lambda at: LocalZipkin(at, ensure_zipkin_jar(), own_lifetime=False),
-        "trace UI: {}",
-        stop,
-    )
+    zipkin_was_running = _start_server(
+        root / "zipkin", "zipkin", "ui",
+        lambda at: LocalZipkin(at, jar, own_lifetime=False), "trace UI: {}", stop,
+    )  # fmt: skip
     zipkin_url = (root / "zipkin" / "ui").read_text().strip().removesuffix("/zipkin/")
     stop_recorded(root / "collector", "collector")
-    _start_server(
-        root / "collector",
-        "collector",
-        "endpoint",
-        lambda at: LocalCollector(at, ensure_collector(), zipkin_url, own_lifetime=False),
-        "export OTEL_EXPORTER_OTLP_ENDPOINT={}",
-        stop,
-    )
+    port = previous_port(root / "collector" / "endpoint")
+    try:
+        _start_server(
+            root / "collector", "collector", "endpoint",
+            lambda at: LocalCollector(at, binary, zipkin_url, own_lifetime=False, port=port),
+            "export OTEL_EXPORTER_OTLP_ENDPOINT={} OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+            stop,
+        )  # fmt: skip
+    except typer.Exit:
+        if not zipkin_was_running:
+            stop_recorded(root / "zipkin", "zipkin")
+        raise
 
 
 @tracing_app.command("stop")

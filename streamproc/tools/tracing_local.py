@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import urllib.request
 from dataclasses import dataclass, field
@@ -55,6 +56,37 @@ COLLECTOR_MODULES = {
     "processors": ["go.opentelemetry.io/collector/processor/batchprocessor"],
     "exporters": [f"{_CONTRIB}/exporter/zipkinexporter"],
 }
+
+
+# Zipkin reads its settings from the environment: in memory, and none of its transport collectors
+# (a shell holding KAFKA_BOOTSTRAP_SERVERS, which `streamproc kafka start` prints, would make it
+# consume the topic "zipkin" there and report unhealthy while it cannot)
+ZIPKIN_ENV = {
+    "STORAGE_TYPE": "mem",
+    "SELF_TRACING_ENABLED": "false",
+    "COLLECTOR_KAFKA_ENABLED": "false",
+    "KAFKA_BOOTSTRAP_SERVERS": "",
+    "COLLECTOR_RABBITMQ_ENABLED": "false",
+    "RABBIT_ADDRESSES": "",
+    "RABBIT_URI": "",
+    "COLLECTOR_ACTIVEMQ_ENABLED": "false",
+    "ACTIVEMQ_URL": "",
+    "COLLECTOR_SCRIBE_ENABLED": "false",
+}
+
+
+def claim_tracing_dir(root: Path) -> None:
+    """Refuse ``root`` unless it is absent, empty, or holds only the backend's two folders.
+
+    Raises:
+        BrokerError: it holds something else (user files are never mixed with the servers')."""
+    if root.exists() and not root.is_dir():
+        raise BrokerError(f"{root} is a file; choose a folder for the local trace backend")
+    if root.is_dir() and {p.name for p in root.iterdir()} - {"zipkin", "collector"}:
+        raise BrokerError(
+            f"{root} holds files other than the trace backend's zipkin/ and collector/; "
+            "choose a new folder"
+        )
 
 
 def ensure_zipkin_jar(root: Path | None = None) -> Path:
@@ -130,6 +162,17 @@ def ensure_collector(root: Path | None = None) -> Path:
     return folder / "build" / COLLECTOR_NAME
 
 
+def previous_port(endpoint_file: Path) -> int:
+    """The port of the URL saved in ``endpoint_file`` when it is free again, else 0 (any)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):  # absent, taken, not a URL
+        port = int(endpoint_file.read_text().strip().rsplit(":", 1)[1])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Go's listeners
+            probe.bind(("127.0.0.1", port))
+        return port
+    return 0
+
+
 @dataclass
 class LocalZipkin(LocalService):
     """One Zipkin server on 127.0.0.1, in-memory storage.
@@ -161,7 +204,7 @@ class LocalZipkin(LocalService):
             "--armeria.ports[0].ip=127.0.0.1",
             f"--armeria.ports[0].port={self.port}",
             "--armeria.ports[0].protocols[0]=http",
-        ], {"STORAGE_TYPE": "mem", "SELF_TRACING_ENABLED": "false"}  # fmt: skip
+        ], ZIPKIN_ENV  # fmt: skip
 
 
 @dataclass
@@ -244,8 +287,10 @@ class LocalTracing:
         collector; the OTLP/HTTP endpoint.
 
         Raises:
-            BrokerError: a fetch, build or start failed (the one started is stopped again).
+            BrokerError: ``run_dir`` is not the backend's (:func:`claim_tracing_dir`), or a fetch,
+            build or start failed (the one started is stopped again).
         """
+        claim_tracing_dir(self.run_dir)
         jar, binary = ensure_zipkin_jar(), ensure_collector()
         self.zipkin = LocalZipkin(self.run_dir / "zipkin", jar, own_lifetime=self.own_lifetime)
         self.zipkin.start(timeout_s)

@@ -104,9 +104,14 @@ def test_spans_sent_over_otlp_come_back_from_zipkin_as_one_trace(backend: LocalT
     assert link[:2] == [LINKED[0].hex(), LINKED[1].hex()]
 
 
-def test_the_ui_is_served_and_stop_leaves_no_process(tmp_path: Path) -> None:
+def test_the_ui_is_served_and_stop_leaves_no_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the shell of a user who ran `streamproc kafka start`: Zipkin must not take it as its own
+    # Kafka collector's setting (it would report unhealthy, and consume the topic "zipkin")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
     tracing = LocalTracing(tmp_path / "tracing")
-    tracing.start()
+    tracing.start(timeout_s=60)
     assert tracing.zipkin is not None and tracing.collector is not None
     pids = [tracing.zipkin.pid, tracing.collector.pid]
     with urllib.request.urlopen(tracing.ui_url, timeout=10) as reply:
