@@ -283,7 +283,7 @@ def test_ci_runs_the_test_command_then_the_compose_test() -> None:
         if "make " in line and not line.lstrip().startswith(("#", "echo"))
     ]
     assert lines == [
-        "step make venv kafka-jars tools",
+        "step make venv kafka-jars tracing-backend tools",
         "background images make images",
         "step make test",
         "step make test-models",
