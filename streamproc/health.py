@@ -21,7 +21,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 Probe = Callable[[], tuple[bool, str]]
 Answer = tuple[int, bytes, str]
@@ -62,8 +63,12 @@ class HealthServer:
         ready: Probe,
         admin: AdminRoutes | None = None,
     ) -> None:
+        def metrics(accept: str | None) -> Answer:
+            # OpenMetrics when the scraper asks for it (the exemplars: streamproc.tracing)
+            encoder, content_type = choose_encoder(accept or "")
+            return 200, encoder(registry), content_type
+
         routes: dict[str, Callable[[], Answer]] = {
-            "/metrics": lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST),
             "/healthz": lambda: _probe(live),
             "/readyz": lambda: _probe(ready),
         }
@@ -74,7 +79,10 @@ class HealthServer:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 route = routes.get(path)
-                answer = route() if route else None
+                if path == "/metrics":
+                    answer: Answer | None = metrics(self.headers.get("Accept"))
+                else:
+                    answer = route() if route else None
                 if answer is None and admin is not None:
                     answer = admin.get(path)
                 self._send(answer or (404, b"not found\n", "text/plain"))

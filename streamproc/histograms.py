@@ -6,12 +6,14 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 _go_float: Callable[[float], str] = floatToGoString
@@ -20,18 +22,21 @@ leaves the function unannotated."""
 
 
 class BatchHistogramSeries:
-    """One labelled series of a :class:`BatchHistogram` (thread-safe)."""
+    """One labelled series of a :class:`BatchHistogram` (thread-safe). Each bucket keeps the
+    latest exemplar given with a value it counted (OpenMetrics exposition shows it)."""
 
     def __init__(self, bounds: np.ndarray) -> None:
         self._bounds = bounds
         self._bounds_list: list[float] = bounds.tolist()
         self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
         self._sum = 0.0
+        self._exemplars: dict[int, Exemplar] = {}
         self._lock = threading.Lock()
 
-    def observe_many(self, values: np.ndarray) -> None:
+    def observe_many(self, values: np.ndarray, exemplar: dict[str, str] | None = None) -> None:
         """Count every value of ``values`` (any shape, converted to float64; e.g. seconds) at
-        once. Like ``Histogram.observe``, a NaN is added to the sum and counted in no bucket."""
+        once. Like ``Histogram.observe``, a NaN is added to the sum and counted in no bucket.
+        ``exemplar`` (labels, e.g. ``{"trace_id": ...}``) goes with the largest value."""
         values = np.asarray(values, dtype=np.float64).ravel()
         if values.size == 0:
             return
@@ -42,11 +47,16 @@ class BatchHistogramSeries:
         with self._lock:
             self._counts += counts
             self._sum += total
+        if exemplar is not None and counted.size:
+            self._keep(float(counted.max()), exemplar)
 
-    def observe_repeated(self, value: float, count: int) -> None:
+    def observe_repeated(
+        self, value: float, count: int, exemplar: dict[str, str] | None = None
+    ) -> None:
         """Count ``value`` (e.g. seconds) ``count`` times at once: what ``observe_many`` of
         ``count`` copies of it would count, in one bucket search (a batch's duration, counted
-        once per record of the batch). ``count`` <= 0 counts nothing."""
+        once per record of the batch). ``count`` <= 0 counts nothing. ``exemplar``: labels
+        kept with ``value`` as its bucket's exemplar."""
         if count <= 0:
             return
         if math.isnan(value):
@@ -57,6 +67,19 @@ class BatchHistogramSeries:
         with self._lock:
             self._counts[index] += count
             self._sum += value * count
+        if exemplar is not None:
+            self._keep(value, exemplar)
+
+    def _keep(self, value: float, exemplar: dict[str, str]) -> None:
+        index = bisect.bisect_left(self._bounds_list, value)
+        found = Exemplar(exemplar, value, time.time())
+        with self._lock:
+            self._exemplars[index] = found
+
+    def exemplars(self) -> dict[int, Exemplar]:
+        """The latest exemplar of each bucket that has one, by bucket index (the last: +Inf)."""
+        with self._lock:
+            return dict(self._exemplars)
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile (0..1) estimated from the buckets as PromQL's
@@ -168,5 +191,10 @@ class BatchHistogram(Collector):
         les = [*(_go_float(b) for b in self._bounds.tolist()), "+Inf"]
         for values, series in list(self._series.items()):
             cumulative, total = series.snapshot()
-            family.add_metric(list(values), list(zip(les, cumulative, strict=True)), total)
+            exemplars = series.exemplars()
+            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = [
+                (le, count) if index not in exemplars else (le, count, exemplars[index])
+                for index, (le, count) in enumerate(zip(les, cumulative, strict=True))
+            ]
+            family.add_metric(list(values), buckets, total)
         yield family

@@ -81,6 +81,7 @@ class Metrics:
         self._add_decode()
         self._add_lag()
         self._add_gpu()
+        self._add_tracing()
         self._nvml: object | None = None
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
 
@@ -463,6 +464,37 @@ class Metrics:
         self.stalled = Gauge(
             "streamproc_stalled_partitions",
             "Assigned partitions with lag > 0 and no progress for metrics.stall_timeout_s",
+            registry=reg,
+        )
+
+    def _add_tracing(self) -> None:
+        """Tracing (``streamproc.tracing``): record contexts ignored, links left out, spans
+        exported and dropped."""
+        reg = self.registry
+        self.trace_context_invalid = Counter(
+            "streamproc_trace_context_invalid_total",
+            "Input records whose traceparent header could not be read (ignored: the record is "
+            "processed as one without a context)",
+            _TOPIC,
+            registry=reg,
+        )
+        self.trace_links_dropped = Counter(
+            "streamproc_trace_links_dropped_total",
+            "Record contexts a batch's process span did not link: past tracing.max_links",
+            _TOPIC,
+            registry=reg,
+        )
+        self.trace_spans_exported = Counter(
+            "streamproc_trace_spans_exported_total",
+            "Spans the trace backend accepted",
+            registry=reg,
+        )
+        self.trace_spans_dropped = Counter(
+            "streamproc_trace_spans_dropped_total",
+            "Spans never exported: queue_full (the export queue, tracing.max_queue_spans, was "
+            "full: the backend is down or slow) or export_failed (the backend refused them or "
+            "did not answer within tracing.export_timeout_s)",
+            ("reason",),
             registry=reg,
         )
 

@@ -405,8 +405,8 @@ class Pipeline:
                the same (0 / empty after a clean close);
             5. flush the producer, so every acknowledgement reaches the tracker;
             6. commit the final watermarks and close the consumer (leave the group);
-            7. stop the lag monitor, the HTTP endpoint, the sink, the decode sizer and the
-               decode workers.
+            7. stop the lag monitor, the HTTP endpoint, the sink, the trace export (what is
+               queued is exported first), the decode sizer and the decode workers.
         """
         if self.state in (State.CLOSED, State.DRAINING):
             return
@@ -478,6 +478,8 @@ class Pipeline:
     def _close_decoding(self) -> None:
         if self.stages.shared.schemas is not None:
             self.stages.shared.schemas.close()  # lookups waiting for the registry give up
+        if self.stages.shared.tracing is not None:
+            self.stages.shared.tracing.shutdown()  # the spans queued are exported
         self.stages.shared.decoding.close()
         for topic in self.stages.topics:
             topic.staging.close()

@@ -16,8 +16,34 @@ from typing import NamedTuple, Protocol
 Headers = tuple[tuple[str, bytes], ...]
 
 
+class Trace(Protocol):
+    """A batch's trace as the stages see it (:class:`streamproc.tracing.batch.BatchTrace`)."""
+
+    @property
+    def exemplar(self) -> dict[str, str] | None:
+        """The exemplar labels of the batch's latency observations (its sampled trace id)."""
+        ...
+
+    def out(self, record: Record, topic: str) -> Headers:
+        """The trace headers of ``record``'s output record to ``topic``."""
+        ...
+
+    def device_time(self, seconds: float) -> None:
+        """The batch's measured device time."""
+        ...
+
+    def finish(self, end_s: float | None = None) -> None:
+        """End the batch's trace (idempotent)."""
+        ...
+
+
 class Laps(Protocol):
     """A batch's stage clock as the stages see it (:class:`streamproc.stages.StageClock`)."""
+
+    @property
+    def trace(self) -> Trace | None:
+        """The batch's trace (None: not traced)."""
+        ...
 
     def lap(self, stage: str) -> float:
         """``stage`` ended now: count its seconds once per record; returns now (monotonic

@@ -58,6 +58,7 @@ import numpy as np
 from streamproc.histograms import BatchHistogram, BatchHistogramSeries
 from streamproc.metrics import Metrics
 from streamproc.records import Record
+from streamproc.tracing.batch import BatchTrace, BatchTracer
 
 STAGES = ("consume", "ring", "batch", "decode", "device", "encode", "produce", "commit")
 """The stages of the record path in order (the ``stage`` label's values)."""
@@ -82,9 +83,11 @@ class StageClock:
         clock: monotonic seconds (injected for tests).
         last_s: when the batch's latest stage ended (the cut), monotonic seconds.
         count: the batch's records (run and expired): each stage counts once per record.
+        trace: the batch's trace (:mod:`streamproc.tracing.batch`; None: not traced): each lap
+            is handed to it, and its sampled trace id is the laps' exemplar.
     """
 
-    __slots__ = ("_clock", "_series", "count", "lapped", "last_s")
+    __slots__ = ("_clock", "_series", "count", "lapped", "last_s", "trace")
 
     def __init__(
         self,
@@ -92,11 +95,13 @@ class StageClock:
         clock: Callable[[], float],
         last_s: float,
         count: int,
+        trace: BatchTrace | None = None,
     ) -> None:
         self._series = series
         self._clock = clock
         self.last_s = last_s
         self.count = count
+        self.trace = trace
         self.lapped: list[str] = []
         """The stages lapped so far, in order (tests and checks read it)."""
 
@@ -108,7 +113,14 @@ class StageClock:
             KeyError: ``stage`` is not one of :data:`BATCH_STAGES`.
         """
         now_s = self._clock()
-        self._series[stage].observe_repeated(max(0.0, now_s - self.last_s), self.count)
+        trace = self.trace
+        if trace is None:
+            self._series[stage].observe_repeated(max(0.0, now_s - self.last_s), self.count)
+        else:
+            self._series[stage].observe_repeated(
+                max(0.0, now_s - self.last_s), self.count, trace.exemplar
+            )
+            trace.lap(stage, self.last_s, now_s)
         self.last_s = now_s
         self.lapped.append(stage)
         return now_s
@@ -123,6 +135,7 @@ class StageRecorder:
         topic: the input topic.
         clock: monotonic seconds (the clock of the records' ``consumed_at_s``).
         wall_clock: seconds since the epoch (the records' timestamps are epoch milliseconds).
+        tracer: starts each batch's trace at the cut (None: tracing off).
     """
 
     def __init__(
@@ -131,8 +144,10 @@ class StageRecorder:
         topic: str,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        tracer: BatchTracer | None = None,
     ) -> None:
         self.topic = topic
+        self._tracer = tracer
         self._clock = clock
         self._wall_clock = wall_clock
         self._series = {name: stage.labels(topic, name) for name in STAGES}
@@ -164,7 +179,8 @@ class StageRecorder:
         taken_s = np.maximum(consumed_s, ready_s)
         series["ring"].observe_many(taken_s - consumed_s)
         series["batch"].observe_many(np.maximum(0.0, cut_s - taken_s))
-        return StageClock(self._batch_series, self._clock, cut_s, count)
+        trace = None if self._tracer is None else self._tracer.start(records, cut_s)
+        return StageClock(self._batch_series, self._clock, cut_s, count, trace)
 
 
 def observe_commits(metrics: Metrics, waits: Iterable[CommitWait]) -> None:

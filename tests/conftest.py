@@ -18,6 +18,8 @@ container is removed by the fixture's ``finally`` (failure, Ctrl-C); one left by
 killed outright (SIGKILL) carries the label ``io.streamproc.test-broker=<pid>`` and is removed by
 the next session once that pid is gone.
 With ``CI`` set, a skipped test fails the run: nothing skipped is counted as done.
+``$OTEL_EXPORTER_OTLP_ENDPOINT`` is removed from the environment: only the tracing tests trace,
+each to a backend of its own.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 KAFKA_IMAGE = os.environ.get("KAFKA_IMAGE", "streamproc/kafka:4.4.0")
+# A shell that ran `streamproc tracing start` exports this: the tests that trace set their own
+# endpoint, and no other test's pipeline (in this process or a child) exports to that backend.
+os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
 OWNER_LABEL = "io.streamproc.test-broker"
 _BROKER_LOGS: list[Path] = []
 

@@ -62,6 +62,7 @@ from streamproc.output.headers import STAGE_DELIVERY
 from streamproc.records import Record
 from streamproc.schemas.writers import WriterSchemas
 from streamproc.share.source import ShareSource
+from streamproc.tracing.export import Tracing
 
 log = get_logger(__name__)
 
@@ -141,6 +142,9 @@ def assemble(
         schemas = None if settings is None else WriterSchemas.probed(settings, *backoff_s)
         if schemas is not None:
             release.callback(schemas.close)
+        tracing = Tracing(config.tracing, metrics) if config.tracing.active else None
+        if tracing is not None:
+            release.callback(tracing.shutdown)
         shared = Shared(
             config,
             metrics,
@@ -152,6 +156,7 @@ def assemble(
             admission,
             on_fatal,
             schemas,
+            tracing=tracing,
         )
         topics = tuple(
             _given_back_on_failure(build_topic_stages(spec, shared), release)

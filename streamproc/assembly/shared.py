@@ -31,6 +31,9 @@ from streamproc.output.producer import ResultsProducer, build_producer, producer
 from streamproc.output.sink import Sink
 from streamproc.records import TopicPartition
 from streamproc.schemas.writers import WriterSchemas
+from streamproc.stages import StageRecorder
+from streamproc.tracing.batch import BatchTracer
+from streamproc.tracing.export import Tracing
 
 log = get_logger(__name__)
 
@@ -54,6 +57,23 @@ class Shared:
     schemas: WriterSchemas | None = None  # the Schema Registry's writer schemas, when one is set
     control: SourceControl = field(default_factory=SourceControl)
     """The source thread's control queue (a version switch asks it for a commit)."""
+    tracing: Tracing | None = None
+    """The tracer and its export (None: tracing off)."""
+
+    def stage_recorder(self, topic: str) -> StageRecorder:
+        """The stage histograms of input ``topic``, with a batch tracer when tracing is on."""
+        tracer = None
+        if self.tracing is not None:
+            metrics = self.metrics
+            tracer = BatchTracer(
+                self.tracing.tracer,
+                topic,
+                self.config.kafka.group_id,
+                self.config.tracing.max_links,
+                metrics.trace_context_invalid.labels(topic),
+                metrics.trace_links_dropped.labels(topic),
+            )
+        return StageRecorder(self.metrics.stage, topic, tracer=tracer)
 
 
 def late_results_reporter(metrics: Metrics, share: bool = False) -> LateHook:

@@ -386,4 +386,5 @@ def build_dispatcher(
         on_route=lambda now: route_changed(stages.lane, gauge, now),
         bind=None if stages.model is None else stages.model.versions.bind,
         resequencer=stages.resequencer,
+        stages=shared.stage_recorder(stages.topic),
     )

@@ -29,6 +29,7 @@ from streamproc.config.sections import (
     MetricsConfig,
     PipelineConfig,
     SchemaRegistryConfig,
+    TracingConfig,
     WorkerConfig,
 )
 from streamproc.errors import ConfigError
@@ -54,6 +55,8 @@ class Config(BaseSettings):
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    # validated from {} (not built): $OTEL_EXPORTER_OTLP_ENDPOINT is read
+    tracing: TracingConfig = Field(default_factory=dict, validate_default=True)
     # validated from {} (not built): $SCHEMA_REGISTRY_URL errors name schema_registry.url
     schema_registry: SchemaRegistryConfig = Field(default_factory=dict, validate_default=True)
     # validated from {} (not built): $STREAMPROC_ADMIN_TOKEN is read

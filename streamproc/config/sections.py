@@ -716,3 +716,43 @@ class LoggingConfig(_Section):
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
+
+
+class TracingConfig(_Section):
+    """OpenTelemetry traces of the record path (``streamproc.tracing``), exported over OTLP/HTTP
+    (protobuf) to ``endpoint``: the collector's base URL (``/v1/traces`` is appended), by
+    default ``$OTEL_EXPORTER_OTLP_ENDPOINT`` (what ``streamproc tracing start`` prints). Tracing
+    is on when an endpoint is known and ``enabled`` is true; off, nothing of it runs.
+
+    ``sample_ratio``: the share of batches whose records carry no sampled ``traceparent`` that
+    start a trace of their own (a parent-based sampler: a record's sampled context is always
+    followed). ``max_links``: the links of one batch's ``process`` span to its records' contexts
+    (those past it counted in ``streamproc_trace_links_dropped_total``). ``max_queue_spans``: the
+    exporter's queue; a span that finds it full is dropped and counted
+    (``streamproc_trace_spans_dropped_total{reason="queue_full"}``), never waited for.
+    ``export_timeout_s``: one export's deadline (retries included); the spans of an export that
+    fails are counted dropped (``reason="export_failed"``). ``headers``: sent with every export
+    (e.g. an API key: give it through ``STREAMPROC_TRACING__HEADERS``; never logged)."""
+
+    enabled: bool = True
+    endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    sample_ratio: float = Field(default=0.01, ge=0, le=1)
+    max_links: int = Field(default=128, ge=0, le=10_000)
+    max_queue_spans: int = Field(default=4096, ge=16, le=1_000_000)
+    export_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    service_name: str = Field(default="streamproc", min_length=1)
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _endpoint_from_environment(cls, data: Any) -> Any:
+        found = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+        known = re.match(r"^https?://", found)
+        if isinstance(data, dict) and data.get("endpoint") is None and known:
+            return {**data, "endpoint": found}
+        return data
+
+    @property
+    def active(self) -> bool:
+        """Whether traces are made and exported: ``enabled`` and an ``endpoint`` known."""
+        return self.enabled and self.endpoint is not None

@@ -102,9 +102,12 @@ class DeliveryHandler(Protocol):
         """
         ...
 
-    def acknowledged(self, topic: str, records: Sequence[Record]) -> None:
+    def acknowledged(
+        self, topic: str, records: Sequence[Record], exemplar: dict[str, str] | None = None
+    ) -> None:
         """Every report of a batch to ``topic`` is in: the broker acknowledged the results of
-        ``records`` (inputs in batch order; those failed for good are left out)."""
+        ``records`` (inputs in batch order; those failed for good are left out); ``exemplar``:
+        the batch's sampled trace id, for its latency observations."""
         ...
 
 
@@ -168,10 +171,13 @@ class BatchAck:
         if next(self._acks) != self._size:
             return
         batch = self.batch
+        exemplar = None
         if batch.clock is not None:
             batch.clock.lap("produce")
+            if batch.clock.trace is not None:
+                exemplar = batch.clock.trace.exemplar
         records: Sequence[Record] = batch.records
         if self._failed:
             failed = self._failed
             records = [r for i, r in enumerate(records) if i not in failed]
-        self._handler.acknowledged(batch.topic, records)
+        self._handler.acknowledged(batch.topic, records, exemplar)

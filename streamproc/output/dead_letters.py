@@ -42,7 +42,7 @@ from streamproc.offsets.guarantees import Guarantee, How
 from streamproc.output.headers import OutputHeaders, dead_letter_headers
 from streamproc.output.limits import RecordLimits
 from streamproc.output.producer import ResultsProducer, produce_waiting, unavailable
-from streamproc.records import Record
+from streamproc.records import Headers, Record
 
 log = get_logger(__name__)
 
@@ -97,6 +97,7 @@ class DeadLetter:
         stage: ``streamproc.error.stage`` (decode|model|encode|produce|callback).
         error_class: ``streamproc.error.class``.
         message: ``streamproc.error.message``.
+        trace: its own trace headers (``streamproc.tracing``; empty: the input's are kept).
     """
 
     record: Record
@@ -104,6 +105,7 @@ class DeadLetter:
     stage: str
     error_class: str
     message: str
+    trace: Headers = ()
 
     def where(self) -> str:
         """The input's coordinates, ``topic[partition]@offset``."""
@@ -146,12 +148,21 @@ class DeadLetters:
     _metrics: Metrics
     _on_fatal: Callable[[BaseException], None]
 
-    def send(self, record: Record, topic: str, stage: str, error_class: str, message: str) -> None:
+    def send(
+        self,
+        record: Record,
+        topic: str,
+        stage: str,
+        error_class: str,
+        message: str,
+        trace: Headers = (),
+    ) -> None:
         """Produce ``record``'s dead-letter record to ``topic`` (step 1 of the ladder); the
         arguments are those of :class:`DeadLetter`."""
         known = self._guarantee.remembered(record)
         step = IN_BATCH_WITHOUT_VALUE if known is not None and known.omit_value else IN_BATCH
-        self._produce(self._attempt(DeadLetter(record, topic, stage, error_class, message), step))
+        letter = DeadLetter(record, topic, stage, error_class, message, trace)
+        self._produce(self._attempt(letter, step))
 
     def _attempt(self, letter: DeadLetter, step: Step) -> Attempt:
         """``letter`` at ``step``, its value left out also when it cannot fit."""
@@ -161,7 +172,12 @@ class DeadLetters:
         ):
             value, step = None, replace(step, value_omitted=True)
         headers = dead_letter_headers(
-            letter.record, letter.stage, letter.error_class, letter.message, step.value_omitted
+            letter.record,
+            letter.stage,
+            letter.error_class,
+            letter.message,
+            step.value_omitted,
+            letter.trace,
         )
         return Attempt(letter, step, value, headers)
 

@@ -89,16 +89,18 @@ class ResultDeliveries:
         )
         return False
 
-    def acknowledged(self, topic: str, records: Sequence[Record]) -> None:
+    def acknowledged(
+        self, topic: str, records: Sequence[Record], exemplar: dict[str, str] | None = None
+    ) -> None:
         """Count the batch's acknowledged results and their end-to-end latency (input
-        timestamp to now), measure their lane's latency target (consume to now), and tell the
-        guarantee its inputs are done."""
+        timestamp to now; ``exemplar``: the batch's sampled trace id), measure their lane's
+        latency target (consume to now), and tell the guarantee its inputs are done."""
         if not records:
             return
         self._metrics.child(self._metrics.produced, topic).inc(len(records))
         created_ms = np.fromiter((r.timestamp_ms for r in records), np.float64, len(records))
         self._metrics.end_to_end.labels(records[0].tp.topic).observe_many(
-            np.maximum(0.0, (time.time() * 1000.0 - created_ms) / 1000.0)
+            np.maximum(0.0, (time.time() * 1000.0 - created_ms) / 1000.0), exemplar
         )
         if self.latency is not None:
             self.latency.acknowledged(records)

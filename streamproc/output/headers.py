@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from streamproc.records import Headers, Record
+from streamproc.tracing.context import TRACE_HEADERS
 
 H_TOPIC = "streamproc.source.topic"
 H_PARTITION = "streamproc.source.partition"
@@ -83,14 +84,24 @@ def expired_headers(record: Record) -> OutputHeaders:
 
 
 def dead_letter_headers(
-    record: Record, stage: str, error_class: str, message: str, value_omitted: bool
+    record: Record,
+    stage: str,
+    error_class: str,
+    message: str,
+    value_omitted: bool,
+    trace: Headers = (),
 ) -> OutputHeaders:
     """The headers of ``record``'s dead-letter record: its own headers, its source
     coordinates, the error's stage, class and message (at most
     :data:`MAX_ERROR_MESSAGE_CHARS` characters; unencodable ones replaced), and, when
-    ``value_omitted``, the size in bytes of the value left out."""
+    ``value_omitted``, the size in bytes of the value left out. ``trace``: the dead-letter
+    record's own trace headers (``streamproc.tracing``), which replace the input's."""
+    kept = record.headers
+    if trace:
+        kept = tuple(h for h in kept if h[0] not in TRACE_HEADERS)
     headers = [
-        *record.headers,
+        *kept,
+        *trace,
         *source_headers(record),
         (H_STAGE, stage.encode()),
         (H_CLASS, error_class.encode()),

@@ -32,7 +32,7 @@ from streamproc.output.headers import (
     expired_headers,
 )
 from streamproc.output.sink import Sink
-from streamproc.records import Headers, Record
+from streamproc.records import Headers, Record, Trace
 from streamproc.workloads import Encoded, Workload
 
 
@@ -78,10 +78,16 @@ class ResultHandler:
         records become goes with them."""
         topic = self._pipeline.input_topic
         dlq = self._pipeline.dead_letter_topic
+        clock = result.batch.clock
+        trace = None if clock is None else clock.trace
         if not result.batch.records:  # every record expired at the cut: none ran
             self._send(result, [], [], [])
             return
-        self._metrics.inference.labels(topic).observe(result.inference_s)
+        if trace is None:
+            self._metrics.inference.labels(topic).observe(result.inference_s)
+        else:
+            trace.device_time(result.inference_s)
+            self._metrics.inference.labels(topic).observe(result.inference_s, trace.exemplar)
         # a batch re-run in parts (its model call raised) measures the re-runs, not its size
         if self._observe is not None and result.error is None and result.model_calls == 1:
             self._observe(len(result.batch), result.inference_s)
@@ -93,7 +99,7 @@ class ResultHandler:
         if result.error is not None:  # no row of the batch ran the model
             for row, record in enumerate(records):
                 error = (failed.get(row) if failed else None) or result.error
-                self._dead_letter(record, dlq, error.stage, error)
+                self._dead_letter(record, dlq, error.stage, error, trace)
             self._send(result, [], [], [])
             return
         encoded = self._encode_many(records, result.outputs, failed)
@@ -107,7 +113,7 @@ class ResultHandler:
             if not isinstance(value, Encoded):
                 if value is None:  # its decode failed
                     error = failed[row]
-                    self._dead_letter(record, dlq, error.stage, error)
+                    self._dead_letter(record, dlq, error.stage, error, trace)
                     continue
                 try:
                     value = self._retry_encode(
@@ -116,12 +122,16 @@ class ResultHandler:
                 except RegistryUnavailable:
                     raise
                 except Exception as exc:
-                    self._dead_letter(record, dlq, "encode", exc)
+                    self._dead_letter(record, dlq, "encode", exc, trace)
                     continue
             kept.append(record)
             values.append(value.value)
             extra.append(value.headers)
         headers = self._headers.build(kept, extra, cut_at_s, inference_ms, now_s, version)
+        if trace is not None:
+            output_topic = self._pipeline.output_topic
+            for record, built in zip(kept, headers, strict=True):
+                built.extend(trace.out(record, output_topic))
         self._send(result, kept, values, headers)
 
     def _send(
@@ -136,6 +146,8 @@ class ResultHandler:
         dead-letter records (stage ``deadline``)."""
         pipeline = self._pipeline
         expired = result.batch.expired
+        clock = result.batch.clock
+        trace = None if clock is None else clock.trace
         if expired and pipeline.on_expired == "dead_letter":
             cut_at_s = result.batch.cut_at_s
             for record in expired:
@@ -146,20 +158,26 @@ class ResultHandler:
                     STAGE_DEADLINE,
                     "DeadlineExpired",
                     f"past its deadline by {late_ms:.1f} ms when its batch was cut; not run",
+                    () if trace is None else trace.out(record, pipeline.dead_letter_topic),
                 )
         elif expired:
             rows = [*zip(kept, values, headers, strict=True)]
-            rows.extend((record, b"", expired_headers(record)) for record in expired)
+            for record in expired:
+                built = expired_headers(record)
+                if trace is not None:
+                    built.extend(trace.out(record, pipeline.output_topic))
+                rows.append((record, b"", built))
             rows.sort(key=lambda row: (row[0].tp.partition, row[0].offset))
             kept = [row[0] for row in rows]
             values = [row[1] for row in rows]
             headers = [row[2] for row in rows]
-        clock = result.batch.clock
         if clock is not None:
             clock.lap("encode")
         self._sink.send_results(
             pipeline.output_topic, kept, values, headers, pipeline.dead_letter_topic, clock
         )
+        if trace is not None and not kept:
+            trace.finish()  # nothing to produce: no produce stage ends it
 
     def _version(self, result: DeviceResult) -> bytes:
         """The ``streamproc.model.version`` value of ``result``'s batch."""
@@ -226,5 +244,14 @@ class ResultHandler:
                 return value
         raise AssertionError("unreachable")  # Retrying either returns or re-raises
 
-    def _dead_letter(self, record: Record, dlq: str, stage: str, exc: BaseException) -> None:
-        self._sink.dead_letter(record, dlq, stage, type(exc).__name__, str(exc))
+    def _dead_letter(
+        self, record: Record, dlq: str, stage: str, exc: BaseException, trace: Trace | None
+    ) -> None:
+        self._sink.dead_letter(
+            record,
+            dlq,
+            stage,
+            type(exc).__name__,
+            str(exc),
+            () if trace is None else trace.out(record, dlq),
+        )

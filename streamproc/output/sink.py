@@ -39,7 +39,7 @@ from streamproc.output.headers import OutputHeaders
 from streamproc.output.latency import LatencyReport
 from streamproc.output.limits import RecordLimits
 from streamproc.output.producer import ResultsProducer, produce_waiting
-from streamproc.records import Laps, Record
+from streamproc.records import Headers, Laps, Record
 
 
 class Sink:
@@ -140,12 +140,19 @@ class Sink:
             ack.skipped(row)
 
     def dead_letter(
-        self, record: Record, dlq_topic: str, stage: str, error_class: str, message: str
+        self,
+        record: Record,
+        dlq_topic: str,
+        stage: str,
+        error_class: str,
+        message: str,
+        trace: Headers = (),
     ) -> None:
         """Produce ``record`` to ``dlq_topic`` with the error headers (see
         ``streamproc.output.dead_letters``: a value too large is left out, a refused record
-        climbs the ladder, one refused with nothing left to try stops the pipeline)."""
-        self._dead_letters.send(record, dlq_topic, stage, error_class, message)
+        climbs the ladder, one refused with nothing left to try stops the pipeline);
+        ``trace``: the dead-letter record's own trace headers (replacing the input's)."""
+        self._dead_letters.send(record, dlq_topic, stage, error_class, message, trace)
 
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries (records sent again alone included); return how many

@@ -94,3 +94,23 @@ def test_client_hanging_up_mid_request_prints_no_traceback(
         server.close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err
+
+
+def test_metrics_speak_openmetrics_when_asked_so_exemplars_reach_the_scraper() -> None:
+    registry = CollectorRegistry()
+    Counter("demo_total", "a counter", registry=registry).inc(3)
+    server = HealthServer("127.0.0.1", 0, registry, lambda: (True, ""), lambda: (True, ""))
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        asked = urllib.request.Request(
+            url, headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
+        with urllib.request.urlopen(asked, timeout=TIMEOUT_S) as resp:
+            assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+            assert resp.read().decode().endswith("# EOF\n")
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:  # plain Prometheus text
+            assert resp.headers["Content-Type"].startswith("text/plain")
+            assert "# EOF" not in resp.read().decode()
+    finally:
+        server.close()

@@ -85,6 +85,10 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_stalled_partitions", "gauge"),
     ("streamproc_gpu_utilization_ratio", "gauge"),
     ("streamproc_gpu_memory_used_bytes", "gauge"),
+    ("streamproc_trace_context_invalid", "counter"),
+    ("streamproc_trace_links_dropped", "counter"),
+    ("streamproc_trace_spans_exported", "counter"),
+    ("streamproc_trace_spans_dropped", "counter"),
 ]
 
 

@@ -35,7 +35,9 @@ class Handler:
         self.lone.produce(refused.topic, refused.value, on_delivery=report)
         return True
 
-    def acknowledged(self, topic: str, records: Sequence[Record]) -> None:
+    def acknowledged(
+        self, topic: str, records: Sequence[Record], exemplar: dict[str, str] | None = None
+    ) -> None:
         self.acknowledged_batches.append((topic, [r.offset for r in records]))
 
 

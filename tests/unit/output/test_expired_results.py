@@ -12,7 +12,7 @@ from streamproc.errors import ModelError
 from streamproc.metrics import Metrics
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, H_TOPIC
 from streamproc.output.results import ResultHandler
-from streamproc.records import Batch, Record, TopicPartition
+from streamproc.records import Batch, Headers, Record, TopicPartition
 from streamproc.workloads import Encoded, Workload
 
 SPEC = PipelineConfig(name="p", input_topic="in", output_topic="out", workload="x:y")
@@ -39,7 +39,9 @@ class Sent:
         for record, value, row in zip(records, values, headers, strict=True):
             self.results.append((record, value, dict(row)))
 
-    def dead_letter(self, record: Record, dlq: str, stage: str, cls: str, msg: str) -> None:
+    def dead_letter(
+        self, record: Record, dlq: str, stage: str, cls: str, msg: str, trace: Headers = ()
+    ) -> None:
         assert dlq == "in.dlq"
         self.dead.append((record, stage, cls, msg))
 

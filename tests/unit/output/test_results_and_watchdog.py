@@ -11,7 +11,7 @@ from streamproc.errors import DecodeError, RegistryUnavailable
 from streamproc.kafka.lag import LagMonitor
 from streamproc.metrics import Metrics
 from streamproc.output.results import ResultHandler
-from streamproc.records import Batch, Record, TopicPartition
+from streamproc.records import Batch, Headers, Record, TopicPartition
 from streamproc.workloads import Encoded, Workload
 
 TP = TopicPartition("in", 0)
@@ -36,7 +36,9 @@ class MemorySink:
             assert dict(row_headers)["streamproc.source.offset"] == b"%d" % record.offset
             self.results.append((record.offset, value))
 
-    def dead_letter(self, record: Record, dlq: str, stage: str, cls: str, msg: str) -> None:
+    def dead_letter(
+        self, record: Record, dlq: str, stage: str, cls: str, msg: str, trace: Headers = ()
+    ) -> None:
         self.dead.append((record.offset, stage, cls))
 
 

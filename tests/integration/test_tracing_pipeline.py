@@ -1,0 +1,238 @@
+"""Traces across Kafka, shown by the real backend (issue 43): records produced under a known
+producer span run through a pipeline exporting to the local collector, and a downstream
+consumer continues from the results' ``traceparent``; Zipkin's query API then gives back one
+trace holding the producer's span, the batch's ``process`` span (its parent the producer's span,
+its links the records), the batch's stage spans, each output record's ``create`` span and the
+downstream consumer's spans. A malformed ``traceparent`` is counted, never dead-lettered. The
+backend stopped mid-stream costs no record: the spans it could not take are counted dropped."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.propagate import extract
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from streamproc.pipeline import Pipeline
+from streamproc.tools.tracing_local import LocalCollector, LocalTracing, ensure_collector
+from streamproc.workloads.video import video_frames
+from tests.integration.conftest import Topics, end_offset_total, make_config
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.core
+
+GOOD = 6
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTracing]:
+    tracing = LocalTracing(tmp_path_factory.mktemp("tracing"))
+    tracing.start()
+    try:
+        yield tracing
+    finally:
+        tracing.stop()
+
+
+def _provider(endpoint: str, service: str) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(f"{endpoint}/v1/traces")))
+    return provider
+
+
+def _trace(api_url: str, trace_id: str) -> list[dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{api_url}/trace/{trace_id}", timeout=5) as reply:
+            spans: list[dict[str, Any]] = json.load(reply)
+            return spans
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return []
+        raise
+
+
+def _read_all(bootstrap: str, topic: str, count: int) -> list[Any]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{topic}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    found: list[Any] = []
+    try:
+        wait_until(
+            lambda: (
+                found.extend(m for m in consumer.consume(100, 0.5) if not m.error())
+                or len(found) >= count
+            ),
+            f"{count} records on {topic}",
+            60,
+        )
+    finally:
+        consumer.close()
+    return found
+
+
+def test_a_records_path_is_one_trace_in_the_backend(
+    backend: LocalTracing, bootstrap_servers: str, topics: Topics
+) -> None:
+    producing = _provider(backend.otlp_endpoint, "test-producer")
+    tracer = producing.get_tracer("test")
+    with tracer.start_as_current_span(f"send {topics.input}", kind=SpanKind.PRODUCER) as send:
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+    context = send.get_span_context()
+    trace_id, send_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
+    traced = [(k, v.encode()) for k, v in carrier.items()]
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "acks": "all"})
+    for frame in video_frames()[:GOOD]:
+        producer.produce(topics.input, key=b"cam", value=frame.jpeg, partition=0, headers=traced)
+    producer.produce(
+        topics.input, key=b"bad", value=b"\xff\xd8 corrupt", partition=0, headers=traced
+    )
+    malformed = [("traceparent", b"00-zz-not-a-context-01")]
+    producer.produce(
+        topics.input, key=b"odd", value=video_frames()[0].jpeg, partition=0, headers=malformed
+    )
+    assert producer.flush(30) == 0
+
+    config = make_config(
+        bootstrap_servers,
+        topics,
+        tracing={"endpoint": backend.otlp_endpoint, "sample_ratio": 0.0},
+        worker={"torch_threads": 1},
+    )
+    pipeline = Pipeline(config)
+    assert pipeline.run(exit_when_idle_s=2).exit_code == 0
+    metrics = pipeline.metrics
+    assert metrics.counter_value(metrics.trace_context_invalid, topic=topics.input) == 1
+    assert metrics.counter_value(metrics.trace_spans_exported) > 0
+
+    # downstream: a consumer continues each result's trace
+    results = _read_all(bootstrap_servers, topics.output, GOOD + 1)
+    assert len(results) == GOOD + 1  # the malformed context cost its record nothing
+    dead = _read_all(bootstrap_servers, topics.dlq, 1)
+    assert [m.key() for m in dead] == [b"bad"]
+    downstream = _provider(backend.otlp_endpoint, "test-downstream").get_tracer("test")
+    continued = 0
+    for message in results:
+        headers = {k: v.decode() for k, v in message.headers() or []}
+        if "traceparent" not in headers:
+            continue
+        span = downstream.start_span(
+            f"process {topics.output}", context=extract(headers), kind=SpanKind.CONSUMER
+        )
+        span.end()
+        continued += 1
+    assert continued >= GOOD
+    dead_parent = dict(dead[0].headers() or [])["traceparent"].decode()
+    assert dead_parent.split("-")[1] == trace_id and dead_parent.split("-")[2] != send_id
+
+    def complete() -> bool:
+        names = [span["name"] for span in _trace(backend.api_url, trace_id)]
+        return names.count(f"process {topics.output}") >= continued and "produce" in names
+
+    wait_until(complete, "the whole trace in Zipkin", 60)
+    spans = _trace(backend.api_url, trace_id)
+    names: dict[str, int] = {}
+    for span in spans:
+        names[span["name"]] = names.get(span["name"], 0) + 1
+    print(f"[tracing] trace {trace_id}: {len(spans)} spans {names}")
+    by_id = {span["id"]: span for span in spans}
+    sends = [s for s in spans if s["name"] == f"send {topics.input}"]
+    assert [s["localEndpoint"]["serviceName"] for s in sends] == ["test-producer"]
+    batches = [s for s in spans if s["name"] == f"process {topics.input}"]
+    assert batches and all(b["parentId"] == send_id for b in batches)
+    assert all(b["localEndpoint"]["serviceName"] == "streamproc" for b in batches)
+    assert all(b["kind"] == "CONSUMER" for b in batches)
+    for batch in batches:  # Zipkin has no links: the collector keeps each as a tag
+        assert batch["tags"]["otlp.link.0"].split("|")[:2] == [trace_id, send_id]
+        assert batch["tags"]["messaging.operation.type"] == "process"
+    batch_ids = {b["id"] for b in batches}
+    for stage in ("decode", "device", "encode", "produce"):
+        found = [s for s in spans if s["name"] == stage]
+        assert found and all(s["parentId"] in batch_ids for s in found), stage
+    creates = [s for s in spans if s["name"] == f"create {topics.output}"]
+    assert len([c for c in creates if c["parentId"] == send_id]) == GOOD
+    dead_create = by_id[dead_parent.split("-")[2]]
+    assert dead_create["name"] == f"create {topics.dlq}" and dead_create["parentId"] == send_id
+    consumed = [s for s in spans if s["name"] == f"process {topics.output}"]
+    assert len(consumed) == continued
+    assert all(by_id[s["parentId"]]["name"] == f"create {topics.output}" for s in consumed)
+
+
+def test_a_backend_stopped_mid_stream_costs_no_record(
+    bootstrap_servers: str, topics: Topics, tmp_path: Path
+) -> None:
+    collector = LocalCollector(tmp_path / "collector", ensure_collector(), "http://127.0.0.1:9")
+    endpoint = collector.start(60)
+    frames = video_frames()
+    half = 24
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "acks": "all"})
+
+    def produce(count: int) -> None:
+        for i in range(count):  # every record sampled: a root of its own
+            traceparent = b"00-%032x-%016x-01" % (i + 1, i + 1)
+            producer.produce(
+                topics.input,
+                key=b"cam",
+                value=frames[i % len(frames)].jpeg,
+                partition=i % 3,
+                headers=[("traceparent", traceparent)],
+            )
+        assert producer.flush(30) == 0
+
+    produce(half)
+    config = make_config(
+        bootstrap_servers,
+        topics,
+        tracing={"endpoint": endpoint, "export_timeout_s": 1.0},
+        worker={"torch_threads": 1},
+    )
+    pipeline = Pipeline(config)
+    run = threading.Thread(target=lambda: pipeline.run(exit_when_idle_s=6), daemon=True)
+    run.start()
+    try:
+        wait_until(
+            lambda: end_offset_total(bootstrap_servers, topics.output) >= half,
+            "the first half's results",
+            120,
+        )
+        metrics = pipeline.metrics
+        wait_until(
+            lambda: metrics.counter_value(metrics.trace_spans_exported) > 0,
+            "spans exported while the backend was up",
+            30,
+        )
+        collector.stop()
+        produce(half)
+        run.join(180)
+        assert not run.is_alive()
+    finally:
+        collector.stop()
+    assert end_offset_total(bootstrap_servers, topics.output) == 2 * half
+    dropped = sum(
+        metrics.counter_value(metrics.trace_spans_dropped, reason=reason)
+        for reason in ("export_failed", "queue_full")
+    )
+    exported = metrics.counter_value(metrics.trace_spans_exported)
+    print(
+        f"[tracing] backend stopped mid-stream: spans exported {exported:.0f}, "
+        f"dropped {dropped:.0f}"
+    )
+    assert dropped > 0
