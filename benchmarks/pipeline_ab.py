@@ -75,11 +75,18 @@ def _thread_cpu_s() -> dict[int, tuple[str, float]]:
     }
 
 
-def overrides(workload: str, source: str, run_id: str, worker: dict[str, Any]) -> dict[str, Any]:
+def overrides(
+    workload: str,
+    source: str,
+    run_id: str,
+    worker: dict[str, Any],
+    tracing: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The config of one run (the bench's sizes: batches up to 256, 16 for video; one torch
-    thread), ``worker`` merged into its worker section."""
+    thread), ``worker`` merged into its worker section; ``tracing``: the tracing section (None
+    or empty: none given, as a checkout without tracing needs)."""
     video = workload == "video"
-    return {
+    return ({"tracing": tracing} if tracing else {}) | {
         "kafka": {"group_id": f"ab-{run_id}"},
         "pipelines": [
             {
@@ -108,11 +115,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="{}",
         help='JSON merged into the worker section, e.g. \'{"decode_inline": "never"}\'',
     )
+    parser.add_argument(
+        "--tracing",
+        default="{}",
+        help="JSON of the tracing section, e.g. '{\"enabled\": false}' (empty: none given)",
+    )
     args = parser.parse_args(argv)
     source = _ensure_input(args.bootstrap, args.workload, args.messages)
     run_id = uuid.uuid4().hex[:8]
     config = load_config(
-        overrides=overrides(args.workload, source, run_id, json.loads(args.worker)),
+        overrides=overrides(
+            args.workload, source, run_id, json.loads(args.worker), json.loads(args.tracing)
+        ),
         bootstrap=args.bootstrap,
     )
     pipeline = streamproc.Pipeline(config)
@@ -137,9 +151,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         earlier = before.get(tid, (name, 0.0))[1]  # a thread born later counts from zero
         threads[name] = threads.get(name, 0.0) + seconds - earlier
     produced, rate = _output_rate(args.bootstrap, f"ab-out-{run_id}", args.messages)
+    metrics = pipeline.metrics
+    spans: dict[str, float] = {}
+    if hasattr(metrics, "trace_spans_exported"):  # absent from a checkout without tracing
+        spans["exported"] = metrics.counter_value(metrics.trace_spans_exported)
+        spans["dropped"] = sum(
+            metrics.counter_value(metrics.trace_spans_dropped, reason=reason)
+            for reason in ("queue_full", "export_failed")
+        )
     row = {
         "label": args.label,
         "worker": json.loads(args.worker),
+        "tracing": json.loads(args.tracing),
+        "spans": spans,
         "workload": args.workload,
         "messages": produced,
         "exit_code": summary.exit_code,

@@ -169,6 +169,32 @@ def test_the_admin_token_comes_from_a_secret(tools: dict[str, str]) -> None:
     assert "admin" not in rendered_config(manifests)
 
 
+def test_tracing_reaches_the_pod_as_env_with_its_headers_from_a_secret(
+    tools: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = render_valid(
+        tools,
+        None,
+        "tracing.endpoint=http://otel-collector.observability:4318",
+        "tracing.existingSecret=otlp-auth",
+    )
+    env = env_of(manifests)
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel-collector.observability:4318"
+    assert env["STREAMPROC_TRACING__HEADERS"]["valueFrom"] == {
+        "secretKeyRef": {"name": "otlp-auth", "key": "headers"}
+    }
+    assert "tracing" not in rendered_config(manifests)
+    # what the pod's process makes of them
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"])
+    monkeypatch.setenv("STREAMPROC_TRACING__HEADERS", '{"x-api-key": "hunter2"}')
+    config = load_config(overrides={**rendered_config(manifests), "pipelines": [PIPELINE]})
+    assert config.tracing.active
+    assert config.tracing.headers["x-api-key"].get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(config.tracing)
+    without = render_valid(tools, None)
+    assert not {"OTEL_EXPORTER_OTLP_ENDPOINT", "STREAMPROC_TRACING__HEADERS"} & set(env_of(without))
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
@@ -179,6 +205,19 @@ def test_the_admin_token_comes_from_a_secret(tools: dict[str, str]) -> None:
         ),
         (("config.admin.token=",), "config.admin.token: a secret in the ConfigMap"),
         (("admin.existingSecret=a", "admin.secretKey="), "admin.existingSecret needs"),
+        (
+            ("config.tracing.headers.x-api-key=hunter2",),
+            "config.tracing.headers: a secret in the ConfigMap",
+        ),
+        (
+            ("tracing.endpoint=http://c:4318", "tracing.existingSecret=a", "tracing.headersKey="),
+            "tracing.existingSecret needs tracing.headersKey",
+        ),
+        (("tracing.existingSecret=a",), "tracing.existingSecret needs tracing.endpoint"),
+        (
+            ("tracing.endpoint=collector:4318",),
+            "/tracing/endpoint': 'collector:4318' does not match",
+        ),
         (
             ("models.repository.existingClaim=m", "models.repository.hostPath=/srv/models"),
             "models.repository: set only one of existingClaim, nfs, hostPath "

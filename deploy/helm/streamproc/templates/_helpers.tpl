@@ -231,6 +231,16 @@ ssl.key.location: /etc/streamproc/tls/{{ $tls.keyKey }}
 {{- if and (hasKey $admin "token") (not (kindIs "invalid" $admin.token)) -}}
 {{- fail "config.admin.token: a secret in the ConfigMap; put the token in a Secret and name it in admin.existingSecret (the pod gets it as STREAMPROC_ADMIN_TOKEN)" -}}
 {{- end -}}
+{{- $tracing := default dict .Values.config.tracing -}}
+{{- if and (hasKey $tracing "headers") (not (kindIs "invalid" $tracing.headers)) -}}
+{{- fail "config.tracing.headers: a secret in the ConfigMap; put the headers (JSON) in a Secret and name it in tracing.existingSecret (the pod gets them as STREAMPROC_TRACING__HEADERS)" -}}
+{{- end -}}
+{{- if and .Values.tracing.existingSecret (not .Values.tracing.headersKey) -}}
+{{- fail "tracing.existingSecret needs tracing.headersKey (the Secret's key holding the headers as JSON)" -}}
+{{- end -}}
+{{- if and .Values.tracing.existingSecret (not .Values.tracing.endpoint) (not $tracing.endpoint) -}}
+{{- fail "tracing.existingSecret needs tracing.endpoint (or config.tracing.endpoint): headers for no collector" -}}
+{{- end -}}
 {{- if and .Values.admin.existingSecret (not .Values.admin.secretKey) -}}
 {{- fail "admin.existingSecret needs admin.secretKey (the Secret's key holding the token)" -}}
 {{- end -}}
@@ -438,6 +448,19 @@ spec:
             secretKeyRef:
               name: {{ . }}
               key: {{ $.Values.admin.secretKey }}
+        {{- end }}
+        {{- with .Values.tracing.endpoint }}
+        # Tracing: the OTLP/HTTP collector (the default of config.tracing.endpoint).
+        - name: OTEL_EXPORTER_OTLP_ENDPOINT
+          value: {{ . | quote }}
+        {{- end }}
+        {{- if .Values.tracing.existingSecret }}
+        # The trace export's headers (JSON), e.g. an API key: never in the ConfigMap.
+        - name: STREAMPROC_TRACING__HEADERS
+          valueFrom:
+            secretKeyRef:
+              name: {{ .Values.tracing.existingSecret }}
+              key: {{ .Values.tracing.headersKey }}
         {{- end }}
         {{- with .Values.extraEnv }}
         {{- toYaml . | nindent 8 }}
