@@ -191,6 +191,21 @@ SHARE_ARGS ?= --reps 5
 bench-share: venv kafka-jars
 	$(PY) -m benchmarks.share_groups $(SHARE_ARGS)
 
+# What tracing costs per message: off, a checkout without tracing (TRACING_ARGS=--without DIR),
+# 1 % of batches traced, every batch, every record with a context of its own; trades and iot,
+# alternating (benchmarks/tracing_cost.py; docs/benchmarks.md "Tracing"). ~40 min with --without.
+TRACING_ARGS ?=
+.PHONY: bench-tracing
+bench-tracing: venv kafka-jars tracing-backend
+	$(PY) -m benchmarks.tracing_cost $(TRACING_ARGS)
+
+# docs/images/trace.png: one traced round trip opened in Zipkin's UI by headless Chromium
+# (Debian's chromium package, installed here when missing: root). ~1 min.
+.PHONY: trace-screenshot
+trace-screenshot: venv kafka-jars tracing-backend
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	$(PY) scripts/trace_screenshot.py
+
 .PHONY: bench-models
 bench-models: venv kafka-jars
 	$(PY) benchmarks/model_swap.py

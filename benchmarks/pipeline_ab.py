@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import threading
 import time
@@ -28,21 +29,56 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import streamproc
 from streamproc.config import load_config
+from streamproc.kafka.admin import ensure_topics
 from streamproc.tools.bench.cpu import thread_cpu
 from streamproc.tools.replay import produce
 
 
-def _ensure_input(bootstrap: str, workload: str, messages: int) -> str:
+def _ensure_input(bootstrap: str, workload: str, messages: int, traced: bool = False) -> str:
+    """The input topic, produced once; ``traced``: a copy of it in which every record carries a
+    sampled ``traceparent`` of its own (a trace per record, as a traced producer writes)."""
     topic = f"ab-{workload}-{messages}"
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
     if topic not in metadata.topics:
         produce(workload, topic, bootstrap, partitions=4, limit=messages, progress=False)
-    return topic
+    if not traced:
+        return topic
+    copy = f"{topic}-traced"
+    if copy not in metadata.topics:
+        _copy_traced(bootstrap, topic, copy, messages)
+    return copy
+
+
+def _copy_traced(bootstrap: str, source: str, copy: str, messages: int) -> None:
+    ensure_topics(bootstrap, {copy: 4})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ab-copy-{copy}"})
+    consumer.assign([TopicPartition(source, p, 0) for p in range(4)])
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    copied = 0
+    while copied < messages:
+        for message in consumer.consume(1000, 5.0):
+            if message.error() is not None:
+                continue
+            parent = b"00-%032x-%016x-01" % (
+                random.getrandbits(128) | 1,
+                random.getrandbits(64) | 1,
+            )
+            producer.produce(
+                copy,
+                message.value(),
+                message.key(),
+                partition=message.partition() or 0,
+                headers=[*(message.headers() or []), ("traceparent", parent)],
+            )
+            producer.poll(0)
+            copied += 1
+    consumer.close()
+    producer.flush(60)
 
 
 def _output_rate(bootstrap: str, topic: str, expected: int) -> tuple[int, float | None]:
@@ -120,8 +156,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="{}",
         help="JSON of the tracing section, e.g. '{\"enabled\": false}' (empty: none given)",
     )
+    parser.add_argument(
+        "--traced-input",
+        action="store_true",
+        help="read a copy of the input whose every record carries a sampled traceparent",
+    )
     args = parser.parse_args(argv)
-    source = _ensure_input(args.bootstrap, args.workload, args.messages)
+    source = _ensure_input(args.bootstrap, args.workload, args.messages, args.traced_input)
     run_id = uuid.uuid4().hex[:8]
     config = load_config(
         overrides=overrides(

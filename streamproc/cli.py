@@ -529,10 +529,19 @@ def demo_cmd(
             "local Schema Registry (or $SCHEMA_REGISTRY_URL), in and out.",
         ),
     ] = "json",
+    tracing: Annotated[
+        bool,
+        typer.Option(
+            "--tracing",
+            help="Trace a tenth of the batches to the local trace backend (`streamproc tracing "
+            "start`; started when not running, left running) and print one trace's URL per "
+            "workload.",
+        ),
+    ] = False,
 ) -> None:
     """Local broker + replay of real video, IoT and trade data + one consumer + report."""
     from streamproc import logs
-    from streamproc.tools.demo import DEFAULT_PLAN, run_demo
+    from streamproc.tools.demo import DEFAULT_PLAN, TraceBackend, run_demo
 
     chosen = workloads or list(DEFAULT_PLAN)
     unknown = sorted(set(chosen) - set(DEFAULT_PLAN))
@@ -543,9 +552,19 @@ def demo_cmd(
         raise _fail(
             ValueError(f"--format: {value_format!r}; allowed: json, avro, protobuf, jsonschema")
         )
+    backend = None
+    if tracing:
+        tracing_start(DEFAULT_TRACING_DIR)
+        root = DEFAULT_TRACING_DIR.resolve()
+        ui_url = (root / "zipkin" / "ui").read_text().strip()
+        backend = TraceBackend(
+            (root / "collector" / "endpoint").read_text().strip(),
+            ui_url,
+            ui_url.removesuffix("zipkin/") + "api/v2",
+        )
     logs.configure("warning", "console")
     try:
-        report = run_demo(plan=plan, value_format=value_format)
+        report = run_demo(plan=plan, value_format=value_format, tracing=backend)
     except StreamprocError as exc:
         raise _fail(exc) from exc
     typer.echo(report.render())

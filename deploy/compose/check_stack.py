@@ -14,6 +14,10 @@
     Prometheus at URL scrapes streamproc (``up{job="streamproc"} == 1`` and
     ``streamproc_messages_consumed_total`` > 0) and has loaded the alert rules named. Retried
     likewise.
+``traces URL``
+    Zipkin at URL holds a trace of streamproc: a ``process <input topic>`` span of a pipeline
+    with its stage spans (decode, device, encode, produce) as children and a ``create`` span per
+    output record. Retried likewise.
 """
 
 from __future__ import annotations
@@ -141,6 +145,32 @@ def prometheus(base: str, alerts: list[str], timeout_s: float) -> int:
     return 0 if ok else 1
 
 
+def traces(base: str, timeout_s: float) -> int:
+    """Zipkin holds one batch's trace whole (see the module docstring)."""
+    topics = {p.input_topic for p in load_config(CONFIG).pipelines}
+    state: dict[str, object] = {}
+
+    def check() -> bool:
+        try:
+            found = get_json(base, "/api/v2/traces", serviceName="streamproc", limit="50")
+        except OSError as exc:
+            state["error"] = str(exc)
+            return False
+        state["traces"] = len(found)
+        for spans in found:
+            names = [span["name"] for span in spans]
+            batches = [s for s in spans if s["name"].removeprefix("process ") in topics]
+            children = {s["name"] for s in spans if s.get("parentId") in {b["id"] for b in batches}}
+            if batches and {"decode", "device", "encode", "produce"} <= children:
+                state["trace"] = sorted(set(names))
+                return any(name.startswith("create ") for name in names)
+        return False
+
+    ok = retry(check, timeout_s)
+    log(f"zipkin: {json.dumps(state)}")
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="check_stack.py")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -155,11 +185,16 @@ def main() -> int:
     p.add_argument("url")
     p.add_argument("alerts", nargs="*")
     p.add_argument("--timeout-s", type=float, default=300.0)
+    t = sub.add_parser("traces")
+    t.add_argument("url")
+    t.add_argument("--timeout-s", type=float, default=300.0)
     args = parser.parse_args()
     if args.command == "verify":
         return broker_verdicts(args.allow_duplicates, args.expect_inputs, args.timeout_s)
     if args.command == "avro-results":
         return avro_results(args.topic, args.registry_url)
+    if args.command == "traces":
+        return traces(args.url.rstrip("/"), args.timeout_s)
     return prometheus(args.url.rstrip("/"), args.alerts, args.timeout_s)
 
 

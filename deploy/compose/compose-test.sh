@@ -2,8 +2,8 @@
 # End-to-end test of docker-compose.yml on a real Docker engine (`make compose-test`):
 #
 #  0. engine + compose plugin (deploy/engine.sh: installed/started when missing, as root) and,
-#     with COMPOSE_TEST_IMAGES=local (default: no registry here), the base, Kafka and Prometheus
-#     images (deploy/images/build.sh); Grafana runs only where its image can be had.
+#     with COMPOSE_TEST_IMAGES=local (default: no registry here), the base, Kafka, Prometheus,
+#     registry, Zipkin and collector images (deploy/images/build.sh); Grafana runs only where its image can be had.
 #  1. builds the streamproc image once (`docker compose build streamproc`) and checks it: no test
 #     or dev tool installed, no compiler, non-root; `promtool check rules` + `promtool test rules`.
 #  2. brings the stack up (with a Schema Registry), replays the three workloads and trades in
@@ -11,7 +11,8 @@
 #     committed == end offsets (partitions that received nothing count as done), and that the
 #     Avro results read with confluent-kafka's stock deserialiser;
 #     the consumer is healthy, non-root, read-only root filesystem, no capabilities; Prometheus
-#     scrapes it and has loaded the alert rules.
+#     scrapes it and has loaded the alert rules; Zipkin (behind the OpenTelemetry Collector)
+#     holds a whole trace of a batch (its stage spans, its output records' create spans).
 #  3. `docker kill`s the consumer mid-replay, restarts it: 0 missing (duplicates allowed).
 #  4. `docker compose stop` mid-replay: exit 0 inside the stop grace period (graceful drain); after
 #     a restart, 0 missing again.
@@ -21,7 +22,7 @@
 # Knobs: VIDEO_MESSAGES, IOT_MESSAGES, TRADES_MESSAGES, TRADES_AVRO_MESSAGES (phase 2), KILL_MESSAGES, STOP_MESSAGES
 # (trades replayed in phases 3 and 4), TIMEOUT_S (per wait), COMPOSE_PROJECT_NAME,
 # COMPOSE_TEST_IMAGES=local|registry, STREAMPROC_IMAGE, STREAMPROC_BASE_IMAGE, KAFKA_IMAGE,
-# PROMETHEUS_IMAGE, SCHEMA_REGISTRY_IMAGE, GRAFANA_IMAGE.
+# PROMETHEUS_IMAGE, SCHEMA_REGISTRY_IMAGE, ZIPKIN_IMAGE, OTEL_COLLECTOR_IMAGE, GRAFANA_IMAGE.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -41,12 +42,14 @@ if [[ "${COMPOSE_TEST_IMAGES:-local}" == local ]]; then
   export KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.4.0}"
   export PROMETHEUS_IMAGE="${PROMETHEUS_IMAGE:-streamproc/prometheus:2.42}"
   export SCHEMA_REGISTRY_IMAGE="${SCHEMA_REGISTRY_IMAGE:-streamproc/apicurio-registry:2.6.13}"
+  export ZIPKIN_IMAGE="${ZIPKIN_IMAGE:-streamproc/zipkin:3.6.1}"
+  export OTEL_COLLECTOR_IMAGE="${OTEL_COLLECTOR_IMAGE:-streamproc/otelcol:0.148.0}"
 fi
 export STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
 GRAFANA_IMAGE="${GRAFANA_IMAGE:-grafana/grafana:12.1.1}"
 # Random free host ports: nothing else on this host can collide with the test stack.
 export KAFKA_HOST_PORT="" METRICS_HOST_PORT="" PROMETHEUS_HOST_PORT="" GRAFANA_HOST_PORT=""
-export SCHEMA_REGISTRY_HOST_PORT=""
+export SCHEMA_REGISTRY_HOST_PORT="" ZIPKIN_HOST_PORT=""
 # requests is not here: mlflow-skinny (the MLflow model registry client, requirements.lock) needs it.
 FORBIDDEN_PACKAGES="pytest pytest-timeout ruff mypy testcontainers docker scikit-image scipy pandas
   matplotlib pip iniconfig pluggy wheel"
@@ -63,10 +66,10 @@ dangling() { docker images --filter dangling=true --quiet --no-trunc | sort; }
 started=$SECONDS
 deploy/engine.sh
 if [[ "${COMPOSE_TEST_IMAGES:-local}" == local ]]; then
-  deploy/images/build.sh base kafka prometheus registry
+  deploy/images/build.sh base kafka prometheus registry tracing
 fi
 services=(kafka schema-registry topic-init streamproc replay-video replay-iot replay-trades
-  replay-trades-avro prometheus)
+  replay-trades-avro prometheus zipkin otel-collector)
 if docker image inspect "$GRAFANA_IMAGE" >/dev/null 2>&1 ||
   timeout 60 docker pull --quiet "$GRAFANA_IMAGE" >/dev/null 2>&1; then
   services+=(grafana)
@@ -221,6 +224,9 @@ log "ok: consumer healthy, uid 10001, read-only root filesystem, no capabilities
 check prometheus http://prometheus:9090 "${ALERTS[@]}" --timeout-s "$TIMEOUT_S" ||
   die "Prometheus does not scrape streamproc or lacks the alert rules"
 log "ok: Prometheus scrapes streamproc and has loaded the ${#ALERTS[@]} alert rules"
+check traces http://zipkin:9411 --timeout-s "$TIMEOUT_S" ||
+  die "Zipkin holds no whole trace of streamproc (batch span, stage spans, create spans)"
+log "ok: Zipkin (behind the OpenTelemetry Collector) holds streamproc's traces: batch, stage and create spans"
 if [[ " ${services[*]} " == *" grafana "* ]]; then
   grafana_has_dashboard() {
     compose exec -T grafana wget -qO- 'http://localhost:3000/api/search?query=streamproc' 2>/dev/null |

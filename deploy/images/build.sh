@@ -10,10 +10,14 @@
 #   streamproc/apicurio-registry:2.6.13  Apicurio Registry (a Schema Registry) from the Maven
 #                                      Central application streamproc.tools.registry_local
 #                                      resolves, Debian's JRE
+#   streamproc/zipkin:3.6.1            Zipkin (trace store, query API, UI): the Maven Central jar
+#                                      streamproc.tools.tracing_local resolves, Debian's JRE
+#   streamproc/otelcol:0.148.0         the OpenTelemetry Collector that tracing_local builds
+#                                      with the Collector Builder (Go module proxy)
 #   streamproc:cpu                     the Dockerfile, VARIANT=cpu, on the Python base above
 #   streamproc:cuda                    the same with VARIANT=cuda (only with `build.sh cuda`)
 #
-# Usage: deploy/images/build.sh [base|kafka|prometheus|registry|streamproc|cuda|all]...
+# Usage: deploy/images/build.sh [base|kafka|prometheus|registry|tracing|streamproc|cuda|all]...
 # (default: all but cuda). Images that exist are rebuilt through the layer cache (seconds); the debootstrap base
 # is made once (REBUILD_BASE=1 remakes it). Works with the legacy builder and with BuildKit
 # (DOCKER_BUILDKIT=1 and Debian's /usr/bin/docker).
@@ -38,6 +42,8 @@ STREAMPROC_BASE_IMAGE="${STREAMPROC_BASE_IMAGE:-streamproc/python:3.11-$DEBIAN_S
 KAFKA_IMAGE="${KAFKA_IMAGE:-streamproc/kafka:4.4.0}"
 PROMETHEUS_IMAGE="${PROMETHEUS_IMAGE:-streamproc/prometheus:2.42}"
 SCHEMA_REGISTRY_IMAGE="${SCHEMA_REGISTRY_IMAGE:-streamproc/apicurio-registry:2.6.13}"
+ZIPKIN_IMAGE="${ZIPKIN_IMAGE:-streamproc/zipkin:3.6.1}"
+OTEL_COLLECTOR_IMAGE="${OTEL_COLLECTOR_IMAGE:-streamproc/otelcol:0.148.0}"
 STREAMPROC_IMAGE="${STREAMPROC_IMAGE:-streamproc:cpu}"
 STREAMPROC_CUDA_IMAGE="${STREAMPROC_CUDA_IMAGE:-streamproc:cuda}"
 
@@ -128,6 +134,26 @@ registry() {
   log "built $SCHEMA_REGISTRY_IMAGE"
 }
 
+# Zipkin and the OpenTelemetry Collector (the `tracing` target): what `streamproc tracing start`
+# runs on the host, fetched and built by streamproc.tools.tracing_local.
+tracing() {
+  exists "$DEBIAN_IMAGE" || base
+  local jar collector context
+  jar="$("$VENV_PYTHON" -c \
+    'from streamproc.tools.tracing_local import ensure_zipkin_jar; print(ensure_zipkin_jar())')"
+  collector="$("$VENV_PYTHON" -c \
+    'from streamproc.tools.tracing_local import ensure_collector; print(ensure_collector())')"
+  temp_dir context /var/tmp/streamproc-tracing.XXXXXX
+  cp "$jar" "$context/zipkin.jar"
+  cp "$collector" "$context/otelcol"
+  build -t "$ZIPKIN_IMAGE" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE" \
+    -f "$HERE/zipkin.Dockerfile" "$context"
+  build -t "$OTEL_COLLECTOR_IMAGE" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE" \
+    -f "$HERE/otelcol.Dockerfile" "$context"
+  rm -rf "$context"
+  log "built $ZIPKIN_IMAGE and $OTEL_COLLECTOR_IMAGE"
+}
+
 prometheus() {
   exists "$DEBIAN_IMAGE" || base
   build -t "$PROMETHEUS_IMAGE" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE" \
@@ -183,16 +209,17 @@ streamproc_image() {
   log "built $tag: $(($(docker image inspect --format '{{.Size}}' "$tag") / 1000000)) MB"
 }
 
-(($# > 0)) || set -- base kafka prometheus registry streamproc
+(($# > 0)) || set -- base kafka prometheus registry tracing streamproc
 for target in "$@"; do
   case "$target" in
     base) base ;;
     kafka) kafka ;;
     prometheus) prometheus ;;
     registry) registry ;;
+    tracing) tracing ;;
     streamproc) streamproc_image cpu "$STREAMPROC_IMAGE" ;;
     cuda) streamproc_image cuda "$STREAMPROC_CUDA_IMAGE" ;;
-    all) base && kafka && prometheus && registry && streamproc_image cpu "$STREAMPROC_IMAGE" ;;
-    *) log "unknown target '$target' (base|kafka|prometheus|registry|streamproc|cuda|all)"; exit 2 ;;
+    all) base && kafka && prometheus && registry && tracing && streamproc_image cpu "$STREAMPROC_IMAGE" ;;
+    *) log "unknown target '$target' (base|kafka|prometheus|registry|tracing|streamproc|cuda|all)"; exit 2 ;;
   esac
 done

@@ -10,6 +10,10 @@
    sizes and example results.
 5. Stop the broker.
 
+With a trace backend (``streamproc demo --tracing``: the one of ``streamproc tracing start``,
+started when it is not running and left running), a tenth of the batches are traced and the
+report ends with the UI URL of one trace per workload.
+
 With ``value_format`` ``avro``, ``protobuf`` or ``jsonschema`` (``streamproc demo --format``),
 the workloads that read that format (all three for avro and protobuf, trades and iot for
 jsonschema) run schema-managed: a local Schema Registry is
@@ -38,6 +42,7 @@ from streamproc.kafka.admin import ensure_topics
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.kafka_local import LocalKafka, ensure_kafka_jars
 from streamproc.tools.replay import produce, recording_size
+from streamproc.tools.tracing_local import find_trace
 from streamproc.tools.verify import Verdict, verify
 from streamproc.workloads.registry import BUILTIN_WORKLOADS
 
@@ -47,6 +52,18 @@ DEFAULT_PLAN = {
     for name, workload in BUILTIN_WORKLOADS.items()
 }
 IDLE_S = 3.0
+TRACE_RATIO = 0.1
+"""``demo --tracing``: the share of batches traced (the replays' records carry no context)."""
+
+
+@dataclass(frozen=True)
+class TraceBackend:
+    """A running trace backend (``streamproc tracing start``): where spans go, and Zipkin's
+    UI (``.../zipkin/``) and query API (``.../api/v2``)."""
+
+    otlp_endpoint: str
+    ui_url: str
+    api_url: str
 
 
 def _describe(workload: str, doc: dict[str, Any]) -> str:
@@ -73,6 +90,8 @@ class DemoReport:
     processing_s: float
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     formats: dict[str, str] = field(default_factory=dict)
+    traces: dict[str, str | None] = field(default_factory=dict)
+    """With tracing: per workload, the UI URL of one batch's trace (None: none arrived)."""
 
     @property
     def ok(self) -> bool:
@@ -120,6 +139,11 @@ class DemoReport:
             documents = self.examples.get(workload) or [orjson.loads(e) for e in v.examples]
             for doc in documents:
                 lines.append(f"  {workload:<7} {_describe(workload, doc)}")
+        if self.traces:
+            lines.append("")
+            lines.append("one trace per workload (a batch: its records' links, stages, results):")
+            for workload, url in self.traces.items():
+                lines.append(f"  {workload:<7} {url or 'none arrived in Zipkin'}")
         lines.append(f"RESULT  {'PASS' if self.ok else 'FAIL'}")
         return "\n".join(lines)
 
@@ -184,6 +208,7 @@ def run_demo(
     partitions: int = 4,
     work_dir: Path | None = None,
     value_format: str = "json",
+    tracing: TraceBackend | None = None,
 ) -> DemoReport:
     """Run the whole demo; see the module docstring. Stops the broker (and the registry) it
     started.
@@ -192,6 +217,8 @@ def run_demo(
         plan: workload -> (message count, replay rate msg/s); default :data:`DEFAULT_PLAN`.
         value_format: ``json``, or ``avro`` / ``protobuf`` / ``jsonschema`` for the workloads
             that read it (through a Schema Registry; the others stay ``json``).
+        tracing: a running trace backend: the pipelines trace a tenth of their batches to it,
+            and the report gives the UI URL of one trace per workload.
     """
     plan = plan or DEFAULT_PLAN
     formats = {w: _format_of(w, value_format) for w in plan}
@@ -241,6 +268,9 @@ def run_demo(
                 ],
                 "metrics": {"port": 0},
                 **({"schema_registry": {"url": registry_url}} if managed else {}),
+                "tracing": {"enabled": False}
+                if tracing is None
+                else {"endpoint": tracing.otlp_endpoint, "sample_ratio": TRACE_RATIO},
             }
         )
         for workload, (count, rate) in plan.items():
@@ -294,7 +324,12 @@ def run_demo(
             for w, (_, out) in topics.items()
             if formats[w] != "json"
         }
-        report = DemoReport(verdicts, summary, processing_s, examples, formats)
+        traces: dict[str, str | None] = {}
+        if tracing is not None:
+            for w, (inp, _) in topics.items():
+                found = find_trace(tracing.api_url, "streamproc", f"process {inp}")
+                traces[w] = None if found is None else f"{tracing.ui_url}traces/{found}"
+        report = DemoReport(verdicts, summary, processing_s, examples, formats, traces)
         passed = report.ok
         return report
     finally:

@@ -31,10 +31,13 @@ their folders like ``streamproc registry start``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
+import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,3 +333,31 @@ class LocalTracing:
         for server in (self.collector, self.zipkin):
             if server is not None:
                 server.stop()
+
+
+def find_trace(api_url: str, service: str, span_name: str, timeout_s: float = 20.0) -> str | None:
+    """The id of the newest trace Zipkin (its query API, ``.../api/v2``) holds with a span of
+    ``service`` named ``span_name`` (Zipkin keeps names in lower case), asked every 0.5 s for
+    ``timeout_s`` (spans reach Zipkin through the collector's batches); None when none
+    arrived.
+
+    Raises:
+        OSError: Zipkin does not answer.
+    """
+    query = urllib.parse.urlencode(
+        {
+            "serviceName": service,
+            "spanName": span_name.lower(),
+            "limit": "1",
+            "lookback": "3600000",
+        }
+    )
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"{api_url}/traces?{query}", timeout=5) as reply:
+            found = json.load(reply)
+        if found and found[0]:
+            return str(found[0][0]["traceId"])
+        if time.monotonic() >= deadline_s:
+            return None
+        time.sleep(0.5)

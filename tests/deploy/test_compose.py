@@ -110,6 +110,8 @@ def test_images_are_pinned_and_selected_by_variables(compose: dict[str, Any]) ->
         "prometheus": "PROMETHEUS_IMAGE",
         "grafana": "GRAFANA_IMAGE",
         "streamproc": "STREAMPROC_IMAGE",
+        "zipkin": "ZIPKIN_IMAGE",
+        "otel-collector": "OTEL_COLLECTOR_IMAGE",
     }
     for name, variable in variables.items():
         assert services[name]["image"].startswith(f"${{{variable}:-"), name
@@ -118,6 +120,10 @@ def test_images_are_pinned_and_selected_by_variables(compose: dict[str, Any]) ->
     assert default(services["kafka"]["image"]) == "apache/kafka:4.4.0"
     assert default(services["prometheus"]["image"]).startswith("prom/prometheus:v")
     assert default(services["grafana"]["image"]).startswith("grafana/grafana:")
+    assert default(services["zipkin"]["image"]) == "openzipkin/zipkin:3.6.1"
+    assert default(services["otel-collector"]["image"]) == (
+        "otel/opentelemetry-collector-contrib:0.148.0"
+    )
     args = services["streamproc"]["build"]["args"]
     assert default(args["BASE_IMAGE"]).startswith("python:3.11")
     assert args["BASE_IMAGE"].startswith("${STREAMPROC_BASE_IMAGE:-")

@@ -17,24 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.propagate import extract
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.trace import SpanKind
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from confluent_kafka import Producer
 
 from streamproc.pipeline import Pipeline
 from streamproc.tools.tracing_local import LocalCollector, LocalTracing, ensure_collector
 from streamproc.workloads.video import video_frames
 from tests.integration.conftest import Topics, end_offset_total, make_config
+from tests.support.traced import GOOD, round_trip
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.core
-
-GOOD = 6
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +37,6 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTracing]:
         yield tracing
     finally:
         tracing.stop()
-
-
-def _provider(endpoint: str, service: str) -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(f"{endpoint}/v1/traces")))
-    return provider
 
 
 def _trace(api_url: str, trace_id: str) -> list[dict[str, Any]]:
@@ -64,82 +50,27 @@ def _trace(api_url: str, trace_id: str) -> list[dict[str, Any]]:
         raise
 
 
-def _read_all(bootstrap: str, topic: str, count: int) -> list[Any]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"read-{topic}",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    consumer.subscribe([topic])
-    found: list[Any] = []
-    try:
-        wait_until(
-            lambda: (
-                found.extend(m for m in consumer.consume(100, 0.5) if not m.error())
-                or len(found) >= count
-            ),
-            f"{count} records on {topic}",
-            60,
-        )
-    finally:
-        consumer.close()
-    return found
-
-
 def test_a_records_path_is_one_trace_in_the_backend(
     backend: LocalTracing, bootstrap_servers: str, topics: Topics
 ) -> None:
-    producing = _provider(backend.otlp_endpoint, "test-producer")
-    tracer = producing.get_tracer("test")
-    with tracer.start_as_current_span(f"send {topics.input}", kind=SpanKind.PRODUCER) as send:
-        carrier: dict[str, str] = {}
-        TraceContextTextMapPropagator().inject(carrier)
-    context = send.get_span_context()
-    trace_id, send_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
-    traced = [(k, v.encode()) for k, v in carrier.items()]
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "acks": "all"})
-    for frame in video_frames()[:GOOD]:
-        producer.produce(topics.input, key=b"cam", value=frame.jpeg, partition=0, headers=traced)
-    producer.produce(
-        topics.input, key=b"bad", value=b"\xff\xd8 corrupt", partition=0, headers=traced
-    )
-    malformed = [("traceparent", b"00-zz-not-a-context-01")]
-    producer.produce(
-        topics.input, key=b"odd", value=video_frames()[0].jpeg, partition=0, headers=malformed
-    )
-    assert producer.flush(30) == 0
-
-    config = make_config(
+    trip = round_trip(
+        backend.otlp_endpoint,
         bootstrap_servers,
-        topics,
-        tracing={"endpoint": backend.otlp_endpoint, "sample_ratio": 0.0},
-        worker={"torch_threads": 1},
+        (topics.input, topics.output, topics.dlq, topics.group),
     )
-    pipeline = Pipeline(config)
-    assert pipeline.run(exit_when_idle_s=2).exit_code == 0
-    metrics = pipeline.metrics
+    trace_id, send_id, metrics, continued = (
+        trip.trace_id,
+        trip.send_id,
+        trip.metrics,
+        trip.continued,
+    )
+    assert trip.exit_code == 0
     assert metrics.counter_value(metrics.trace_context_invalid, topic=topics.input) == 1
     assert metrics.counter_value(metrics.trace_spans_exported) > 0
-
-    # downstream: a consumer continues each result's trace
-    results = _read_all(bootstrap_servers, topics.output, GOOD + 1)
-    assert len(results) == GOOD + 1  # the malformed context cost its record nothing
-    dead = _read_all(bootstrap_servers, topics.dlq, 1)
-    assert [m.key() for m in dead] == [b"bad"]
-    downstream = _provider(backend.otlp_endpoint, "test-downstream").get_tracer("test")
-    continued = 0
-    for message in results:
-        headers = {k: v.decode() for k, v in message.headers() or []}
-        if "traceparent" not in headers:
-            continue
-        span = downstream.start_span(
-            f"process {topics.output}", context=extract(headers), kind=SpanKind.CONSUMER
-        )
-        span.end()
-        continued += 1
-    assert continued >= GOOD
+    assert len(trip.results) == GOOD + 1  # the malformed context cost its record nothing
+    assert [m.key() for m in trip.dead] == [b"bad"]
+    assert continued == GOOD + 1  # every result carries a traceparent
+    dead = trip.dead
     dead_parent = dict(dead[0].headers() or [])["traceparent"].decode()
     assert dead_parent.split("-")[1] == trace_id and dead_parent.split("-")[2] != send_id
 
@@ -173,7 +104,10 @@ def test_a_records_path_is_one_trace_in_the_backend(
     assert dead_create["name"] == f"create {topics.dlq}" and dead_create["parentId"] == send_id
     consumed = [s for s in spans if s["name"] == f"process {topics.output}"]
     assert len(consumed) == continued
-    assert all(by_id[s["parentId"]]["name"] == f"create {topics.output}" for s in consumed)
+    # a result's own create span; the malformed context's record: its batch's span
+    parents = [by_id[s["parentId"]] for s in consumed]
+    assert sum(p["name"] == f"create {topics.output}" for p in parents) == GOOD
+    assert all(p["name"] == f"create {topics.output}" or p["id"] in batch_ids for p in parents)
 
 
 def test_a_backend_stopped_mid_stream_costs_no_record(

@@ -2,7 +2,8 @@
 
 Each script runs in-process on a tiny input (its ``--smoke`` option or a few messages), so an
 API change in streamproc fails here, not in the next measurement. Scripts that need a broker
-(lane_routes, overload, pipeline_ab, priority_isolation, results_path, soak, quix_app) run only
+(lane_routes, overload, pipeline_ab, priority_isolation, results_path, soak, quix_app,
+tracing_cost) run only
 their pure parts: the config a run builds, the latency bookkeeping and summary, the results
 handed to the sink, the RSS summary, Quix's per-message step. The archived one-off studies
 (benchmarks/archive/) are type-checked only. The scripts change process-wide state (torch's
@@ -44,6 +45,7 @@ from benchmarks import (
     results_path,
     share_groups,
     soak,
+    tracing_cost,
 )
 from streamproc.config import load_config
 from streamproc.offsets.tracker import OffsetTracker
@@ -260,6 +262,31 @@ def test_pipeline_ab_builds_a_valid_config_and_reads_thread_cpu() -> None:
     assert config.pipelines[0].output_topic == "ab-out-r1"
     threads = pipeline_ab._thread_cpu_s()
     assert all(seconds >= 0 for _, seconds in threads.values())
+
+
+def test_pipeline_ab_gives_the_tracing_section_only_when_asked() -> None:
+    traced = pipeline_ab.overrides("trades", "ab", "r1", {}, {"sample_ratio": 0.5})
+    assert load_config(overrides=traced, bootstrap="127.0.0.1:9").tracing.sample_ratio == 0.5
+    assert "tracing" not in pipeline_ab.overrides("trades", "ab", "r1", {}, {})
+
+
+def test_tracing_cost_measures_the_hooks_and_configures_every_contender(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    tracing_cost.hook_costs("trades", batch=8, batches=2, repetitions=2)
+    assert "hooks trades per record: off" in capsys.readouterr().out
+    found = tracing_cost.contenders("http://127.0.0.1:9", tmp_path)
+    assert list(found) == ["off", "without", "ratio-1%", "all", "contexts"]
+    for name, (checkout, tracing, traced) in found.items():
+        if name == "without":
+            assert (checkout, tracing, traced) == (tmp_path, {}, False)
+            continue
+        config = load_config(
+            overrides=pipeline_ab.overrides("trades", "ab", "r1", {}, tracing),
+            bootstrap="127.0.0.1:9",
+        )
+        assert config.tracing.active is (name != "off"), name
+        assert traced is (name == "contexts")
 
 
 def _timing(inference_ms: float, processing_ms: float) -> bytes:
