@@ -426,7 +426,7 @@ class Pipeline:
         stages.shared.sink.close(1.0)
         if stages.http is not None:
             stages.http.close()
-        self._close_decoding()
+        self._close_shared()
         self.state = State.CLOSED
 
     def _drain(self) -> None:
@@ -467,7 +467,7 @@ class Pipeline:
         if stages.http is not None:
             stages.http.close()
         stages.shared.sink.close(1.0)
-        self._close_decoding()
+        self._close_shared(left_s(1.0))
         # Hand the start-up objects back to the collector, so interpreter shutdown (or a next
         # pipeline in this process) finalises them normally.
         gc.unfreeze()
@@ -475,11 +475,11 @@ class Pipeline:
         if isinstance(self._fatal, FatalPipelineError):
             log.error("pipeline stopped", error=str(self._fatal))
 
-    def _close_decoding(self) -> None:
+    def _close_shared(self, timeout_s: float | None = None) -> None:
         if self.stages.shared.schemas is not None:
             self.stages.shared.schemas.close()  # lookups waiting for the registry give up
-        if self.stages.shared.tracing is not None:
-            self.stages.shared.tracing.shutdown()  # the spans queued are exported
+        if self.stages.shared.tracing is not None:  # the spans queued are exported
+            self.stages.shared.tracing.shutdown(timeout_s)
         self.stages.shared.decoding.close()
         for topic in self.stages.topics:
             topic.staging.close()

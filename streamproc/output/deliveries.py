@@ -34,6 +34,7 @@ from streamproc.output.dead_letters import DeadLetters
 from streamproc.output.latency import LatencyReport
 from streamproc.output.producer import ResultsProducer, unavailable
 from streamproc.records import Record
+from streamproc.tracing.context import own_trace_headers
 
 log = get_logger(__name__)
 
@@ -85,7 +86,12 @@ class ResultDeliveries:
             error=str(err),
         )
         self._dead_letters.send(
-            record, refused.dead_letter_topic, "produce", f"KafkaError.{err.name()}", err.str()
+            record,
+            refused.dead_letter_topic,
+            "produce",
+            f"KafkaError.{err.name()}",
+            err.str(),
+            own_trace_headers(refused.headers),
         )
         return False
 

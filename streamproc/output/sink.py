@@ -40,6 +40,7 @@ from streamproc.output.latency import LatencyReport
 from streamproc.output.limits import RecordLimits
 from streamproc.output.producer import ResultsProducer, produce_waiting
 from streamproc.records import Headers, Laps, Record
+from streamproc.tracing.context import own_trace_headers
 
 
 class Sink:
@@ -235,7 +236,12 @@ class _PlannedBatch:
         batch = self._ack.batch
         error_class, reason = self._dead[row]
         self._dead_letters.send(
-            batch.records[row], batch.dead_letter_topic, "produce", error_class, reason
+            batch.records[row],
+            batch.dead_letter_topic,
+            "produce",
+            error_class,
+            reason,
+            own_trace_headers(batch.headers[row]),
         )
         self._ack.skipped(row)
 

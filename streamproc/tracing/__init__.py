@@ -14,8 +14,9 @@ A record's journey stays one trace although streamproc runs many records in one 
 * **out** (:mod:`.batch`): every result and dead-letter record of a record with a context
   carries a ``traceparent`` of its own: a ``create <output topic>`` span (kind ``PRODUCER``),
   a child of the input's context and linked to the batch span, so a downstream consumer
-  continues the same trace; one of a record without a context in a sampled batch carries the
-  batch span's;
+  continues the same trace; one of a record without a context in a batch sampled as a root
+  (none of its records had a context) carries the batch span's, and in any other batch none (a
+  record without a context never joins another record's trace);
 * **exemplars**: the latency histograms carry the batch's trace id where a sampled trace
   exists (:mod:`streamproc.histograms`, OpenMetrics exposition);
 * **export** (:mod:`.export`): OTLP over HTTP (protobuf) from a bounded queue on the SDK's

@@ -81,7 +81,8 @@ class BatchTrace:
         self._inference_s: float | None = None
         context = span.get_span_context()
         self.exemplar = {"trace_id": f"{context.trace_id:032x}"} if span.is_recording() else None
-        self._batch_headers = trace_headers(context)
+        # only a root batch's: its records had no context of their own to continue
+        self._batch_headers = trace_headers(context) if self.exemplar and not contexts else ()
 
     def lap(self, stage: str, start_s: float, end_s: float) -> None:
         """The batch's ``stage`` ran from ``start_s`` to ``end_s`` (monotonic seconds); its
@@ -101,13 +102,14 @@ class BatchTrace:
         """The trace headers of the output record of ``record`` produced to ``topic`` (a
         result or a dead-letter record): for a record with a context, a ``create <topic>``
         span's, a child of that context linked to the batch span; for a record without one in
-        a sampled batch, the batch span's own (no span per record: 256 of them per sampled
-        batch made 1 % sampling cost about 4 % CPU per message, docs/benchmarks.md
-        "Tracing"); empty when neither."""
+        a batch sampled as a root (no record of it had a context), the batch span's own (no
+        span per record: 256 of them per sampled batch made 1 % sampling cost about 4 % CPU
+        per message, docs/benchmarks.md "Tracing"); else empty: a record without a context
+        never joins another record's trace."""
         parent = self._contexts.get(record)
         batch = self.span.get_span_context()
         if parent is None:
-            return () if self.exemplar is None else self._batch_headers
+            return self._batch_headers
         span = self._tracer.start_span(
             f"{CREATE} {topic}",
             context=set_span_in_context(NonRecordingSpan(parent), EMPTY_CONTEXT),

@@ -3,13 +3,14 @@ queue on the SDK's export thread, every span that does not reach the backend cou
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Tracer
@@ -123,8 +124,9 @@ class Tracing:
         if exporter is None:
             if config.endpoint is None:
                 raise ValueError("tracing.endpoint is not set")
+            endpoint = config.endpoint.rstrip("/")
             exporter = OTLPSpanExporter(
-                endpoint=config.endpoint.rstrip("/") + TRACES_PATH,
+                endpoint=endpoint if endpoint.endswith(TRACES_PATH) else endpoint + TRACES_PATH,
                 headers={k: v.get_secret_value() for k, v in config.headers.items()},
                 timeout=config.export_timeout_s,
             )
@@ -133,7 +135,12 @@ class Tracing:
         self.provider = TracerProvider(
             resource=Resource.create({"service.name": config.service_name}),
             sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
+            # the SDK's default keeps 128 links: tracing.max_links counts what it leaves out
+            span_limits=SpanLimits(max_links=max(config.max_links, 1)),
         )
+        # the API warns once per record whose tracestate breaks W3C's rules (the entry is
+        # dropped, the context kept): a producer's habit must not flood the log
+        logging.getLogger("opentelemetry.trace.span").setLevel(logging.ERROR)
         self.provider.add_span_processor(
             BoundedSpanProcessor(
                 CountingExporter(exporter, metrics), config.max_queue_spans, metrics
@@ -145,10 +152,14 @@ class Tracing:
         """Export every span ended so far; False when ``timeout_s`` passed first."""
         return self.provider.force_flush(int(timeout_s * 1000))
 
-    def shutdown(self) -> None:
-        """Export what is queued, then stop exporting (idempotent). Waits at most twice
-        ``tracing.export_timeout_s``: the SDK's own shutdown waits up to 30 s for a backend that
-        is down, so it runs on a daemon thread given up on after that."""
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Export what is queued, then stop exporting (idempotent). Waits at most
+        ``timeout_s`` (None: twice ``tracing.export_timeout_s``): the SDK's own shutdown waits
+        up to 30 s for a backend that is down, so it runs on a daemon thread given up on after
+        that (``timeout_s`` never lengthens the wait)."""
+        wait_s = 2 * self.config.export_timeout_s
+        if timeout_s is not None:
+            wait_s = min(wait_s, timeout_s)
         closing = threading.Thread(target=self.provider.shutdown, name="trace-close", daemon=True)
         closing.start()
-        closing.join(2 * self.config.export_timeout_s)
+        closing.join(wait_s)

@@ -69,7 +69,7 @@ def test_a_records_path_is_one_trace_in_the_backend(
     assert metrics.counter_value(metrics.trace_spans_exported) > 0
     assert len(trip.results) == GOOD + 1  # the malformed context cost its record nothing
     assert [m.key() for m in trip.dead] == [b"bad"]
-    assert continued == GOOD + 1  # every result carries a traceparent
+    assert continued == GOOD  # the malformed context's record starts no trace: none on its result
     dead = trip.dead
     dead_parent = dict(dead[0].headers() or [])["traceparent"].decode()
     assert dead_parent.split("-")[1] == trace_id and dead_parent.split("-")[2] != send_id
@@ -104,10 +104,10 @@ def test_a_records_path_is_one_trace_in_the_backend(
     assert dead_create["name"] == f"create {topics.dlq}" and dead_create["parentId"] == send_id
     consumed = [s for s in spans if s["name"] == f"process {topics.output}"]
     assert len(consumed) == continued
-    # a result's own create span; the malformed context's record: its batch's span
-    parents = [by_id[s["parentId"]] for s in consumed]
-    assert sum(p["name"] == f"create {topics.output}" for p in parents) == GOOD
-    assert all(p["name"] == f"create {topics.output}" or p["id"] in batch_ids for p in parents)
+    # each downstream span: a child of its result's own create span
+    parents = {s["parentId"] for s in consumed}
+    assert len(parents) == GOOD
+    assert all(by_id[p]["name"] == f"create {topics.output}" for p in parents)
 
 
 def test_a_backend_stopped_mid_stream_costs_no_record(
@@ -170,3 +170,22 @@ def test_a_backend_stopped_mid_stream_costs_no_record(
         f"dropped {dropped:.0f}"
     )
     assert dropped > 0
+
+
+def test_the_exactly_once_path_carries_the_same_trace_headers(
+    backend: LocalTracing, bootstrap_servers: str, topics: Topics
+) -> None:
+    trip = round_trip(
+        backend.otlp_endpoint,
+        bootstrap_servers,
+        (topics.input, topics.output, topics.dlq, topics.group),
+        processing_guarantee="exactly_once",
+    )
+    assert trip.exit_code == 0 and trip.continued == GOOD
+    headers = [dict(m.headers() or []) for m in trip.results]
+    parents = [h["traceparent"].decode().split("-") for h in headers if "traceparent" in h]
+    assert {p[1] for p in parents} == {trip.trace_id}  # all in the producer's trace
+    spans = {p[2] for p in parents}
+    assert len(spans) == GOOD and trip.send_id not in spans  # each a create span of its own
+    dead = dict(trip.dead[0].headers() or [])["traceparent"].decode().split("-")
+    assert dead[1] == trip.trace_id and dead[2] not in spans | {trip.send_id}

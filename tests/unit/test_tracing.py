@@ -83,7 +83,7 @@ def test_a_batch_span_is_a_child_of_its_records_context_with_a_link_and_stage_ch
     clock = Clock()
     stages = StageRecorder(metrics.stage, "in", clock, tracer=tracer_of(found, metrics, clock))
     records = [record(offset, (("traceparent", SAMPLED),)) for offset in range(3)]
-    records.append(record(3))  # no context: not linked; its result continues the batch's trace
+    records.append(record(3))  # no context: not linked, its result untraced
     consumed = np.zeros(len(records))
     stage_clock = stages.cut(records, consumed, 100.0, 100.0)
     trace = stage_clock.trace
@@ -132,8 +132,8 @@ def test_a_batch_span_is_a_child_of_its_records_context_with_a_link_and_stage_ch
         assert span.kind is SpanKind.PRODUCER
         assert span.parent is not None and span.parent.span_id == PARENT_ID
         assert [link.context.span_id for link in span.links] == [batch.context.span_id]
-    # the record without a context: its result continues under the batch span
-    assert out[3]["traceparent"] == b"00-%032x-%016x-01" % (TRACE_ID, batch.context.span_id)
+    # the record without a context starts no trace: its result carries none
+    assert out[3] == {}
     assert metrics.counter_value(metrics.trace_context_invalid, topic="in") == 0
 
 
@@ -161,6 +161,37 @@ def test_links_past_the_cap_are_counted() -> None:
     trace.finish()
     assert len(spans(found, exporter)["process in"].links) == 2
     assert metrics.counter_value(metrics.trace_links_dropped, topic="in") == 3
+
+
+def test_more_links_than_the_sdks_default_are_kept_up_to_the_cap() -> None:
+    found, exporter, metrics = tracing(max_links=300)
+    assert isinstance(exporter, InMemorySpanExporter)
+    tracer = tracer_of(found, metrics, Clock(), max_links=300)
+    trace = tracer.start([record(n, (("traceparent", SAMPLED),)) for n in range(200)], 100.0)
+    assert trace is not None
+    trace.finish()
+    assert len(spans(found, exporter)["process in"].links) == 200
+    assert metrics.counter_value(metrics.trace_links_dropped, topic="in") == 0
+
+
+def test_a_record_without_a_context_never_joins_another_records_trace() -> None:
+    found, _, metrics = tracing(ratio=1.0)
+    traced, bare = record(0, (("traceparent", SAMPLED),)), record(1)
+    trace = tracer_of(found, metrics, Clock()).start([traced, bare], 100.0)
+    assert trace is not None and trace.exemplar is not None  # the batch: in the record's trace
+    assert trace.out(bare, "out") == ()
+    assert dict(trace.out(traced, "out"))["traceparent"].split(b"-")[1] == b"%032x" % TRACE_ID
+
+
+def test_the_first_traceparent_counts_and_tracestates_join() -> None:
+    from streamproc.tracing.context import record_context
+
+    found = record_context(
+        record(0, (("traceparent", SAMPLED), ("tracestate", b"a=1"), ("traceparent", b"x"),
+                   ("tracestate", b"b=2")))
+    )  # fmt: skip
+    assert found is not None and found.span_id == PARENT_ID
+    assert found.trace_state.to_header() == "a=1,b=2"
 
 
 def test_roots_are_sampled_at_the_ratio() -> None:

@@ -175,3 +175,15 @@ def test_results_never_time_out_by_default_under_at_least_once() -> None:
     assert producer_settings({"message.timeout.ms": 5000})["message.timeout.ms"] == 5000
     # transactional: librdkafka bounds it by transaction.timeout.ms (a timeout aborts)
     assert "message.timeout.ms" not in producer_settings({}, "tx-1")
+
+
+def test_a_rejected_traced_result_dead_letters_with_the_results_own_context() -> None:
+    h = Harness(1)
+    h.records[0] = Record(TP, 0, None, b"v", (("traceparent", b"input"),), 0, 0.0, h.generation)
+    own = [("traceparent", b"00-%032x-%016x-01" % (1, 2)), ("tracestate", b"k=v")]
+    h.sink.send_results(
+        "out", h.records, [b"r0"], [[*source_headers(h.records[0]), *own]], "in.dlq"
+    )
+    h.report(0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    (dead,) = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert [x for x in dead.headers if x[0] in ("traceparent", "tracestate")] == own
