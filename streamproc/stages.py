@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 
 import numpy as np
+from attrs import define, field
 
 from streamproc.histograms import BatchHistogram, BatchHistogramSeries
 from streamproc.metrics import Metrics
@@ -75,8 +76,10 @@ BATCH_STAGES = ("decode", "device", "encode", "produce")
 _TIMESTAMP_MS: Callable[[Record], int] = attrgetter("timestamp_ms")
 
 
+@define(eq=False)
 class StageClock:
-    """One batch's clock: the end of its latest stage, and how many records it counts for.
+    """One batch's clock: the end of its latest stage, and how many records it counts for
+    (slotted: one per batch).
 
     Args:
         series: the topic's stage histogram series, by stage.
@@ -85,25 +88,17 @@ class StageClock:
         count: the batch's records (run and expired): each stage counts once per record.
         trace: the batch's trace (:mod:`streamproc.tracing.batch`; None: not traced): each lap
             is handed to it, and its sampled trace id is the laps' exemplar.
+
+    Attributes:
+        lapped: the stages lapped so far, in order (tests and checks read it).
     """
 
-    __slots__ = ("_clock", "_series", "count", "lapped", "last_s", "trace")
-
-    def __init__(
-        self,
-        series: dict[str, BatchHistogramSeries],
-        clock: Callable[[], float],
-        last_s: float,
-        count: int,
-        trace: BatchTrace | None = None,
-    ) -> None:
-        self._series = series
-        self._clock = clock
-        self.last_s = last_s
-        self.count = count
-        self.trace = trace
-        self.lapped: list[str] = []
-        """The stages lapped so far, in order (tests and checks read it)."""
+    _series: dict[str, BatchHistogramSeries]
+    _clock: Callable[[], float]
+    last_s: float
+    count: int
+    trace: BatchTrace | None = None
+    lapped: list[str] = field(init=False, factory=list)
 
     def lap(self, stage: str) -> float:
         """``stage`` ended now: count its seconds (since the previous stage ended) once per
