@@ -198,11 +198,12 @@ def build_source(
     args = (config, lanes, shared.tracker)
     if isinstance(guarantee, ShareAcknowledgements):
         dlq_topics = {spec.input_topic: spec.dead_letter_topic for spec in config.pipelines}
-        sink = shared.sink
+        sink, tracing = shared.sink, shared.tracing
 
         def dead_letter(record: Record, error_class: str, message: str) -> None:
             topic = dlq_topics[record.tp.topic]
-            sink.dead_letter(record, topic, STAGE_DELIVERY, error_class, message)
+            trace = () if tracing is None else tracing.out_of(record, topic)
+            sink.dead_letter(record, topic, STAGE_DELIVERY, error_class, message, trace)
 
         return ShareSource(
             *args,

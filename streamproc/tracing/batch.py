@@ -46,6 +46,27 @@ STAGE_SPANS = ("decode", "device", "encode", "produce")
 EMPTY_CONTEXT = Context()
 
 
+def created(tracer: Tracer, parent: SpanContext, topic: str, links: Sequence[Link] = ()) -> Headers:
+    """The trace headers of an output record to ``topic`` whose input's context is ``parent``:
+    those of a ``create <topic>`` span (kind ``PRODUCER``, ended at once), a child of
+    ``parent`` with ``links``; its context is unsampled (and no span exported) when
+    ``parent``'s is."""
+    span = tracer.start_span(
+        f"{CREATE} {topic}",
+        context=set_span_in_context(NonRecordingSpan(parent), EMPTY_CONTEXT),
+        kind=SpanKind.PRODUCER,
+        links=links,
+        attributes={
+            MESSAGING_SYSTEM: KAFKA,
+            MESSAGING_OPERATION_NAME: CREATE,
+            MESSAGING_OPERATION_TYPE: CREATE,
+            MESSAGING_DESTINATION_NAME: topic,
+        },
+    )
+    span.end()
+    return trace_headers(span.get_span_context())
+
+
 class BatchTrace:
     """One batch's trace (see the module docstring). Built by :meth:`BatchTracer.start`.
 
@@ -107,23 +128,10 @@ class BatchTrace:
         per message, docs/benchmarks.md "Tracing"); else empty: a record without a context
         never joins another record's trace."""
         parent = self._contexts.get(record)
-        batch = self.span.get_span_context()
         if parent is None:
             return self._batch_headers
-        span = self._tracer.start_span(
-            f"{CREATE} {topic}",
-            context=set_span_in_context(NonRecordingSpan(parent), EMPTY_CONTEXT),
-            kind=SpanKind.PRODUCER,
-            links=(Link(batch),) if self.exemplar is not None else (),
-            attributes={
-                MESSAGING_SYSTEM: KAFKA,
-                MESSAGING_OPERATION_NAME: CREATE,
-                MESSAGING_OPERATION_TYPE: CREATE,
-                MESSAGING_DESTINATION_NAME: topic,
-            },
-        )
-        span.end()
-        return trace_headers(span.get_span_context())
+        links = (Link(self.span.get_span_context()),) if self.exemplar is not None else ()
+        return created(self._tracer, parent, topic, links)
 
     def finish(self, end_s: float | None = None) -> None:
         """End the batch span at ``end_s`` (monotonic seconds; None: now), after its stages'

@@ -17,6 +17,9 @@ from opentelemetry.trace import Tracer
 
 from streamproc.config.sections import TracingConfig
 from streamproc.metrics import Metrics
+from streamproc.records import Headers, Record
+from streamproc.tracing.batch import created
+from streamproc.tracing.context import MALFORMED, record_context
 
 TRACES_PATH = "/v1/traces"
 """Appended to ``tracing.endpoint`` (a base URL, as ``$OTEL_EXPORTER_OTLP_ENDPOINT`` is)."""
@@ -147,6 +150,16 @@ class Tracing:
             )
         )
         self.tracer: Tracer = self.provider.get_tracer(INSTRUMENTATION_NAME)
+
+    def out_of(self, record: Record, topic: str) -> Headers:
+        """The trace headers of an output record of ``record`` made outside any batch (a
+        share group's dead-letter record of a record delivered too often): a ``create
+        <topic>`` span, a child of ``record``'s context; empty when it has none (or a
+        malformed one)."""
+        context = record_context(record)
+        if context is None or context is MALFORMED:
+            return ()
+        return created(self.tracer, context, topic)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Export every span ended so far; False when ``timeout_s`` passed first."""

@@ -194,6 +194,18 @@ def test_the_first_traceparent_counts_and_tracestates_join() -> None:
     assert found.trace_state.to_header() == "a=1,b=2"
 
 
+def test_a_record_dead_lettered_outside_a_batch_gets_a_create_span_of_its_own() -> None:
+    found, exporter, _ = tracing()
+    assert isinstance(exporter, InMemorySpanExporter)
+    header = dict(found.out_of(record(0, (("traceparent", SAMPLED),)), "in.dlq"))["traceparent"]
+    (span,) = spans(found, exporter).values()
+    assert span.name == "create in.dlq" and span.parent is not None
+    assert span.parent.span_id == PARENT_ID
+    assert header == b"00-%032x-%016x-01" % (TRACE_ID, span.context.span_id)
+    assert found.out_of(record(1), "in.dlq") == ()
+    assert found.out_of(record(2, (("traceparent", b"junk"),)), "in.dlq") == ()
+
+
 def test_roots_are_sampled_at_the_ratio() -> None:
     clock = Clock()
     for ratio, traced in ((0.0, False), (1.0, True)):
