@@ -145,6 +145,12 @@ def assemble(
         tracing = Tracing(config.tracing, metrics) if config.tracing.active else None
         if tracing is not None:
             release.callback(tracing.shutdown)
+        log.info(
+            "tracing",
+            on=tracing is not None,
+            endpoint=config.tracing.endpoint if tracing is not None else None,
+            sample_ratio=config.tracing.sample_ratio,
+        )
         shared = Shared(
             config,
             metrics,

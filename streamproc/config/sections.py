@@ -722,7 +722,8 @@ class TracingConfig(_Section):
     """OpenTelemetry traces of the record path (``streamproc.tracing``), exported over OTLP/HTTP
     (protobuf) to ``endpoint``: the collector's base URL (``/v1/traces`` is appended), by
     default ``$OTEL_EXPORTER_OTLP_ENDPOINT`` (what ``streamproc tracing start`` prints). Tracing
-    is on when an endpoint is known and ``enabled`` is true; off, nothing of it runs.
+    is on when an endpoint is known and ``enabled`` is true; off, nothing of it runs. An
+    endpoint that is not an ``http(s)://`` URL (the environment's too) fails at start-up.
 
     ``sample_ratio``: the share of batches whose records carry no sampled ``traceparent`` that
     start a trace of their own (a parent-based sampler: a record's sampled context is always
@@ -735,7 +736,7 @@ class TracingConfig(_Section):
     (e.g. an API key: give it through ``STREAMPROC_TRACING__HEADERS``; never logged)."""
 
     enabled: bool = True
-    endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    endpoint: str | None = None
     sample_ratio: float = Field(default=0.01, ge=0, le=1)
     max_links: int = Field(default=128, ge=0, le=10_000)
     max_queue_spans: int = Field(default=4096, ge=16, le=1_000_000)
@@ -747,10 +748,20 @@ class TracingConfig(_Section):
     @classmethod
     def _endpoint_from_environment(cls, data: Any) -> Any:
         found = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-        known = re.match(r"^https?://", found)
-        if isinstance(data, dict) and data.get("endpoint") is None and known:
-            return {**data, "endpoint": found}
+        if isinstance(data, dict) and data.get("endpoint") is None and found:
+            return {**data, "endpoint": found}  # checked as if given here
         return data
+
+    @field_validator("endpoint")
+    @classmethod
+    def _a_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(
+                f"an http:// or https:// URL (the collector's OTLP/HTTP base, e.g. "
+                f"http://127.0.0.1:4318), got {value!r}; from $OTEL_EXPORTER_OTLP_ENDPOINT "
+                "when the config gives none"
+            )
+        return value
 
     @property
     def active(self) -> bool:

@@ -141,7 +141,10 @@ class DemoReport:
                 lines.append(f"  {workload:<7} {_describe(workload, doc)}")
         if self.traces:
             lines.append("")
-            lines.append("one trace per workload (a batch: its records' links, stages, results):")
+            lines.append(
+                "one trace per workload (a batch sampled as a root: the replays' records carry "
+                "no traceparent; its stages as child spans):"
+            )
             for workload, url in self.traces.items():
                 lines.append(f"  {workload:<7} {url or 'none arrived in Zipkin'}")
         lines.append(f"RESULT  {'PASS' if self.ok else 'FAIL'}")

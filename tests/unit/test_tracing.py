@@ -295,3 +295,6 @@ def test_tracing_is_on_only_with_an_endpoint_and_bad_values_name_the_key(
     assert not off.tracing.active
     with pytest.raises(ConfigError, match=r"tracing\.sample_ratio"):
         load_config(overrides={"pipelines": pipelines, "tracing": {"sample_ratio": 2}})
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318")  # not silently ignored
+    with pytest.raises(ConfigError, match=r"tracing\.endpoint.*an http:// or https:// URL"):
+        load_config(overrides={"pipelines": pipelines})
