@@ -16,8 +16,9 @@
     likewise.
 ``traces URL``
     Zipkin at URL holds a trace of streamproc: a ``process <input topic>`` span of a pipeline
-    with its stage spans (decode, device, encode, produce) as children and a ``create`` span per
-    output record. Retried likewise.
+    with its stage spans (decode, device.wait, device, encode, produce) as children (the
+    replayers' records carry no ``traceparent``: the batches sampled are roots, and their
+    results carry the batch span's context, no ``create`` span). Retried likewise.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from streamproc.config import load_config
 from streamproc.tools.verify import Verdict, verify
 
 CONFIG = "/etc/streamproc/config.yaml"
+STAGE_SPANS = ("decode", "device.wait", "device", "encode", "produce")
+"""The child spans of a batch's ``process`` span (``streamproc.tracing.batch``)."""
 
 
 def log(message: str) -> None:
@@ -158,12 +161,11 @@ def traces(base: str, timeout_s: float) -> int:
             return False
         state["traces"] = len(found)
         for spans in found:
-            names = [span["name"] for span in spans]
-            batches = [s for s in spans if s["name"].removeprefix("process ") in topics]
-            children = {s["name"] for s in spans if s.get("parentId") in {b["id"] for b in batches}}
-            if batches and {"decode", "device", "encode", "produce"} <= children:
-                state["trace"] = sorted(set(names))
-                return any(name.startswith("create ") for name in names)
+            batches = {s["id"] for s in spans if s["name"].removeprefix("process ") in topics}
+            children = {s["name"] for s in spans if s.get("parentId") in batches}
+            if batches and set(STAGE_SPANS) <= children:
+                state["trace"] = sorted({span["name"] for span in spans})
+                return True
         return False
 
     ok = retry(check, timeout_s)

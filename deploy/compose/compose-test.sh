@@ -12,7 +12,7 @@
 #     Avro results read with confluent-kafka's stock deserialiser;
 #     the consumer is healthy, non-root, read-only root filesystem, no capabilities; Prometheus
 #     scrapes it and has loaded the alert rules; Zipkin (behind the OpenTelemetry Collector)
-#     holds a whole trace of a batch (its stage spans, its output records' create spans).
+#     holds a whole trace of a batch (its process span and stage spans).
 #  3. `docker kill`s the consumer mid-replay, restarts it: 0 missing (duplicates allowed).
 #  4. `docker compose stop` mid-replay: exit 0 inside the stop grace period (graceful drain); after
 #     a restart, 0 missing again.
@@ -225,8 +225,8 @@ check prometheus http://prometheus:9090 "${ALERTS[@]}" --timeout-s "$TIMEOUT_S" 
   die "Prometheus does not scrape streamproc or lacks the alert rules"
 log "ok: Prometheus scrapes streamproc and has loaded the ${#ALERTS[@]} alert rules"
 check traces http://zipkin:9411 --timeout-s "$TIMEOUT_S" ||
-  die "Zipkin holds no whole trace of streamproc (batch span, stage spans, create spans)"
-log "ok: Zipkin (behind the OpenTelemetry Collector) holds streamproc's traces: batch, stage and create spans"
+  die "Zipkin holds no whole trace of streamproc (a batch span and its stage spans)"
+log "ok: Zipkin (behind the OpenTelemetry Collector) holds streamproc's traces: a batch span and its stage spans"
 if [[ " ${services[*]} " == *" grafana "* ]]; then
   grafana_has_dashboard() {
     compose exec -T grafana wget -qO- 'http://localhost:3000/api/search?query=streamproc' 2>/dev/null |
