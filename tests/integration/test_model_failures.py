@@ -63,6 +63,14 @@ def config_for(bootstrap: str, t: Topics, workload: str, **overrides: Any) -> Co
     return load_config(overrides=data)
 
 
+FULL_BATCHES = {"max_batch_size": 32, "max_wait_ms": 50, "adaptive_batch_size": False}
+"""Batches of a backlog cut full: a model that fails on every row is judged broken on the first
+batch (its 32 rows fail in a row; streamproc.device.recovery.BROKEN_AFTER_ROWS is 16). With the
+adaptive batch size, a loaded machine calibrated a target of 1 (measured in CI: "batch size
+calibrated target=1"): the first 15 single-row batches failed before the verdict and were
+dead-lettered as poison rows, as the recovery's rules say rows failing before a verdict are."""
+
+
 def metric(pipeline: Pipeline, name: str, topic: str) -> float:
     value = pipeline.metrics.registry.get_sample_value(name, {"topic": topic, "device": "cpu:0"})
     return 0.0 if value is None else value
@@ -156,15 +164,17 @@ def test_a_broken_builtin_model_holds_the_lane_dead_letters_nothing_and_resumes_
         "tests.support.faulty:switchable",
         processing_guarantee="exactly_once",
         buffers={"ring_capacity": 32},  # 200 records per partition fill the rings: paused
+        batching=FULL_BATCHES,
     )
     pipeline = Pipeline(config)
     topic = topics.input
     summary: list[RunSummary] = []
     runner = threading.Thread(target=lambda: summary.append(pipeline.run()))
     faulty.BROKEN.set()  # the model loads and warms up, then fails on every row
+    # produced first: the first batch is full (see FULL_BATCHES)
+    produce_values(bootstrap_servers, topic, [float(i + 1) for i in range(total)])
     try:
         runner.start()
-        produce_values(bootstrap_servers, topic, [float(i + 1) for i in range(total)])
         wait_for(lambda: metric(pipeline, "streamproc_model_held", topic) == 1, 120, "a hold")
         registry = pipeline.metrics.registry
         wait_for(
@@ -209,6 +219,7 @@ def test_a_broken_model_dead_letters_every_row_or_stops_the_pipeline(
         topics,
         "tests.support.faulty:broken",
         worker={"on_model_failure": policy},
+        batching=FULL_BATCHES,
     )
     pipeline = Pipeline(config)
     summary = pipeline.run(exit_when_idle_s=3)
