@@ -10,32 +10,21 @@ for the run and stopped after it. Network: loopback only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 import uuid
 from pathlib import Path
 
 from streamproc.kafka.admin import ensure_topics
 from streamproc.tools.kafka_local import broker_unless_given
 from streamproc.tools.tracing_local import LocalTracing
-from tests.support.traced import GOOD, round_trip
+from tests.support.traced import GOOD, round_trip, zipkin_trace
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def spans_in(api_url: str, trace_id: str) -> int:
-    """How many spans Zipkin holds for ``trace_id`` (0 while none)."""
-    try:
-        with urllib.request.urlopen(f"{api_url}/trace/{trace_id}", timeout=5) as reply:
-            return len(json.load(reply))
-    except OSError:
-        return 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
             # producer, batches with 5 stage spans each, create spans, downstream consumers
             wait_until(
                 lambda: (
-                    spans_in(backend.api_url, trip.trace_id) >= 1 + 6 + GOOD + 1 + trip.continued
+                    len(zipkin_trace(backend.api_url, trip.trace_id))
+                    >= 1 + 6 + GOOD + 1 + trip.continued
                 ),
                 "the whole trace in Zipkin",
                 60,

@@ -26,6 +26,7 @@ from streamproc.device.staging import LEAK_EVENT
 from streamproc.kafka.admin import ensure_topics
 from streamproc.kafka.transient import raise_error, retry_transient
 from streamproc.pipeline import Pipeline, State
+from streamproc.tools.tracing_local import LocalTracing
 from streamproc.tools.verify import Verdict
 
 _CONSUMER_LOGS: list[Path] = []  # logs of `streamproc run` processes started by this test
@@ -222,6 +223,17 @@ def ownership_events(log: Path) -> list[tuple[str, str, float]]:
             for partition in doc["partitions"]:
                 events.append((doc["event"].split()[1], partition, ts))
     return events
+
+
+@pytest.fixture(scope="session")
+def tracing_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTracing]:
+    """The local trace backend (Zipkin behind the collector) for the tracing tests."""
+    tracing = LocalTracing(tmp_path_factory.mktemp("tracing"))
+    tracing.start()
+    try:
+        yield tracing
+    finally:
+        tracing.stop()
 
 
 @pytest.fixture(scope="session")

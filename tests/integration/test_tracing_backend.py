@@ -7,12 +7,9 @@ posted as an OTLP/HTTP export request, as an SDK's exporter would."""
 
 from __future__ import annotations
 
-import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -22,6 +19,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from streamproc.tools.kafka_local import alive
 from streamproc.tools.tracing_local import LocalTracing
+from tests.support.traced import zipkin_trace
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.core
@@ -30,16 +28,6 @@ TRACE_ID = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
 PARENT_ID = bytes.fromhex("00f067aa0ba902b7")
 CHILD_ID = bytes.fromhex("b7ad6b7169203331")
 LINKED = (bytes.fromhex("0af7651916cd43dd8448eb211c80319c"), bytes.fromhex("53995c3f42cd8ad8"))
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTracing]:
-    tracing = LocalTracing(tmp_path_factory.mktemp("tracing"))
-    tracing.start()
-    try:
-        yield tracing
-    finally:
-        tracing.stop()
 
 
 def _attribute(key: str, value: str) -> KeyValue:
@@ -77,22 +65,16 @@ def _export(endpoint: str) -> None:
         assert reply.status == 200
 
 
-def _trace(api_url: str) -> list[dict[str, Any]]:
-    """The spans Zipkin holds for TRACE_ID ([] while it holds none)."""
-    try:
-        with urllib.request.urlopen(f"{api_url}/trace/{TRACE_ID.hex()}", timeout=5) as reply:
-            spans: list[dict[str, Any]] = json.load(reply)
-            return spans
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return []
-        raise
-
-
-def test_spans_sent_over_otlp_come_back_from_zipkin_as_one_trace(backend: LocalTracing) -> None:
-    _export(backend.otlp_endpoint)
-    wait_until(lambda: len(_trace(backend.api_url)) == 2, "both spans in Zipkin", 30)
-    spans = {span["name"]: span for span in _trace(backend.api_url)}
+def test_spans_sent_over_otlp_come_back_from_zipkin_as_one_trace(
+    tracing_backend: LocalTracing,
+) -> None:
+    _export(tracing_backend.otlp_endpoint)
+    wait_until(
+        lambda: len(zipkin_trace(tracing_backend.api_url, TRACE_ID.hex())) == 2,
+        "both spans in Zipkin",
+        30,
+    )
+    spans = {span["name"]: span for span in zipkin_trace(tracing_backend.api_url, TRACE_ID.hex())}
     assert set(spans) == {"process trades", "device"}
     parent, child = spans["process trades"], spans["device"]
     assert parent["id"] == PARENT_ID.hex() and child["parentId"] == PARENT_ID.hex()
@@ -137,9 +119,13 @@ def _listening(port: int) -> set[str]:
     return found
 
 
-def test_the_servers_listen_on_loopback_only(backend: LocalTracing) -> None:
-    assert backend.zipkin is not None and backend.collector is not None
-    ports = (backend.zipkin.port, backend.collector.port, backend.collector.grpc_port)
+def test_the_servers_listen_on_loopback_only(tracing_backend: LocalTracing) -> None:
+    assert tracing_backend.zipkin is not None and tracing_backend.collector is not None
+    ports = (
+        tracing_backend.zipkin.port,
+        tracing_backend.collector.port,
+        tracing_backend.collector.grpc_port,
+    )
     for port in ports:
         addresses = _listening(port)
         assert addresses and addresses <= LOOPBACK, (port, addresses)

@@ -8,13 +8,8 @@ backend stopped mid-stream costs no record: the spans it could not take are coun
 
 from __future__ import annotations
 
-import json
 import threading
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -23,38 +18,17 @@ from streamproc.pipeline import Pipeline
 from streamproc.tools.tracing_local import LocalCollector, LocalTracing, ensure_collector
 from streamproc.workloads.video import video_frames
 from tests.integration.conftest import Topics, end_offset_total, make_config
-from tests.support.traced import GOOD, round_trip
+from tests.support.traced import GOOD, round_trip, zipkin_trace
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.core
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTracing]:
-    tracing = LocalTracing(tmp_path_factory.mktemp("tracing"))
-    tracing.start()
-    try:
-        yield tracing
-    finally:
-        tracing.stop()
-
-
-def _trace(api_url: str, trace_id: str) -> list[dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"{api_url}/trace/{trace_id}", timeout=5) as reply:
-            spans: list[dict[str, Any]] = json.load(reply)
-            return spans
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return []
-        raise
-
-
 def test_a_records_path_is_one_trace_in_the_backend(
-    backend: LocalTracing, bootstrap_servers: str, topics: Topics
+    tracing_backend: LocalTracing, bootstrap_servers: str, topics: Topics
 ) -> None:
     trip = round_trip(
-        backend.otlp_endpoint,
+        tracing_backend.otlp_endpoint,
         bootstrap_servers,
         (topics.input, topics.output, topics.dlq, topics.group),
     )
@@ -75,11 +49,11 @@ def test_a_records_path_is_one_trace_in_the_backend(
     assert dead_parent.split("-")[1] == trace_id and dead_parent.split("-")[2] != send_id
 
     def complete() -> bool:
-        names = [span["name"] for span in _trace(backend.api_url, trace_id)]
+        names = [span["name"] for span in zipkin_trace(tracing_backend.api_url, trace_id)]
         return names.count(f"process {topics.output}") >= continued and "produce" in names
 
     wait_until(complete, "the whole trace in Zipkin", 60)
-    spans = _trace(backend.api_url, trace_id)
+    spans = zipkin_trace(tracing_backend.api_url, trace_id)
     names: dict[str, int] = {}
     for span in spans:
         names[span["name"]] = names.get(span["name"], 0) + 1
@@ -173,10 +147,10 @@ def test_a_backend_stopped_mid_stream_costs_no_record(
 
 
 def test_the_exactly_once_path_carries_the_same_trace_headers(
-    backend: LocalTracing, bootstrap_servers: str, topics: Topics
+    tracing_backend: LocalTracing, bootstrap_servers: str, topics: Topics
 ) -> None:
     trip = round_trip(
-        backend.otlp_endpoint,
+        tracing_backend.otlp_endpoint,
         bootstrap_servers,
         (topics.input, topics.output, topics.dlq, topics.group),
         processing_guarantee="exactly_once",
