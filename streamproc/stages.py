@@ -109,12 +109,9 @@ class StageClock:
         """
         now_s = self._clock()
         trace = self.trace
-        if trace is None:
-            self._series[stage].observe_repeated(max(0.0, now_s - self.last_s), self.count)
-        else:
-            self._series[stage].observe_repeated(
-                max(0.0, now_s - self.last_s), self.count, trace.exemplar
-            )
+        exemplar = None if trace is None else trace.exemplar
+        self._series[stage].observe_repeated(max(0.0, now_s - self.last_s), self.count, exemplar)
+        if trace is not None:
             trace.lap(stage, self.last_s, now_s)
         self.last_s = now_s
         self.lapped.append(stage)

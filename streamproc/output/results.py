@@ -83,11 +83,11 @@ class ResultHandler:
         if not result.batch.records:  # every record expired at the cut: none ran
             self._send(result, [], [], [])
             return
-        if trace is None:
-            self._metrics.inference.labels(topic).observe(result.inference_s)
-        else:
+        exemplar = None
+        if trace is not None:
             trace.device_time(result.inference_s)
-            self._metrics.inference.labels(topic).observe(result.inference_s, trace.exemplar)
+            exemplar = trace.exemplar
+        self._metrics.inference.labels(topic).observe(result.inference_s, exemplar)
         # a batch re-run in parts (its model call raised) measures the re-runs, not its size
         if self._observe is not None and result.error is None and result.model_calls == 1:
             self._observe(len(result.batch), result.inference_s)
