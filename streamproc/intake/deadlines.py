@@ -9,7 +9,9 @@ the source converts a record's deadline once, at intake, into ``Record.deadline_
 
 A record whose deadline has passed when its batch is cut is not run on the device: its batch
 carries it as *expired* (``Batch.expired``) and the result handler produces an ``expired``
-result or a dead-letter record for it (``pipelines[].on_expired``; docs/guarantees.md).
+result or a dead-letter record for it (``pipelines[].on_expired``; docs/guarantees.md). It never
+takes a live record's place: the cut takes past it (``Lane.next_cut``, at most
+``MAX_EXPIRED_PER_CUT`` expired records per cut).
 
 Bad input (:func:`parse_deadline_ms`): a header that is not 1 to :data:`MAX_DEADLINE_DIGITS`
 ASCII digits, or that names an instant more than :data:`DEADLINE_SANE_RANGE_MS` away from the

@@ -218,20 +218,20 @@ def test_a_cut_whose_every_record_expired_runs_nowhere_and_keeps_its_turn() -> N
     lane.start()
     lane.models[0].gate.clear()  # batch 1 (cpu:0) does not complete yet
     lane.offer(per_partition=4, expired_from=2)  # 8 records: 4 live, 4 expired; cuts of 2
-    # batch 1 stuck; the other live batch completed on cpu:1; the all-expired cuts queued
-    wait_until(lambda: lane.resequencer.held == 3, "every later batch waiting for batch 1")
+    # batch 1 stuck; the other live batch completed on cpu:1; the all-expired cut queued (an
+    # expired record never takes a live one's place: 3 cuts, not 4)
+    wait_until(lambda: lane.resequencer.held == 2, "every later batch waiting for batch 1")
     assert lane.handled == []  # an expired result may not overtake an earlier batch
     lane.models[0].gate.set()
-    wait_until(lambda: len(lane.handled) == 4, "all 4 batches handed over")
+    wait_until(lambda: len(lane.handled) == 3, "all 3 batches handed over")
     lane.close()
     assert not lane.fatal
-    assert [r.batch.batch_id for r in lane.handled] == [1, 2, 3, 4]
-    live = [r for r in lane.handled if r.batch.records]
-    assert len(live) == 2 and all(not r.batch.expired for r in live)
-    for result in lane.handled:
-        if not result.batch.records:
-            assert result.model_calls == 0 and result.outputs == ()
-            assert len(result.batch.expired) == 2
+    assert [r.batch.batch_id for r in lane.handled] == [1, 2, 3]
+    # cut 2 set tp0's expired records apart beside tp1's live ones; cut 3 holds only expired
+    assert [len(r.batch.records) for r in lane.handled] == [2, 2, 0]
+    assert [len(r.batch.expired) for r in lane.handled] == [0, 2, 2]
+    only_expired = lane.handled[2]
+    assert only_expired.model_calls == 0 and only_expired.outputs == ()
     expired = {(r.tp, r.offset) for result in lane.handled for r in result.batch.expired}
     assert expired == {(tp, offset) for tp in TPS for offset in (2, 3)}
     assert sum(lane.load.batches().values()) == 2  # no device slot for the expired cuts

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from streamproc.intake import lane as lane_module
 from streamproc.intake.batcher import Batcher
 from streamproc.intake.deadlines import (
     DEADLINE_HEADER,
@@ -152,6 +153,40 @@ def test_lane_cut_sets_records_past_their_deadline_apart() -> None:
     assert [r.offset for r in cut.records] == [1, 2]
     assert [r.offset for r in cut.expired] == [0, 3]
     assert len(cut.consumed_s) == 4  # every record taken waited in the ring
+
+
+def test_expired_records_do_not_take_the_places_of_live_ones_in_a_cut() -> None:
+    # Overload: a backlog of records past their deadline ahead of live ones. Shedding them 4
+    # per cut (the batch size) made every expired record cost a whole cut; one cut must set
+    # them all apart and still fill its batch with live records.
+    clock = Clock(100.0)
+    the_lane = lane(clock)
+    stale = [record(offset, 50.0) for offset in range(10)]
+    live = [record(offset) for offset in range(10, 15)]
+    the_lane.offer(stale + live, deadlines=True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None
+    assert [r.offset for r in cut.expired] == list(range(10))
+    assert [r.offset for r in cut.records] == [10, 11, 12, 13]  # the batch size, all live
+    assert len(cut.consumed_s) == 14
+    clock.now_s = MONO_S + 1.0  # past offset 14's batch wait: the next cut takes it
+    rest = the_lane.next_cut(threading.Event())
+    assert rest is not None and [r.offset for r in rest.records] == [14] and rest.expired == []
+
+
+def test_a_cut_stops_setting_expired_records_apart_at_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the bound keeps one cut's expired results from delaying its live records without limit
+    monkeypatch.setattr(lane_module, "MAX_EXPIRED_PER_CUT", 6)
+    clock = Clock(100.0)
+    the_lane = lane(clock)
+    the_lane.offer([record(offset, 50.0) for offset in range(16)], deadlines=True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None and cut.records == []
+    assert [r.offset for r in cut.expired] == list(range(8))  # two takes of the batch size
+    rest = the_lane.next_cut(threading.Event())
+    assert rest is not None and [r.offset for r in rest.expired] == list(range(8, 16))
 
 
 def test_lane_without_deadlines_never_looks() -> None:
