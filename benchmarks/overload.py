@@ -32,8 +32,10 @@ results made by the model within ``--target-ms`` (output timestamp - input times
 CreateTime) per second of input in the overload window, as a share of the capacity; the served
 records' P99 in the overload window; the share expired; the offered rate the producer reached;
 recovery = seconds after the overload ends until the first 1-s window of inputs from which on
-every window is served within the target with nothing expired ("never" when none is). Per
-workload at the end: median [min-max] over the runs.
+every window is within the target: its P99 over every input (an expired or dead-lettered record
+counts as over the target) at most the target; also printed, the stricter "every input" form
+(every input of every window served within the target, nothing expired). "never" when none is.
+Per workload at the end: median [min-max] over the runs.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class Row:
     goodput: float
     goodput_share: float
     served_p99_ms: float
-    recovery_s: float  # inf: never back within the target
+    recovery_s: float  # inf: never back within the target (P99 over every input)
+    recovery_all_s: float  # inf: never every input within the target (nothing expired)
     load: float
 
 
@@ -120,22 +123,28 @@ def outcomes(inputs: TopicDump, outputs: TopicDump, dead_letters: TopicDump) -> 
     return rows
 
 
-def recovery_s(rows: list[Outcome], end_ms: int, target_ms: float) -> float:
+MISS_SHARE = 0.01
+"""A window is within the target when at most this share of its inputs missed it: the target is
+a P99."""
+
+
+def recovery_s(
+    rows: list[Outcome], end_ms: int, target_ms: float, miss_share: float = MISS_SHARE
+) -> float:
     """Seconds from ``end_ms`` to the start of the first 1-s window of inputs after which every
-    window is served within ``target_ms`` (P99) with nothing expired; inf when none is."""
+    window is within ``target_ms``: at most ``miss_share`` of its inputs missed it (served
+    later, expired or dead-lettered: a record not served in time counts as over the target;
+    so with the default, the P99 over every input is within the target), at least one served;
+    inf when none is. ``miss_share=0``: every input of every window served within the target."""
     windows: dict[int, list[Outcome]] = {}
     for row in rows:
         if row.ts_ms >= end_ms:
             windows.setdefault((row.ts_ms - end_ms) // 1000, []).append(row)
     good_from: float = float("inf")
     for second in sorted(windows, reverse=True):
-        served = [r.latency_ms for r in windows[second] if r.latency_ms is not None]
-        ok = (
-            served
-            and not any(r.expired or r.dead_letter for r in windows[second])
-            and float(np.percentile(served, 99)) <= target_ms
-        )
-        if not ok:
+        window = windows[second]
+        missed = sum(1 for r in window if r.latency_ms is None or r.latency_ms > target_ms)
+        if missed == len(window) or missed > miss_share * len(window):
             break
         good_from = float(second)
     return good_from
@@ -250,6 +259,7 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
         goodput_share=good / capacity,
         served_p99_ms=float(np.percentile(served, 99)) if served else float("nan"),
         recovery_s=recovery_s(rows, end_ms, target_ms),
+        recovery_all_s=recovery_s(rows, end_ms, target_ms, miss_share=0.0),
         load=load,
     )
 
@@ -287,7 +297,8 @@ def _print_row(row: Row, target_ms: float) -> None:
         f"missing {row.missing} undrained {row.undrained} | expired "
         f"{row.expired_share:5.1%} | goodput {row.goodput:8.0f} msg/s = {row.goodput_share:5.1%} "
         f"of capacity | served P99 {row.served_p99_ms:7.1f} ms (target {target_ms:.0f}) | "
-        f"recovery {row.recovery_s:4.0f} s | load {row.load:.1f}",
+        f"recovery {row.recovery_s:4.0f} s (every input: {row.recovery_all_s:.0f} s) | "
+        f"load {row.load:.1f}",
         flush=True,
     )
 
@@ -326,12 +337,15 @@ def main() -> None:
     for workload in workloads:
         mine = [r for r in rows if r.workload == workload]
         finite = [r.recovery_s for r in mine if r.recovery_s != float("inf")]
+        finite_all = [r.recovery_all_s for r in mine if r.recovery_all_s != float("inf")]
         print(
             f"{workload:<7} capacity {format_spread([r.capacity for r in mine])} msg/s | goodput "
             f"share {format_spread([r.goodput_share for r in mine])} | served P99 "
             f"{format_spread([r.served_p99_ms for r in mine])} ms | expired "
             f"{format_spread([r.expired_share for r in mine])} | recovery "
-            f"{format_spread(finite) if finite else '-'} s ({len(mine) - len(finite)} never) | "
+            f"{format_spread(finite) if finite else '-'} s ({len(mine) - len(finite)} never; "
+            f"every input: {format_spread(finite_all) if finite_all else '-'} s, "
+            f"{len(mine) - len(finite_all)} never) | "
             f"missing {sum(r.missing for r in mine)} | undrained {sum(r.undrained for r in mine)}"
         )
     if any(r.missing for r in rows):

@@ -455,3 +455,15 @@ def test_overload_accounts_for_every_input_and_finds_the_recovery() -> None:
     expired_late = [*after, overload.Outcome(end + 2_500, 0, 9, None, True, False)]
     assert overload.recovery_s(expired_late, end, target_ms=30.0) == float("inf")
     assert overload.recovery_s(after[1:], end, target_ms=30.0) == 1.0  # an empty first window
+
+
+def test_overload_recovery_is_a_p99_over_every_input_expired_ones_counting_as_misses() -> None:
+    end = 3_000
+    fast = [overload.Outcome(end + k, 0, k, 5.0, False, False) for k in range(199)]
+    one_expired = [*fast, overload.Outcome(end + 500, 0, 999, None, True, False)]  # 0.5 %
+    assert overload.recovery_s(one_expired, end, target_ms=30.0) == 0.0
+    assert overload.recovery_s(one_expired, end, 30.0, miss_share=0.0) == float("inf")
+    slow = [overload.Outcome(end + 600 + k, 0, 500 + k, 31.0, False, False) for k in range(2)]
+    assert overload.recovery_s([*one_expired, *slow], end, target_ms=30.0) == float("inf")  # 1.5 %
+    only_expired = [overload.Outcome(end + k, 0, k, None, True, False) for k in range(3)]
+    assert overload.recovery_s(only_expired, end, target_ms=30.0) == float("inf")
