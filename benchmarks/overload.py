@@ -134,8 +134,9 @@ def recovery_s(
     """Seconds from ``end_ms`` to the start of the first 1-s window of inputs after which every
     window is within ``target_ms``: at most ``miss_share`` of its inputs missed it (served
     later, expired or dead-lettered: a record not served in time counts as over the target;
-    so with the default, the P99 over every input is within the target), at least one served;
-    inf when none is. ``miss_share=0``: every input of every window served within the target."""
+    so with the default, the P99 over every input is within the target; an input with no
+    outcome yet counts as a miss too), at least one served within it; inf when none is.
+    ``miss_share=0``: every input of every window served within the target."""
     windows: dict[int, list[Outcome]] = {}
     for row in rows:
         if row.ts_ms >= end_ms:

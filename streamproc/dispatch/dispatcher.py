@@ -35,8 +35,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from streamproc.decode import Decoder
 from streamproc.device import DeviceJob, DeviceResult, DeviceWorker, StagingPool
 from streamproc.device.hold import HoldAbandoned
@@ -223,12 +221,8 @@ class Dispatcher:
         if n:
             self.batch_sizes[n] = self.batch_sizes.get(n, 0) + 1
             self._batch_size.observe(n)
-        taken = cut.records
-        consumed_s = cut.consumed_s
-        if cut.expired:  # consumed_s is in the cut's order, before the expired were set apart
-            taken = [*cut.records, *cut.expired]
-            consumed_s = np.fromiter((r.consumed_at_s for r in taken), np.float64, len(taken))
-        clock = self._stages.cut(taken, consumed_s, cut.ready_s, cut.cut_at_s)
+        taken = [*cut.records, *cut.expired] if cut.expired else cut.records  # consumed_s's order
+        clock = self._stages.cut(taken, cut.consumed_s, cut.ready_s, cut.cut_at_s)
         return Batch(
             self._next_batch_id,
             tuple(cut.records),

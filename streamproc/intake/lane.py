@@ -45,14 +45,15 @@ import numpy as np
 from streamproc.intake.batcher import NEAR_BEST, Batcher, Cut
 from streamproc.intake.deadlines import Deadlines
 from streamproc.intake.latency import LatencyReading
-from streamproc.intake.rings import NO_CHANGE, FlowControl, PartitionBuffers
+from streamproc.intake.rings import FlowControl, PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Priority, Record, TopicPartition
 
 MAX_EXPIRED_PER_CUT = 1024
-"""A cut stops setting expired records apart after this many (it takes them besides its batch):
-their expired results go out with the batch's, so the bound keeps one cut's shedding (a few ms
-of produce calls) from delaying its live records without limit."""
+"""A cut stops after setting this many expired records apart (it takes them besides its batch,
+:meth:`PartitionBuffers.take_live`): their expired results go out with the batch's, so the
+bound keeps one cut's shedding (a few ms of produce calls) from delaying its live records
+without limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +225,15 @@ class Lane:
                 if isinstance(decision, Cut):
                     expired: list[Record] = []
                     if self._deadlines:
-                        records, expired, flow = self._take_live(decision.count, now_s)
+                        # an expired record takes no live record's place: shed a batch size
+                        # per cut, each cost a whole cut (congestion collapse under overload)
+                        records, expired, flow = buffers.take_live(
+                            decision.count,
+                            batcher.max_batch_bytes,
+                            batcher.max_wait_s,
+                            now_s,
+                            MAX_EXPIRED_PER_CUT,
+                        )
                     else:
                         records, flow = buffers.take(
                             decision.count, batcher.max_batch_bytes, batcher.max_wait_s
@@ -240,34 +249,6 @@ class Lane:
                     )
                 cond.wait(None if decision.until_s is None else decision.until_s - now_s)
         return None
-
-    def _take_live(
-        self, count: int, now_s: float
-    ) -> tuple[list[Record], list[Record], FlowControl]:
-        """Take up to ``count`` records still within their deadline at ``now_s``, and set
-        apart the expired ones met on the way, until :data:`MAX_EXPIRED_PER_CUT` of them (under
-        ``_cond``). An expired record never takes a live one's place in the batch: under
-        overload the rings fill with records past their deadline, and shedding them a batch
-        size per cut made each cost as much as a served record (congestion collapse).
-
-        Returns:
-            The live records, the expired ones (each in the order taken) and the partitions to
-            resume."""
-        batcher, buffers = self._batcher, self._buffers
-        live: list[Record] = []
-        expired: list[Record] = []
-        resume: list[TopicPartition] = []
-        bytes_left = batcher.max_batch_bytes
-        while len(live) < count and len(expired) < MAX_EXPIRED_PER_CUT and bytes_left > 0:
-            taken, flow = buffers.take(count - len(live), bytes_left, batcher.max_wait_s)
-            resume.extend(flow.resume)
-            fresh, stale = split_expired(taken, now_s)
-            live += fresh
-            expired += stale
-            bytes_left -= sum(r.size_bytes for r in fresh)
-            if not stale:  # the rings are empty, or the batch is full or at its bytes
-                break
-        return live, expired, FlowControl(resume=tuple(resume)) if resume else NO_CHANGE
 
     def wake(self) -> None:
         """Wake a dispatcher waiting in :meth:`next_cut` (after its ``stop`` was set)."""
@@ -357,12 +338,3 @@ class Lane:
         """The batch size aimed for now."""
         with self._cond:
             return self._batcher.target
-
-
-def split_expired(records: list[Record], now_s: float) -> tuple[list[Record], list[Record]]:
-    """``records`` split into those still wanted at ``now_s`` (monotonic seconds) and those
-    whose deadline (``Record.deadline_s``) is at or before it, each in the given order."""
-    expired = [r for r in records if r.deadline_s <= now_s]
-    if not expired:
-        return records, expired
-    return [r for r in records if r.deadline_s > now_s], expired

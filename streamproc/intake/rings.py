@@ -109,41 +109,58 @@ class RingBuffer:
         max_wait_s: tuple[float, ...],
         until: tuple[float, int],
         index: int,
+        now_s: float = -math.inf,
+        expired: list[Record] | None = None,
+        expired_room: int = 0,
     ) -> tuple[int, float, bool]:
         """Pop records onto ``out`` (the cut being built) in offset order while ``out`` holds
         fewer than ``count``, the popped key+value bytes stay within ``bytes_left`` (the cut's
         first record is always taken) and the ring's next deadline ``(deadline, index)``
         stays at or before ``until`` (the runner-up ring's).
 
+        A record whose deadline (``Record.deadline_s``) is at or before ``now_s`` goes onto
+        ``expired`` instead (required then), counting against neither ``count`` nor
+        ``bytes_left``; once ``expired_room`` of them were popped the run stops as if full.
+
         Returns:
-            The bytes popped, the ring's earliest deadline after the last pop (inf: empty),
-            and whether the byte limit stopped it.
+            The bytes of the records popped onto ``out``, the ring's earliest deadline after
+            the last pop (inf: empty), and whether the byte limit (or the expired room)
+            stopped it.
         """
         slots, capacity = self._slots, self.capacity
         head, size = self._head, self._size
         high, normal, low = classes = self._classes
         wait_high, wait_normal, wait_low = max_wait_s
-        popped = 0
+        popped = 0  # onto out
+        shed = 0  # bytes onto expired
         deadline = math.inf
         taken = len(out)
+        room = expired_room - len(expired) if expired is not None else 0
         inf = math.inf
         while taken < count and size:
             record = slots[head]
             assert record is not None
             record_bytes = len(record.key or b"") + len(record.value or b"")
-            if taken and popped + record_bytes > bytes_left:
+            late = record.deadline_s <= now_s
+            if not late and taken and popped + record_bytes > bytes_left:
                 self._head, self._size = head, size
-                self.bytes -= popped
+                self.bytes -= popped + shed
                 return popped, deadline, True
             slots[head] = None
             head += 1
             if head == capacity:
                 head = 0
             size -= 1
-            popped += record_bytes
             classes[record.priority].popleft()
-            out.append(record)
-            taken += 1
+            if late:
+                assert expired is not None
+                expired.append(record)
+                shed += record_bytes
+                room -= 1
+            else:
+                popped += record_bytes
+                out.append(record)
+                taken += 1
             # the ring's earliest deadline now (RingBuffer.deadline, unrolled)
             deadline = high[0] + wait_high if high else inf
             if normal:
@@ -154,10 +171,14 @@ class RingBuffer:
                 candidate = low[0] + wait_low
                 if candidate < deadline:
                     deadline = candidate
+            if late and room <= 0:
+                self._head, self._size = head, size
+                self.bytes -= popped + shed
+                return popped, deadline, True
             if (deadline, index) > until:
                 break
         self._head, self._size = head, size
-        self.bytes -= popped
+        self.bytes -= popped + shed
         return popped, deadline, False
 
     def peek(self) -> Record | None:
@@ -319,7 +340,41 @@ class PartitionBuffers:
             The records and the partitions to resume (paused ones now at or below the low
             watermark).
         """
-        wait = max_wait_s
+        taken: list[Record] = []
+        return taken, self._take(taken, count, max_bytes, max_wait_s, -math.inf, None, 0)
+
+    def take_live(
+        self,
+        count: int,
+        max_bytes: int | None,
+        max_wait_s: tuple[float, ...],
+        now_s: float,
+        max_expired: int,
+    ) -> tuple[list[Record], list[Record], FlowControl]:
+        """:meth:`take`, where a record past its deadline at ``now_s`` (``Record.deadline_s``,
+        monotonic seconds) is set apart and takes no live record's place: up to ``count``
+        live records within ``max_bytes``, in the same order as :meth:`take` pops them, and
+        the expired ones met on the way until ``max_expired`` (>= 1) of them.
+
+        Returns:
+            The live records, the expired ones (each in the order popped) and the partitions
+            to resume.
+        """
+        taken: list[Record] = []
+        expired: list[Record] = []
+        flow = self._take(taken, count, max_bytes, max_wait_s, now_s, expired, max_expired)
+        return taken, expired, flow
+
+    def _take(
+        self,
+        taken: list[Record],
+        count: int,
+        max_bytes: int | None,
+        wait: tuple[float, ...],
+        now_s: float,
+        expired: list[Record] | None,
+        max_expired: int,
+    ) -> FlowControl:
         rings = self._rings
         heap = [
             (ring.deadline(wait), index, tp)
@@ -327,7 +382,6 @@ class PartitionBuffers:
             if len(ring)
         ]
         heapq.heapify(heap)
-        taken: list[Record] = []
         bytes_left = math.inf if max_bytes is None else float(max_bytes)
         touched: set[TopicPartition] = set()
         while heap and len(taken) < count:
@@ -338,15 +392,17 @@ class PartitionBuffers:
             # runner-up's (a run of pops per heap operation, not one heap operation per record).
             # (deadline, index) of the runner-up: the smaller child of the heap's root.
             runner_up = min(heap[1:3])[:2] if len(heap) > 1 else (math.inf, 0)
-            popped, deadline, full = ring.pop_run(taken, count, bytes_left, wait, runner_up, index)
+            popped, deadline, full = ring.pop_run(
+                taken, count, bytes_left, wait, runner_up, index, now_s, expired, max_expired
+            )
             if full:
-                return taken, self._resumable(touched)
+                return self._resumable(touched)
             bytes_left -= popped
             if not len(ring):
                 heapq.heappop(heap)
             else:
                 heapq.heapreplace(heap, (deadline, index, tp))
-        return taken, self._resumable(touched)
+        return self._resumable(touched)
 
     def _resumable(self, touched: set[TopicPartition]) -> FlowControl:
         resume = tuple(

@@ -18,7 +18,7 @@ from streamproc.intake.deadlines import (
     Deadlines,
     parse_deadline_ms,
 )
-from streamproc.intake.lane import Lane, split_expired
+from streamproc.intake.lane import Lane
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Batch, Priority, Record, TopicPartition
@@ -109,13 +109,16 @@ def test_max_age_must_be_positive(max_age_ms: int) -> None:
         Deadlines(max_age_ms)
 
 
-def test_split_expired_keeps_order_and_a_deadline_at_the_cut_counts_as_passed() -> None:
+def test_take_live_keeps_order_and_a_deadline_at_the_cut_counts_as_passed() -> None:
+    buffers = PartitionBuffers(16, 1.0, 0.5)
+    buffers.assign([TP])
     records = [record(0, 9.0), record(1), record(2, 10.0), record(3, 11.0), record(4, 2.0)]
-    live, expired = split_expired(records, now_s=10.0)
+    for r in records:
+        buffers.push(r)
+    live, expired, _ = buffers.take_live(8, None, (0.0, 0.0, 0.0), now_s=10.0, max_expired=8)
     assert [r.offset for r in live] == [1, 3]
     assert [r.offset for r in expired] == [0, 2, 4]
-    unchanged, none = split_expired(records[1:2], now_s=10.0)
-    assert unchanged == records[1:2] and none == []
+    assert len(buffers.take(8)[0]) == 0 and buffers.views() == []
 
 
 def test_a_batch_of_only_expired_records_is_not_empty() -> None:
@@ -184,9 +187,9 @@ def test_a_cut_stops_setting_expired_records_apart_at_its_bound(
     the_lane.offer([record(offset, 50.0) for offset in range(16)], deadlines=True)
     cut = the_lane.next_cut(threading.Event())
     assert cut is not None and cut.records == []
-    assert [r.offset for r in cut.expired] == list(range(8))  # two takes of the batch size
+    assert [r.offset for r in cut.expired] == list(range(6))  # exactly the bound
     rest = the_lane.next_cut(threading.Event())
-    assert rest is not None and [r.offset for r in rest.expired] == list(range(8, 16))
+    assert rest is not None and [r.offset for r in rest.expired] == list(range(6, 12))
 
 
 def test_lane_without_deadlines_never_looks() -> None:

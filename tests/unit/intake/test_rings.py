@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from streamproc.intake.rings import NO_CHANGE, PartitionBuffers, RingBuffer
@@ -135,6 +137,82 @@ def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
         expected = _reference_take(mirror, count, max_bytes, wait)
         got, _ = buffers.take(count, max_bytes, wait)
         assert [(r.tp, r.offset) for r in got] == [(r.tp, r.offset) for r in expected]
+
+
+def _reference_take_live(
+    rings: dict[TopicPartition, list[Record]],
+    count: int,
+    max_bytes: int | None,
+    wait: tuple,
+    now_s: float,
+    max_expired: int,
+) -> tuple[list[Record], list[Record]]:
+    """Pop in :func:`_reference_take`'s order (the pops do not depend on which records
+    expired); an expired record goes apart and counts against neither the count nor the
+    bytes; stop at ``count`` live records, before a live record over the bytes (the first live
+    one is always taken), or right after the ``max_expired``-th expired one."""
+    live: list[Record] = []
+    expired: list[Record] = []
+    size = 0
+    while len(live) < count:
+        (head,) = _reference_take({tp: list(run) for tp, run in rings.items()}, 1, None, wait)
+        if head.deadline_s > now_s:
+            if max_bytes is not None and live and size + head.size_bytes > max_bytes:
+                break
+            live.append(head)
+            size += head.size_bytes
+        else:
+            expired.append(head)
+        rings[head.tp].pop(0)
+        if len(expired) >= max_expired:
+            break
+        if not any(rings.values()):
+            break
+    return live, expired
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_take_live_matches_a_record_at_a_time_reference(seed: int) -> None:
+    """Expired records set apart in the same pop order as :meth:`take`'s, never in a live
+    record's place, and the rings left as the reference leaves them."""
+    import random
+
+    rng = random.Random(seed)
+    wait = (0.002, 0.020, 0.050)
+    tps = [TopicPartition("t", p) for p in range(rng.randint(1, 5))]
+    buffers = PartitionBuffers(64, 1.0, 0.0)
+    buffers.assign(tps)
+    mirror: dict[TopicPartition, list[Record]] = {tp: [] for tp in tps}
+    clock = 0.0
+    for offset in range(rng.randint(1, 120)):
+        clock += rng.random() * 0.01
+        tp = rng.choice(tps)
+        deadline_s = rng.choice((math.inf, rng.random()))  # now_s below is 0.5
+        record = Record(
+            tp,
+            offset,
+            None,
+            b"x" * rng.randint(1, 50),
+            (),
+            0,
+            clock,
+            1,
+            rng.choice((0, 1, 2)),
+            deadline_s=deadline_s,
+        )
+        if buffers.push(record) is not None:
+            mirror[tp].append(record)
+    while any(mirror.values()):
+        count = rng.randint(1, 12)
+        max_bytes = rng.choice((None, 60, 200))
+        max_expired = rng.randint(1, 10)
+        expected = _reference_take_live(mirror, count, max_bytes, wait, 0.5, max_expired)
+        got = buffers.take_live(count, max_bytes, wait, 0.5, max_expired)
+        assert [(r.tp, r.offset) for r in got[0]] == [(r.tp, r.offset) for r in expected[0]]
+        assert [(r.tp, r.offset) for r in got[1]] == [(r.tp, r.offset) for r in expected[1]]
+        assert sum(v.bytes for v in buffers.views()) == sum(
+            r.size_bytes for run in mirror.values() for r in run
+        )
 
 
 @pytest.mark.parametrize("seed", range(30))
