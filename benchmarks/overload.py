@@ -16,11 +16,11 @@ real recording, ``streamproc.tools.replay``) on the same machine:
    producer takes more CPU than a paced one).
 2. *capacity*: no deadline, the replay offered open loop at ``--factor`` x c0 for
    ``--capacity-s`` seconds: capacity = results per second over the window (the most the
-   consumer serves beside a producer at the overload's own rate: like is compared with like).
+   consumer serves beside a producer at about the overload's rate: like is compared with like).
 3. *overload*: ``pipelines[].max_age_ms`` = ``--max-age-ms`` (default: 3/4 of the target, so a
-   record cut at its deadline still has a quarter of the target for its batch); the same offered
-   rate for ``--overload-s`` seconds, then ``--after-factor`` x capacity for ``--after-s``
-   seconds; then SIGTERM (the consumer drains).
+   record cut at its deadline still has a quarter of the target for its batch); ``--factor`` x
+   the capacity offered for ``--overload-s`` seconds, then ``--after-factor`` x capacity for
+   ``--after-s`` seconds; then SIGTERM (the consumer drains).
 
 After the last phase the bench waits up to ``--drain-s`` seconds for the group to commit the end
 of every partition. From the broker (read_committed): every input below the group's committed
@@ -223,8 +223,11 @@ def _served(
 def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, work: Path) -> Row:
     """Measure the capacity, then the overload and the recovery, of ``workload`` once."""
     target_ms = _target_ms(args, workload)
-    over_rate = args.factor * _served(args, bootstrap, workload, work, args.probe_s, None)
-    capacity = _served(args, bootstrap, workload, work, args.capacity_s, over_rate)
+    probe_rate = args.factor * _served(args, bootstrap, workload, work, args.probe_s, None)
+    capacity = _served(args, bootstrap, workload, work, args.capacity_s, probe_rate)
+    # the overload is offered at factor x the capacity, not x the probe: a flooding producer
+    # takes more CPU than a paced one, so the probe reads low (2x it came to 1.5-1.6x capacity)
+    over_rate = args.factor * capacity
     after_rate = args.after_factor * capacity
     topic = _fresh(bootstrap, f"over.{workload}")
     config = _config(bootstrap, workload, topic, args.max_age_ms or 0.75 * target_ms, target_ms)
