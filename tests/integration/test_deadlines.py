@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 
 from streamproc.device import DeviceResult
 from streamproc.dispatch.fusion import FusedRun, StagedRun
+from streamproc.intake import lane as lane_module
 from streamproc.intake.deadlines import DEADLINE_HEADER
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, H_STAGE
 from streamproc.pipeline import Pipeline
@@ -30,8 +31,9 @@ RECORDS = 60
 def produce_with_deadlines(bootstrap: str, topic: str) -> dict[str, set[tuple[int, int]]]:
     """Trades round-robin over three partitions in runs of 12: past deadlines (a minute ago),
     future ones (an hour ahead), none (every other with a header that does not parse), past,
-    future. Each partition's first four records are past: with batches of 4 the first cut
-    expires whole. Returns the (partition, offset) of each kind ("invalid" among "none")."""
+    future. Each partition's first four records are past: with at most 4 expired records set
+    apart per cut (the test patches ``MAX_EXPIRED_PER_CUT``) the first cut expires whole.
+    Returns the (partition, offset) of each kind ("invalid" among "none")."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     now_ms = int(time.time() * 1000)
     kinds: dict[str, set[tuple[int, int]]] = {
@@ -90,6 +92,9 @@ def test_records_past_their_deadline_are_not_run_but_answered_and_committed(
     """``fused_lane``: a cut whose every record expired goes to the resequencer's queue on the
     staged route (``never``) and is handed over on the dispatcher thread on the fused one."""
     kinds = produce_with_deadlines(bootstrap_servers, topics.input)
+    # an expired record takes no live one's place, so a cut expires whole only when it meets
+    # its bound of expired records before any live one: 4 here, the first four of a partition
+    monkeypatch.setattr(lane_module, "MAX_EXPIRED_PER_CUT", 4)
     whole_cuts: list[Batch] = []
     for run in (StagedRun, FusedRun):  # either route's pass-over of a cut that expired whole
         monkeypatch.setattr(run, "pass_over", _counted(run.pass_over, whole_cuts))
