@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -112,12 +113,12 @@ def _reference_take(
     return taken
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
-    import random
-
-    rng = random.Random(seed)
-    wait = (0.002, 0.020, 0.050)
+def _random_rings(
+    rng: random.Random, deadlines: bool
+) -> tuple[PartitionBuffers, dict[TopicPartition, list[Record]]]:
+    """1-5 rings of up to 120 random records (sizes, consume times, priority classes; with
+    ``deadlines``, half of them with a deadline in [0, 1) s, the rest none) and a plain-list
+    mirror of what each ring kept."""
     tps = [TopicPartition("t", p) for p in range(rng.randint(1, 5))]
     buffers = PartitionBuffers(64, 1.0, 0.0)
     buffers.assign(tps)
@@ -126,11 +127,21 @@ def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
     for offset in range(rng.randint(1, 120)):
         clock += rng.random() * 0.01
         tp = rng.choice(tps)
+        deadline_s = rng.choice((math.inf, rng.random())) if deadlines else math.inf
+        value = b"x" * rng.randint(1, 50)
         record = Record(
-            tp, offset, None, b"x" * rng.randint(1, 50), (), 0, clock, 1, rng.choice((0, 1, 2))
+            tp, offset, None, value, (), 0, clock, 1, rng.choice((0, 1, 2)), deadline_s=deadline_s
         )
         if buffers.push(record) is not None:
             mirror[tp].append(record)
+    return buffers, mirror
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    wait = (0.002, 0.020, 0.050)
+    buffers, mirror = _random_rings(rng, deadlines=False)
     while any(mirror.values()):
         count = rng.randint(1, 40)
         max_bytes = rng.choice((None, 200, 1000))
@@ -175,33 +186,9 @@ def _reference_take_live(
 def test_take_live_matches_a_record_at_a_time_reference(seed: int) -> None:
     """Expired records set apart in the same pop order as :meth:`take`'s, never in a live
     record's place, and the rings left as the reference leaves them."""
-    import random
-
     rng = random.Random(seed)
     wait = (0.002, 0.020, 0.050)
-    tps = [TopicPartition("t", p) for p in range(rng.randint(1, 5))]
-    buffers = PartitionBuffers(64, 1.0, 0.0)
-    buffers.assign(tps)
-    mirror: dict[TopicPartition, list[Record]] = {tp: [] for tp in tps}
-    clock = 0.0
-    for offset in range(rng.randint(1, 120)):
-        clock += rng.random() * 0.01
-        tp = rng.choice(tps)
-        deadline_s = rng.choice((math.inf, rng.random()))  # now_s below is 0.5
-        record = Record(
-            tp,
-            offset,
-            None,
-            b"x" * rng.randint(1, 50),
-            (),
-            0,
-            clock,
-            1,
-            rng.choice((0, 1, 2)),
-            deadline_s=deadline_s,
-        )
-        if buffers.push(record) is not None:
-            mirror[tp].append(record)
+    buffers, mirror = _random_rings(rng, deadlines=True)  # now_s below is 0.5
     while any(mirror.values()):
         count = rng.randint(1, 12)
         max_bytes = rng.choice((None, 60, 200))
