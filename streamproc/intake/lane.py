@@ -238,10 +238,9 @@ class Lane:
                         records, flow = buffers.take(
                             decision.count, batcher.max_batch_bytes, batcher.max_wait_s
                         )
+                    taken = records + expired if expired else records
                     consumed_s = np.fromiter(
-                        (r.consumed_at_s for r in (*records, *expired)),
-                        np.float64,
-                        len(records) + len(expired),
+                        (r.consumed_at_s for r in taken), np.float64, len(taken)
                     )
                     batcher.cut(consumed_s)
                     return CutRecords(
