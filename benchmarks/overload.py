@@ -35,7 +35,9 @@ recovery = seconds after the overload ends until the first 1-s window of inputs 
 every window is within the target: its P99 over every input (an expired or dead-lettered record
 counts as over the target) at most the target; also printed, the stricter "every input" form
 (every input of every window served within the target, nothing expired). "never" when none is.
-Per workload at the end: median [min-max] over the runs.
+Per workload at the end: median [min-max] over the runs. ``--timeline SECONDS`` also prints,
+per run, what became of the inputs per window of that many seconds from the overload's start
+(shares served within the target, served later, expired, other): where the misses fall.
 """
 
 from __future__ import annotations
@@ -151,6 +153,47 @@ def recovery_s(
     return good_from
 
 
+@dataclass(frozen=True)
+class Window:
+    """What became of the inputs of one window (``start_s`` after the overload began, by the
+    inputs' timestamps): how many, and the shares served within the target, served later,
+    expired, and dead-lettered or without an outcome (``other``)."""
+
+    start_s: float
+    inputs: int
+    within: float
+    late: float
+    expired: float
+    other: float
+
+
+def timeline(rows: list[Outcome], start_ms: int, target_ms: float, step_s: float) -> list[Window]:
+    """The inputs from ``start_ms`` on in windows of ``step_s`` seconds (empty ones left out),
+    each with what became of them: where the overload's misses fall, and when they stop."""
+    windows: dict[int, list[Outcome]] = {}
+    for row in rows:
+        if row.ts_ms >= start_ms:
+            windows.setdefault(int((row.ts_ms - start_ms) // (step_s * 1000)), []).append(row)
+    timed = []
+    for index in sorted(windows):
+        window = windows[index]
+        n = len(window)
+        within = sum(1 for r in window if r.latency_ms is not None and r.latency_ms <= target_ms)
+        late = sum(1 for r in window if r.latency_ms is not None and r.latency_ms > target_ms)
+        expired = sum(1 for r in window if r.expired)
+        timed.append(
+            Window(
+                index * step_s,
+                n,
+                within / n,
+                late / n,
+                expired / n,
+                1 - (within + late + expired) / n,
+            )
+        )
+    return timed
+
+
 def _target_ms(args: argparse.Namespace, workload: str) -> float:
     """``--target-ms``, else the workload's default (pipelines[].latency_target_ms of every
     consumer the bench starts)."""
@@ -250,6 +293,18 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
     seconds = (end_ms - start_ms - args.skip_s * 1000) / 1000.0
     served = [r.latency_ms for r in during if r.latency_ms is not None]
     good = sum(1 for ms in served if ms <= target_ms) / seconds
+    if args.timeline:
+        print(
+            f"run {run} {workload}: inputs by their timestamp, the overload ending at "
+            f"{(end_ms - start_ms) / 1000:.1f} s (it began at {start_ms / 1000:.3f} s, Unix time)",
+            flush=True,
+        )
+        for w in timeline(rows, start_ms, target_ms, args.timeline):
+            print(
+                f"  {w.start_s:6.1f} s {w.inputs:7d} inputs | within {w.within:6.1%} late "
+                f"{w.late:6.1%} expired {w.expired:6.1%} other {w.other:5.1%}",
+                flush=True,
+            )
     return Row(
         workload=workload,
         run=run,
@@ -325,6 +380,12 @@ def main() -> None:
         "--drain-s", type=float, default=180.0, help="most s to wait for the backlog at the end"
     )
     parser.add_argument("--skip-s", type=float, default=2.0, help="left out of each window")
+    parser.add_argument(
+        "--timeline",
+        type=float,
+        metavar="SECONDS",
+        help="print what became of the inputs per window of this many seconds (overload on)",
+    )
     parser.add_argument("--bootstrap")
     args = parser.parse_args()
     workloads = args.workload or ["trades", "iot"]

@@ -457,6 +457,23 @@ def test_overload_accounts_for_every_input_and_finds_the_recovery() -> None:
     assert overload.recovery_s(after[1:], end, target_ms=30.0) == 1.0  # an empty first window
 
 
+def test_overload_timeline_splits_each_window_of_inputs_by_outcome() -> None:
+    start = 10_000
+    rows = [
+        overload.Outcome(start - 1, 0, 0, 5.0, False, False),  # before the start: left out
+        overload.Outcome(start, 0, 1, 5.0, False, False),
+        overload.Outcome(start + 400, 0, 2, 45.0, False, False),
+        overload.Outcome(start + 900, 0, 3, None, True, False),
+        overload.Outcome(start + 999, 0, 4, None, False, True),
+        overload.Outcome(start + 2_500, 0, 5, 30.0, False, False),  # at the target: within
+    ]
+    windows = overload.timeline(rows, start, target_ms=30.0, step_s=1.0)
+    assert [(w.start_s, w.inputs) for w in windows] == [(0.0, 4), (2.0, 1)]
+    first, last = windows
+    assert (first.within, first.late, first.expired, first.other) == (0.25, 0.25, 0.25, 0.25)
+    assert (last.within, last.late, last.expired, last.other) == (1.0, 0.0, 0.0, 0.0)
+
+
 def test_overload_recovery_is_a_p99_over_every_input_expired_ones_counting_as_misses() -> None:
     end = 3_000
     fast = [overload.Outcome(end + k, 0, k, 5.0, False, False) for k in range(199)]
