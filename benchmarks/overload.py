@@ -178,20 +178,24 @@ def timeline(rows: list[Outcome], start_ms: int, target_ms: float, step_s: float
     for index in sorted(windows):
         window = windows[index]
         n = len(window)
-        within = sum(1 for r in window if r.latency_ms is not None and r.latency_ms <= target_ms)
-        late = sum(1 for r in window if r.latency_ms is not None and r.latency_ms > target_ms)
-        expired = sum(1 for r in window if r.expired)
-        timed.append(
-            Window(
-                index * step_s,
-                n,
-                within / n,
-                late / n,
-                expired / n,
-                1 - (within + late + expired) / n,
-            )
-        )
+        within = late = expired = 0
+        for r in window:  # each input counted once: a result first, then an expired result
+            if r.latency_ms is not None:
+                within += r.latency_ms <= target_ms
+                late += r.latency_ms > target_ms
+            elif r.expired:
+                expired += 1
+        other = n - within - late - expired
+        timed.append(Window(index * step_s, n, within / n, late / n, expired / n, other / n))
     return timed
+
+
+def _positive_seconds(text: str) -> float:
+    """``--timeline``'s value: a number of seconds above 0."""
+    seconds = float(text)
+    if not 0.0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return seconds
 
 
 def _target_ms(args: argparse.Namespace, workload: str) -> float:
@@ -382,7 +386,7 @@ def main() -> None:
     parser.add_argument("--skip-s", type=float, default=2.0, help="left out of each window")
     parser.add_argument(
         "--timeline",
-        type=float,
+        type=_positive_seconds,
         metavar="SECONDS",
         help="print what became of the inputs per window of this many seconds (overload on)",
     )

@@ -50,8 +50,9 @@ def test_a_backlog_larger_than_the_ring_is_cut_in_full_batches_across_resumes(
                     "options": {"delay_s": 0.02},
                     "priority": "normal",
                     # the longest target: its wait share (15 min) leaves the 400 ms max wait in
-                    # force (normal's default, 100 ms, waits at most 25 ms: a refetch slower
-                    # than that on a loaded machine cut a short batch, CI on d798501)
+                    # force (normal's default, 100 ms, waits at most 25 ms x the feedback's
+                    # scale: a refetch slower than that on a loaded machine cut a short batch,
+                    # CI on d798501)
                     "latency_target_ms": 3_600_000,
                 }
             ],

@@ -465,13 +465,16 @@ def test_overload_timeline_splits_each_window_of_inputs_by_outcome() -> None:
         overload.Outcome(start + 400, 0, 2, 45.0, False, False),
         overload.Outcome(start + 900, 0, 3, None, True, False),
         overload.Outcome(start + 999, 0, 4, None, False, True),
-        overload.Outcome(start + 2_500, 0, 5, 30.0, False, False),  # at the target: within
+        overload.Outcome(start + 2_000, 0, 5, 30.0, False, False),  # at the target: within
+        overload.Outcome(start + 2_999, 0, 6, None, True, True),  # expired, then dead-lettered
     ]
     windows = overload.timeline(rows, start, target_ms=30.0, step_s=1.0)
-    assert [(w.start_s, w.inputs) for w in windows] == [(0.0, 4), (2.0, 1)]
+    assert [(w.start_s, w.inputs) for w in windows] == [(0.0, 4), (2.0, 2)]
     first, last = windows
     assert (first.within, first.late, first.expired, first.other) == (0.25, 0.25, 0.25, 0.25)
-    assert (last.within, last.late, last.expired, last.other) == (1.0, 0.0, 0.0, 0.0)
+    assert (last.within, last.late, last.expired, last.other) == (0.5, 0.0, 0.5, 0.0)
+    with pytest.raises(argparse.ArgumentTypeError, match="above 0"):
+        overload._positive_seconds("0")
 
 
 def test_overload_recovery_is_a_p99_over_every_input_expired_ones_counting_as_misses() -> None:
