@@ -36,6 +36,11 @@ class Trace(Protocol):
         """End the batch's trace (idempotent)."""
         ...
 
+    def fail(self, error: BaseException) -> None:
+        """End the batch's trace now with an error status: ``error`` stopped its results on
+        the way to the producer (idempotent)."""
+        ...
+
 
 class Laps(Protocol):
     """A batch's stage clock as the stages see it (:class:`streamproc.stages.StageClock`)."""

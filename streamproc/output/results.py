@@ -75,7 +75,22 @@ class ResultHandler:
 
     def __call__(self, result: DeviceResult) -> None:
         """Encode and produce one batch's results (dead-letter what failed); what its expired
-        records become goes with them."""
+        records become goes with them.
+
+        Raises:
+            RegistryUnavailable: the Schema Registry did not answer an encode before it closed.
+            Exception: what the sink raised (a producer that cannot go on): the pipeline stops.
+                Either way a traced batch's span ends first, with an error status.
+        """
+        try:
+            self._handle(result)
+        except BaseException as exc:
+            clock = result.batch.clock
+            if clock is not None and clock.trace is not None:
+                clock.trace.fail(exc)
+            raise
+
+    def _handle(self, result: DeviceResult) -> None:
         topic = self._pipeline.input_topic
         dlq = self._pipeline.dead_letter_topic
         clock = result.batch.clock

@@ -29,6 +29,8 @@ from opentelemetry.trace import (
     Span,
     SpanContext,
     SpanKind,
+    Status,
+    StatusCode,
     Tracer,
     set_span_in_context,
 )
@@ -149,6 +151,19 @@ class BatchTrace:
             self._child(stage, parent, start_s, stage_end_s)
         self._stages.clear()
         span.end(None if end_s is None else self._ns(end_s))
+
+    def fail(self, error: BaseException) -> None:
+        """The batch's results were not all handed to the producer: ``error`` (an exception
+        that stops the pipeline) was raised on the way. End the batch span now with an error
+        status and the exception recorded, after the child spans of the stages that did end,
+        so the trace of the failure is exported, not left open (idempotent, as
+        :meth:`finish`)."""
+        span = self.span
+        if not span.is_recording():
+            return
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        self.finish()
 
     def _child(self, name: str, parent: Context, start_s: float, end_s: float) -> None:
         child = self._tracer.start_span(name, context=parent, start_time=self._ns(start_s))

@@ -12,23 +12,27 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from streamproc.config import load_config
-from streamproc.config.sections import TracingConfig
+from streamproc.config.sections import PipelineConfig, TracingConfig
+from streamproc.device import DeviceResult
 from streamproc.errors import ConfigError
 from streamproc.histograms import BatchHistogram
 from streamproc.metrics import Metrics
 from streamproc.output.headers import dead_letter_headers
-from streamproc.records import Record, TopicPartition
+from streamproc.output.results import ResultHandler
+from streamproc.records import Batch, Record, TopicPartition
 from streamproc.stages import StageRecorder
 from streamproc.tracing.batch import BatchTracer
 from streamproc.tracing.export import Tracing
+from streamproc.workloads import Encoded, Workload
 
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
 PARENT_ID = 0xB7AD6B7169203331
@@ -135,6 +139,44 @@ def test_a_batch_span_is_a_child_of_its_records_context_with_a_link_and_stage_ch
     # the record without a context starts no trace: its result carries none
     assert out[3] == {}
     assert metrics.counter_value(metrics.trace_context_invalid, topic="in") == 0
+
+
+class Constant(Workload):
+    def encode(self, record: Record, outputs: tuple[np.ndarray, ...]) -> Encoded:
+        return Encoded(b"ok")
+
+
+class BrokenSink:
+    """A sink whose producer cannot go on: ``send_results`` raises."""
+
+    def send_results(self, *args: object, **kwargs: object) -> None:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+
+    def dead_letter(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("nothing is dead-lettered here")
+
+
+def test_a_batch_whose_results_cannot_be_sent_ends_its_span_with_an_error() -> None:
+    found, exporter, metrics = tracing()
+    assert isinstance(exporter, InMemorySpanExporter)
+    clock = Clock()
+    stages = StageRecorder(metrics.stage, "in", clock, tracer=tracer_of(found, metrics, clock))
+    records = [record(offset, (("traceparent", SAMPLED),)) for offset in range(2)]
+    stage_clock = stages.cut(records, np.zeros(2), 100.0, 100.0)
+    for stage in ("decode", "device"):
+        clock.now_s += 0.01
+        stage_clock.lap(stage)
+    batch = Batch(1, tuple(records), 100.0, "size", clock=stage_clock)
+    spec = PipelineConfig(name="p", input_topic="in", output_topic="out", workload="x:y")
+    handler = ResultHandler(spec, Constant(), BrokenSink(), metrics)  # type: ignore[arg-type]
+    with pytest.raises(KafkaException):
+        handler(DeviceResult(batch, (np.zeros((2, 1)),), {}, None, 0.005))
+    by_name = spans(found, exporter)  # the batch span ended: it is exported
+    span = by_name["process in"]
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description is not None and "KafkaException" in span.status.description
+    assert [event.name for event in span.events] == ["exception"]
+    assert {"decode", "device"} <= set(by_name)  # the stages that ended, as children
 
 
 def test_a_malformed_traceparent_is_counted_and_ignored() -> None:
