@@ -282,8 +282,9 @@ def test_out_of_memory_that_comes_later_splits_batches_and_the_cap_recovers_when
         bootstrap_servers,
         topics,
         "tests.support.faulty:out_of_memory",
-        pipeline={"options": {"fits": 12, "pressure_file": str(pressure)}},
-        # a burst forms batches above 12 rows even when the producer is slowed by load
+        pipeline={"options": {"fits": 12, "pressure_file": str(pressure)}, **LONGEST_TARGET},
+        # a burst forms batches above 12 rows even when the producer is slowed by load (the
+        # longest target keeps the 500 ms wait in force: normal's default target caps it at 25)
         batching={"max_batch_size": 64, "max_wait_ms": 500, "adaptive_batch_size": False},
         worker={"oom_recovery_s": 1.0},
     )
