@@ -81,11 +81,18 @@ def spans(found: Tracing, exporter: InMemorySpanExporter) -> dict[str, ReadableS
     return {span.name: span for span in exporter.get_finished_spans()}
 
 
-def test_a_batch_span_is_a_child_of_its_records_context_with_a_link_and_stage_children() -> None:
+def traced_stages() -> tuple[Tracing, InMemorySpanExporter, Metrics, Clock, StageRecorder]:
+    """A stage recorder of topic ``in`` whose batches are traced into an in-memory exporter,
+    on a clock the test moves."""
     found, exporter, metrics = tracing()
     assert isinstance(exporter, InMemorySpanExporter)
     clock = Clock()
     stages = StageRecorder(metrics.stage, "in", clock, tracer=tracer_of(found, metrics, clock))
+    return found, exporter, metrics, clock, stages
+
+
+def test_a_batch_span_is_a_child_of_its_records_context_with_a_link_and_stage_children() -> None:
+    found, exporter, metrics, clock, stages = traced_stages()
     records = [record(offset, (("traceparent", SAMPLED),)) for offset in range(3)]
     records.append(record(3))  # no context: not linked, its result untraced
     consumed = np.zeros(len(records))
@@ -157,10 +164,7 @@ class BrokenSink:
 
 
 def test_a_batch_whose_results_cannot_be_sent_ends_its_span_with_an_error() -> None:
-    found, exporter, metrics = tracing()
-    assert isinstance(exporter, InMemorySpanExporter)
-    clock = Clock()
-    stages = StageRecorder(metrics.stage, "in", clock, tracer=tracer_of(found, metrics, clock))
+    found, exporter, metrics, clock, stages = traced_stages()
     records = [record(offset, (("traceparent", SAMPLED),)) for offset in range(2)]
     stage_clock = stages.cut(records, np.zeros(2), 100.0, 100.0)
     for stage in ("decode", "device"):
