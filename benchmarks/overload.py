@@ -31,6 +31,11 @@ group's next consumer runs them); goodput =
 results made by the model within ``--target-ms`` (output timestamp - input timestamp, both
 CreateTime) per second of input in the overload window, as a share of the capacity; the served
 records' P99 in the overload window; the share expired; the offered rate the producer reached;
+goodput per CPU second: the results made within the target while the overload was offered, per
+CPU second of the consumer (its process and children, ``/proc``) then, as a share of the results
+per CPU second in the capacity phase (what shedding costs the consumer's own work, apart from the
+CPU the producer and the broker took from it on a shared machine; the consumer's average cores
+in both phases are printed beside it);
 recovery = seconds after the overload ends until the first 1-s window of inputs from which on
 every window is within the target: its P99 over every input (an expired or dead-lettered record
 counts as over the target) at most the target; also printed, the stricter "every input" form
@@ -58,6 +63,7 @@ from confluent_kafka import Consumer, TopicPartition
 from benchmarks.consumer_process import consumer, load_average
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, KIND_EXPIRED
+from streamproc.tools.bench.cpu import process_cpu_s
 from streamproc.tools.bench.measure import format_spread
 from streamproc.tools.kafka_local import broker_unless_given, free_port
 from streamproc.tools.replay import produce
@@ -74,6 +80,7 @@ class Row:
     workload: str
     run: int
     capacity: float
+    capacity_offered: float  # msg/s offered in the capacity phase (near capacity: it held back)
     offered: float
     inputs: int
     missing: int  # below the group's committed offset, yet no result, expired result or DLQ
@@ -81,6 +88,9 @@ class Row:
     expired_share: float
     goodput: float
     goodput_share: float
+    cpu_share: float  # goodput per consumer CPU second / capacity's results per CPU second
+    cores_capacity: float  # the consumer's CPU seconds per second, capacity phase
+    cores_overload: float  # and while the overload was offered
     served_p99_ms: float
     recovery_s: float  # inf: never back within the target (P99 over every input)
     recovery_all_s: float  # inf: never every input within the target (nothing expired)
@@ -190,6 +200,19 @@ def timeline(rows: list[Outcome], start_ms: int, target_ms: float, step_s: float
     return timed
 
 
+def made_within(rows: list[Outcome], start_ms: int, end_ms: int, target_ms: float) -> int:
+    """The results made within ``target_ms`` of their input whose output's timestamp (input
+    timestamp + latency) lies in [start_ms, end_ms]: the work done within the target in that
+    time, whenever its inputs came (the numerator of goodput per CPU second)."""
+    return sum(
+        1
+        for r in rows
+        if r.latency_ms is not None
+        and r.latency_ms <= target_ms
+        and start_ms <= r.ts_ms + r.latency_ms <= end_ms
+    )
+
+
 def _positive_seconds(text: str) -> float:
     """``--timeline``'s value: a number of seconds above 0."""
     seconds = float(text)
@@ -229,6 +252,18 @@ def _config(
     }
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a consumer without a deadline served: results per second (after ``--skip-s``),
+    results per second of the consumer's CPU time (its process and children, the whole window)
+    and the cores it used on average."""
+
+    rate: float
+    offered: float  # msg/s the producer reached (the whole window)
+    per_cpu_s: float
+    cores: float
+
+
 def _served_rate(bootstrap: str, topic: str, start_ms: float, end_ms: float) -> float:
     """Results per second of ``topic``'s output with a timestamp in [start_ms, end_ms]."""
     stamps = [ts for _, _, _, ts in read_topic(bootstrap, f"{topic}.out").records.values()]
@@ -243,8 +278,8 @@ def _served(
     work: Path,
     seconds: float,
     rate: float | None,
-) -> float:
-    """Results per second of a consumer without a deadline while the recording is offered for
+) -> Served:
+    """What a consumer without a deadline serves while the recording is offered for
     ``seconds``: open loop at ``rate`` msg/s, or as fast as the broker takes it (None)."""
     topic = _fresh(bootstrap, f"{'cap' if rate else 'probe'}.{workload}")
     stop = threading.Event()
@@ -255,35 +290,43 @@ def _served(
         Path.cwd(),
         work,
         topic,
-    ):
-        start_ms = time.time() * 1000
+    ) as proc:
+        start_ms, cpu_s = time.time() * 1000, process_cpu_s(proc.pid, children=True)
         if rate is None:
             timer.start()
         try:
-            produce(workload, topic, bootstrap, PARTITIONS, limit, rate, False, stop=stop)
+            sent = produce(workload, topic, bootstrap, PARTITIONS, limit, rate, False, stop=stop)
         finally:
             timer.cancel()
-        end_ms = time.time() * 1000
-    return _served_rate(bootstrap, topic, start_ms + args.skip_s * 1000, end_ms)
+        end_ms, cpu_s = time.time() * 1000, process_cpu_s(proc.pid, children=True) - cpu_s
+    whole_rate = _served_rate(bootstrap, topic, start_ms, end_ms)
+    wall_s = (end_ms - start_ms) / 1000.0
+    return Served(
+        rate=_served_rate(bootstrap, topic, start_ms + args.skip_s * 1000, end_ms),
+        offered=sent / wall_s,
+        per_cpu_s=whole_rate * wall_s / cpu_s if cpu_s > 0 else float("nan"),
+        cores=cpu_s / wall_s,
+    )
 
 
 def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, work: Path) -> Row:
     """Measure the capacity, then the overload and the recovery, of ``workload`` once."""
     target_ms = _target_ms(args, workload)
-    probe_rate = args.factor * _served(args, bootstrap, workload, work, args.probe_s, None)
-    capacity = _served(args, bootstrap, workload, work, args.capacity_s, probe_rate)
+    probe_rate = args.factor * _served(args, bootstrap, workload, work, args.probe_s, None).rate
+    measured = _served(args, bootstrap, workload, work, args.capacity_s, probe_rate)
+    capacity = measured.rate
     # the overload is offered at factor x the capacity, not x the probe: a flooding producer
     # takes more CPU than a paced one, so the probe reads low (2x it came to 1.5-1.6x capacity)
     over_rate = args.factor * capacity
     after_rate = args.after_factor * capacity
     topic = _fresh(bootstrap, f"over.{workload}")
     config = _config(bootstrap, workload, topic, args.max_age_ms or 0.75 * target_ms, target_ms)
-    with consumer(config, Path.cwd(), work, topic):
-        start_ms = int(time.time() * 1000)
+    with consumer(config, Path.cwd(), work, topic) as proc:
+        start_ms, cpu_s = int(time.time() * 1000), process_cpu_s(proc.pid, children=True)
         sent = produce(
             workload, topic, bootstrap, PARTITIONS, int(over_rate * args.overload_s), over_rate
         )
-        end_ms = int(time.time() * 1000)
+        end_ms, cpu_s = int(time.time() * 1000), process_cpu_s(proc.pid, children=True) - cpu_s
         produce(workload, topic, bootstrap, PARTITIONS, int(after_rate * args.after_s), after_rate)
         load = load_average()
         committed = _drained(bootstrap, f"{topic}-group", topic, args.drain_s)
@@ -297,6 +340,8 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
     seconds = (end_ms - start_ms - args.skip_s * 1000) / 1000.0
     served = [r.latency_ms for r in during if r.latency_ms is not None]
     good = sum(1 for ms in served if ms <= target_ms) / seconds
+    good_made = made_within(rows, start_ms, end_ms, target_ms)
+    good_per_cpu_s = good_made / cpu_s if cpu_s > 0 else float("nan")
     if args.timeline:
         print(
             f"run {run} {workload}: inputs by their timestamp, the overload ending at "
@@ -320,6 +365,10 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
         expired_share=sum(r.expired for r in during) / max(1, len(during)),
         goodput=good,
         goodput_share=good / capacity,
+        capacity_offered=measured.offered,
+        cpu_share=good_per_cpu_s / measured.per_cpu_s,
+        cores_capacity=measured.cores,
+        cores_overload=cpu_s / ((end_ms - start_ms) / 1000.0),
         served_p99_ms=float(np.percentile(served, 99)) if served else float("nan"),
         recovery_s=recovery_s(rows, end_ms, target_ms),
         recovery_all_s=recovery_s(rows, end_ms, target_ms, miss_share=0.0),
@@ -355,11 +404,14 @@ def _drained(bootstrap: str, group: str, topic: str, timeout_s: float) -> dict[i
 
 def _print_row(row: Row, target_ms: float) -> None:
     print(
-        f"run {row.run} {row.workload:<7} capacity {row.capacity:8.0f} msg/s | offered "
+        f"run {row.run} {row.workload:<7} capacity {row.capacity:8.0f} msg/s (offered "
+        f"{row.capacity_offered:.0f}) | offered "
         f"{row.offered:8.0f} ({row.offered / row.capacity:.1f}x) | inputs {row.inputs:7d} "
         f"missing {row.missing} undrained {row.undrained} | expired "
         f"{row.expired_share:5.1%} | goodput {row.goodput:8.0f} msg/s = {row.goodput_share:5.1%} "
-        f"of capacity | served P99 {row.served_p99_ms:7.1f} ms (target {target_ms:.0f}) | "
+        f"of capacity, per CPU s {row.cpu_share:5.1%} (consumer cores {row.cores_capacity:.2f} "
+        f"-> {row.cores_overload:.2f}) | served P99 {row.served_p99_ms:7.1f} ms "
+        f"(target {target_ms:.0f}) | "
         f"recovery {row.recovery_s:4.0f} s (every input: {row.recovery_all_s:.0f} s) | "
         f"load {row.load:.1f}",
         flush=True,
@@ -409,7 +461,8 @@ def main() -> None:
         finite_all = [r.recovery_all_s for r in mine if r.recovery_all_s != float("inf")]
         print(
             f"{workload:<7} capacity {format_spread([r.capacity for r in mine])} msg/s | goodput "
-            f"share {format_spread([r.goodput_share for r in mine])} | served P99 "
+            f"share {format_spread([r.goodput_share for r in mine])} (per CPU s "
+            f"{format_spread([r.cpu_share for r in mine])}) | served P99 "
             f"{format_spread([r.served_p99_ms for r in mine])} ms | expired "
             f"{format_spread([r.expired_share for r in mine])} | recovery "
             f"{format_spread(finite) if finite else '-'} s ({len(mine) - len(finite)} never; "

@@ -97,6 +97,21 @@ def process_cpu_s(pid: int | str = "self", children: bool = False) -> float:
     return total
 
 
+def machine_busy_s(stat: str = "/proc/stat") -> float:
+    """Seconds the machine's cores have spent busy since boot, summed over the cores: the
+    ``cpu`` line of ``/proc/stat`` (clock ticks) less its ``idle`` and ``iowait`` (and the
+    ``guest`` fields, already counted in ``user`` and ``nice``). The difference of two readings
+    over the wall time between them is how many cores were busy on average.
+
+    Raises:
+        ValueError: the file's first line is not the ``cpu`` line."""
+    fields = Path(stat).read_text().split("\n", 1)[0].split()
+    if not fields or fields[0] != "cpu":
+        raise ValueError(f"{stat} does not start with the cpu line: {fields[:1]}")
+    ticks = [int(value) for value in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) * TICK_S
+
+
 def own_cpu_s(children: bool = False) -> float:
     """CPU seconds of this process (every thread, live or exited; nanosecond resolution); with
     ``children``, plus those of its live child processes (clock ticks)."""

@@ -26,7 +26,7 @@ from streamproc.records import Priority, Record, TopicPartition
 from streamproc.stages import STAGES
 from streamproc.tools.bench.child import TORCH_THREADS, ChildReport, Job, run_child, run_replay
 from streamproc.tools.bench.contenders import pipeline_config, run_quix
-from streamproc.tools.bench.cpu import CpuTrace
+from streamproc.tools.bench.cpu import CpuTrace, machine_busy_s
 from streamproc.tools.bench.measure import (
     OutputStats,
     Spread,
@@ -259,15 +259,23 @@ def _paced_run(ctx: _Context, contender: str, rate: float, seconds: float) -> Ru
         batch_size=ctx.plan.settled_batch,
         idle_s=30.0,
     )
-    outcome = run_child(
-        job,
-        on_ready=lambda: run_replay(ctx.workload, source, ctx.bootstrap, PARTITIONS, count, rate),
-    )
+    busy_cores: list[float] = []
+
+    def replay() -> None:
+        # the machine's busy cores while the replay runs: on a shared machine the producer and
+        # the broker take cores from the contender (a load near the cores' sum is saturation)
+        busy_s, start_s = machine_busy_s(), time.monotonic()
+        run_replay(ctx.workload, source, ctx.bootstrap, PARTITIONS, count, rate)
+        busy_cores.append((machine_busy_s() - busy_s) / (time.monotonic() - start_s))
+
+    outcome = run_child(job, on_ready=replay)
     inputs = read_topic(ctx.bootstrap, source)
     outputs = read_topic(ctx.bootstrap, sink)
     stats = output_stats(outputs)
     latency = end_to_end(inputs, outputs)
     info: dict[str, Any] = {**outcome.info, "threads_cpu_s": outcome.trace.threads_cpu_s}
+    if busy_cores:
+        info["machine_busy_cores"] = busy_cores[0]
     if outcome.error:
         info["error"] = outcome.error
         print(f"  {ctx.workload} paced {name}: {outcome.error.splitlines()[-1]}", file=sys.stderr)
@@ -320,6 +328,10 @@ def _paced_row(ctx: _Context, contender: str, load: float, runs: list[Run]) -> R
         )
         notes.append(f"bound {format_number(row.extra['p99_bound_ms'])}")
     row.note = ", ".join(notes) + " (ms)"
+    busy = [r.info["machine_busy_cores"] for r in runs if "machine_busy_cores" in r.info]
+    if busy:
+        row.extra["machine_busy_cores_runs"] = busy
+        row.note += f"; machine busy {statistics.median(busy):.2f} of {os.cpu_count()} cores"
     short = [r.info["short"] for r in runs if "short" in r.info]
     if short:
         row.note += f"; {len(short)} runs short: {short[0]}"

@@ -3,11 +3,21 @@ throughput and latency from topic dumps, median/range formatting and the printed
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_TIMING, TIMING_FORMAT
 from streamproc.stages import STAGES
-from streamproc.tools.bench.cpu import TICK_S, CpuTrace, parse_stat, read_stat, thread_deltas
+from streamproc.tools.bench.cpu import (
+    TICK_S,
+    CpuTrace,
+    machine_busy_s,
+    parse_stat,
+    read_stat,
+    thread_deltas,
+)
 from streamproc.tools.bench.floor import DeliveredOffsets
 from streamproc.tools.bench.measure import (
     Spread,
@@ -18,7 +28,7 @@ from streamproc.tools.bench.measure import (
     paired_ratios,
 )
 from streamproc.tools.bench.report import Row, Run, render, thread_group, thread_profile
-from streamproc.tools.bench.runner import stage_medians
+from streamproc.tools.bench.runner import PLANS, _Context, _paced_row, stage_medians
 from streamproc.tools.verify import TopicDump
 
 # -- the floor's commit positions ------------------------------------------------------------
@@ -92,6 +102,18 @@ def test_stat_line_gives_user_plus_system_seconds_even_with_odd_thread_names() -
     assert (odd.name, odd.user_ticks, odd.system_ticks) == ("a) b (c", 3, 4)
     with pytest.raises(ValueError, match="not a /proc stat line"):
         parse_stat("garbage")
+
+
+def test_machine_busy_time_leaves_out_idle_iowait_and_guest(tmp_path: Path) -> None:
+    """Busy = user + nice + system + irq + softirq + steal (guest is inside user already)."""
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 2 30 5000 70 4 6 8 900 9\ncpu0 50 1 15 2500 35 2 3 4 450 4\n")
+    assert machine_busy_s(str(stat)) == pytest.approx(150 * TICK_S)
+    stat.write_text("intr 1 2 3\n")
+    with pytest.raises(ValueError, match="cpu line"):
+        machine_busy_s(str(stat))
+    assert machine_busy_s() > 0.0  # this machine's
 
 
 def test_a_gone_process_reads_as_none() -> None:
@@ -277,3 +299,21 @@ def test_paced_rows_print_each_stages_median_p50_and_p99_under_the_row() -> None
         "P50/P99 ms by stage: consume 2.0/7.0, ring 200/700, total 450/1,200"
     )
     assert lines[0] == "trades: paced rows only, 3 repetitions alternating, median [min-max]"
+
+
+def test_a_paced_row_notes_how_many_cores_the_machine_kept_busy() -> None:
+    """The machine's busy cores while the replay ran (median over the runs that read it): a row
+    whose tail comes from a saturated machine says so."""
+
+    def run(busy: float | None) -> Run:
+        latency = {"p50_ms": 3.0, "p99_ms": 9.0, "p99_processing_ms": 0.05, "quantiles_ms": {}}
+        info: dict[str, object] = {"latency": latency}
+        if busy is not None:
+            info["machine_busy_cores"] = busy
+        return Run(100, 50_000.0, 5.0, info)
+
+    ctx = _Context("127.0.0.1:9", "trades", PLANS["trades"], "", "", ())
+    row = _paced_row(ctx, "floor", 0.8, [run(1.9), run(None), run(1.1), run(1.25)])
+    assert row.extra["machine_busy_cores_runs"] == [1.9, 1.1, 1.25]
+    assert row.note.endswith(f"; machine busy 1.25 of {os.cpu_count()} cores")
+    assert "machine busy" not in _paced_row(ctx, "floor", 0.8, [run(None)]).note

@@ -457,6 +457,24 @@ def test_overload_accounts_for_every_input_and_finds_the_recovery() -> None:
     assert overload.recovery_s(after[1:], end, target_ms=30.0) == 1.0  # an empty first window
 
 
+def test_overload_counts_the_results_made_within_the_target_by_their_output_time() -> None:
+    """Goodput per CPU second counts work by when it was done: a result made in the window
+    counts even when its input came before it; one made after the window, a late one, an
+    expired one and a dead-lettered one do not."""
+    start, end = 10_000, 20_000
+    rows = [
+        overload.Outcome(start - 20, 0, 0, 25.0, False, False),  # input before, made in: counts
+        overload.Outcome(start + 5, 0, 1, 30.0, False, False),  # exactly at the target: counts
+        overload.Outcome(end - 10, 0, 2, 10.0, False, False),  # made exactly at the end: counts
+        overload.Outcome(end - 10, 0, 3, 11.0, False, False),  # made after the end
+        overload.Outcome(start - 40, 0, 4, 30.0, False, False),  # made before the start
+        overload.Outcome(start + 100, 0, 5, 31.0, False, False),  # late
+        overload.Outcome(start + 200, 0, 6, None, True, False),  # expired
+        overload.Outcome(start + 300, 0, 7, None, False, True),  # dead-lettered
+    ]
+    assert overload.made_within(rows, start, end, target_ms=30.0) == 3
+
+
 def test_overload_timeline_splits_each_window_of_inputs_by_outcome() -> None:
     start = 10_000
     rows = [
