@@ -264,11 +264,43 @@ class Served:
     cores: float
 
 
-def _served_rate(bootstrap: str, topic: str, start_ms: float, end_ms: float) -> float:
-    """Results per second of ``topic``'s output with a timestamp in [start_ms, end_ms]."""
-    stamps = [ts for _, _, _, ts in read_topic(bootstrap, f"{topic}.out").records.values()]
-    served = [ts for ts in stamps if start_ms <= ts <= end_ms]
-    return float(len(served) / ((end_ms - start_ms) / 1000.0))
+class CpuWindow:
+    """A wall-clock window (epoch ms, from creation to :meth:`close`) and the CPU seconds that
+    process ``pid`` and its children spent in it (``/proc``)."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self.start_ms = int(time.time() * 1000)
+        self._start_cpu_s = process_cpu_s(pid, children=True)
+        self.end_ms = self.start_ms
+        self.cpu_s = 0.0
+
+    def close(self) -> None:
+        """End the window now."""
+        self.end_ms = int(time.time() * 1000)
+        self.cpu_s = process_cpu_s(self._pid, children=True) - self._start_cpu_s
+
+    @property
+    def wall_s(self) -> float:
+        return (self.end_ms - self.start_ms) / 1000.0
+
+    @property
+    def cores(self) -> float:
+        """CPU seconds per second of the window."""
+        return self.cpu_s / self.wall_s
+
+    def per_cpu_s(self, count: int) -> float:
+        """``count`` per CPU second of the window (nan when no CPU time was counted)."""
+        return count / self.cpu_s if self.cpu_s > 0 else float("nan")
+
+
+def _result_stamps(bootstrap: str, topic: str) -> list[int]:
+    """The timestamps (epoch ms) of ``topic``'s results."""
+    return [ts for _, _, _, ts in read_topic(bootstrap, f"{topic}.out").records.values()]
+
+
+def _within(stamps: list[int], start_ms: float, end_ms: float) -> int:
+    return sum(1 for ts in stamps if start_ms <= ts <= end_ms)
 
 
 def _served(
@@ -291,21 +323,21 @@ def _served(
         work,
         topic,
     ) as proc:
-        start_ms, cpu_s = time.time() * 1000, process_cpu_s(proc.pid, children=True)
+        window = CpuWindow(proc.pid)
         if rate is None:
             timer.start()
         try:
             sent = produce(workload, topic, bootstrap, PARTITIONS, limit, rate, False, stop=stop)
         finally:
             timer.cancel()
-        end_ms, cpu_s = time.time() * 1000, process_cpu_s(proc.pid, children=True) - cpu_s
-    whole_rate = _served_rate(bootstrap, topic, start_ms, end_ms)
-    wall_s = (end_ms - start_ms) / 1000.0
+        window.close()
+    stamps = _result_stamps(bootstrap, topic)
+    skipped_ms = window.start_ms + args.skip_s * 1000
     return Served(
-        rate=_served_rate(bootstrap, topic, start_ms + args.skip_s * 1000, end_ms),
-        offered=sent / wall_s,
-        per_cpu_s=whole_rate * wall_s / cpu_s if cpu_s > 0 else float("nan"),
-        cores=cpu_s / wall_s,
+        rate=_within(stamps, skipped_ms, window.end_ms) / ((window.end_ms - skipped_ms) / 1000.0),
+        offered=sent / window.wall_s,
+        per_cpu_s=window.per_cpu_s(_within(stamps, window.start_ms, window.end_ms)),
+        cores=window.cores,
     )
 
 
@@ -322,11 +354,12 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
     topic = _fresh(bootstrap, f"over.{workload}")
     config = _config(bootstrap, workload, topic, args.max_age_ms or 0.75 * target_ms, target_ms)
     with consumer(config, Path.cwd(), work, topic) as proc:
-        start_ms, cpu_s = int(time.time() * 1000), process_cpu_s(proc.pid, children=True)
+        overload = CpuWindow(proc.pid)
         sent = produce(
             workload, topic, bootstrap, PARTITIONS, int(over_rate * args.overload_s), over_rate
         )
-        end_ms, cpu_s = int(time.time() * 1000), process_cpu_s(proc.pid, children=True) - cpu_s
+        overload.close()
+        start_ms, end_ms = overload.start_ms, overload.end_ms
         produce(workload, topic, bootstrap, PARTITIONS, int(after_rate * args.after_s), after_rate)
         load = load_average()
         committed = _drained(bootstrap, f"{topic}-group", topic, args.drain_s)
@@ -340,8 +373,6 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
     seconds = (end_ms - start_ms - args.skip_s * 1000) / 1000.0
     served = [r.latency_ms for r in during if r.latency_ms is not None]
     good = sum(1 for ms in served if ms <= target_ms) / seconds
-    good_made = made_within(rows, start_ms, end_ms, target_ms)
-    good_per_cpu_s = good_made / cpu_s if cpu_s > 0 else float("nan")
     if args.timeline:
         print(
             f"run {run} {workload}: inputs by their timestamp, the overload ending at "
@@ -366,9 +397,10 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
         goodput=good,
         goodput_share=good / capacity,
         capacity_offered=measured.offered,
-        cpu_share=good_per_cpu_s / measured.per_cpu_s,
+        cpu_share=overload.per_cpu_s(made_within(rows, start_ms, end_ms, target_ms))
+        / measured.per_cpu_s,
         cores_capacity=measured.cores,
-        cores_overload=cpu_s / ((end_ms - start_ms) / 1000.0),
+        cores_overload=overload.cores,
         served_p99_ms=float(np.percentile(served, 99)) if served else float("nan"),
         recovery_s=recovery_s(rows, end_ms, target_ms),
         recovery_all_s=recovery_s(rows, end_ms, target_ms, miss_share=0.0),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import threading
 import time
@@ -473,6 +474,20 @@ def test_overload_counts_the_results_made_within_the_target_by_their_output_time
         overload.Outcome(start + 300, 0, 7, None, False, True),  # dead-lettered
     ]
     assert overload.made_within(rows, start, end, target_ms=30.0) == 3
+
+
+def test_overload_cpu_window_counts_a_process_cpu_between_its_ends() -> None:
+    """The CPU seconds of a process between the window's ends, per second of wall time."""
+    window = overload.CpuWindow(os.getpid())
+    assert math.isnan(window.per_cpu_s(10))  # not closed: no CPU counted yet
+    deadline = time.process_time() + 0.1
+    while time.process_time() < deadline:  # burn 0.1 s of this process's CPU
+        pass
+    window.close()
+    assert window.end_ms >= window.start_ms
+    assert window.cpu_s >= 0.05  # /proc counts in clock ticks (10 ms)
+    assert window.per_cpu_s(10) == pytest.approx(10 / window.cpu_s)
+    assert window.cores == pytest.approx(window.cpu_s / window.wall_s)
 
 
 def test_overload_timeline_splits_each_window_of_inputs_by_outcome() -> None:
