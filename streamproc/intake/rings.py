@@ -14,10 +14,12 @@ Flow control, per partition (capacity ``C``, high watermark ``H``, low watermark
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from streamproc.records import Record, TopicPartition
 
@@ -127,10 +129,17 @@ class RingBuffer:
             the last pop (inf: empty), and whether the byte limit (or the expired room)
             stopped it.
         """
-        slots, capacity = self._slots, self.capacity
-        head, size = self._head, self._size
         high, normal, low = classes = self._classes
         wait_high, wait_normal, wait_low = max_wait_s
+        if expired is None:  # no deadline to check: a ring of one class pops a slice
+            if not normal and not low:
+                return self._pop_slice(out, count, bytes_left, high, wait_high, until, index)
+            if not high and not low:
+                return self._pop_slice(out, count, bytes_left, normal, wait_normal, until, index)
+            if not high and not normal:
+                return self._pop_slice(out, count, bytes_left, low, wait_low, until, index)
+        slots, capacity = self._slots, self.capacity
+        head, size = self._head, self._size
         popped = 0  # onto out
         shed = 0  # bytes onto expired
         deadline = math.inf
@@ -180,6 +189,78 @@ class RingBuffer:
         self._head, self._size = head, size
         self.bytes -= popped + shed
         return popped, deadline, False
+
+    def _pop_slice(
+        self,
+        out: list[Record],
+        count: int,
+        bytes_left: float,
+        times: deque[float],
+        wait_s: float,
+        until: tuple[float, int],
+        index: int,
+    ) -> tuple[int, float, bool]:
+        """:meth:`pop_run` without deadlines, for a ring whose records are all of the class
+        whose consume times are ``times`` (``wait_s`` its max wait): the same pops, taken as
+        one slice of the slot array instead of a record at a time (the cut of a backlog)."""
+        size = self._size
+        taken = len(out)
+        n = min(count - taken, size)
+        if n <= 0:
+            return 0, math.inf, False
+        # The loop pops a record, then stops once the ring's new earliest deadline (its next
+        # record's: one class) passes ``until``; ties go by ring index.
+        until_s, until_index = until
+        after_on_tie = index > until_index
+        k = n
+        for j, consumed_at_s in enumerate(itertools.islice(times, 1, n), 1):
+            deadline = consumed_at_s + wait_s
+            if deadline > until_s or (after_on_tie and deadline == until_s):
+                k = j
+                break
+        slots, capacity, head = self._slots, self.capacity, self._head
+        end = head + k
+        run = cast(
+            "list[Record]",
+            slots[head:end] if end <= capacity else slots[head:] + slots[: end - capacity],
+        )
+        full = False
+        if bytes_left >= self.bytes:  # the whole ring fits: no record can pass the limit
+            popped = (
+                self.bytes
+                if k == size
+                else sum([len(r.key or b"") + len(r.value or b"") for r in run])
+            )
+        else:
+            popped = kept = 0
+            for record in run:
+                record_bytes = len(record.key or b"") + len(record.value or b"")
+                if (taken or kept) and popped + record_bytes > bytes_left:
+                    full = True
+                    break
+                popped += record_bytes
+                kept += 1
+            if full:
+                if not kept:
+                    return 0, math.inf, True
+                k, end = kept, head + kept
+                del run[kept:]
+        if end <= capacity:
+            slots[head:end] = [None] * k
+        else:
+            slots[head:] = [None] * (capacity - head)
+            slots[: end - capacity] = [None] * (end - capacity)
+        self._head = end % capacity
+        self._size = size - k
+        self.bytes -= popped
+        out.extend(run)
+        if k == len(times):
+            times.clear()
+        else:
+            popleft = times.popleft
+            for _ in itertools.repeat(None, k):
+                popleft()
+        return popped, times[0] + wait_s if times else math.inf, full
 
     def peek(self) -> Record | None:
         """The oldest record, or None when empty."""

@@ -114,24 +114,32 @@ def _reference_take(
 
 
 def _random_rings(
-    rng: random.Random, deadlines: bool
+    rng: random.Random, deadlines: bool, one_class: bool = False
 ) -> tuple[PartitionBuffers, dict[TopicPartition, list[Record]]]:
     """1-5 rings of up to 120 random records (sizes, consume times, priority classes; with
     ``deadlines``, half of them with a deadline in [0, 1) s, the rest none) and a plain-list
-    mirror of what each ring kept."""
+    mirror of what each ring kept. ``one_class``: each ring's records are of one class (its
+    own, drawn per ring), half of them consumed in the same poll as the one before (equal
+    consume times: ties between rings), some with a key or no value."""
     tps = [TopicPartition("t", p) for p in range(rng.randint(1, 5))]
     buffers = PartitionBuffers(64, 1.0, 0.0)
     buffers.assign(tps)
     mirror: dict[TopicPartition, list[Record]] = {tp: [] for tp in tps}
+    ring_class = {tp: rng.choice((0, 1, 2)) for tp in tps}
     clock = 0.0
     for offset in range(rng.randint(1, 120)):
-        clock += rng.random() * 0.01
+        if not one_class or rng.random() < 0.5:
+            clock += rng.random() * 0.01
         tp = rng.choice(tps)
         deadline_s = rng.choice((math.inf, rng.random())) if deadlines else math.inf
         value = b"x" * rng.randint(1, 50)
-        record = Record(
-            tp, offset, None, value, (), 0, clock, 1, rng.choice((0, 1, 2)), deadline_s=deadline_s
-        )
+        key = None
+        priority = rng.choice((0, 1, 2))
+        if one_class:
+            priority = ring_class[tp]
+            key = rng.choice((None, b"k" * rng.randint(1, 20)))
+            value = rng.choice((value, value, None))
+        record = Record(tp, offset, key, value, (), 0, clock, 1, priority, deadline_s=deadline_s)
         if buffers.push(record) is not None:
             mirror[tp].append(record)
     return buffers, mirror
@@ -148,6 +156,41 @@ def test_take_matches_a_record_at_a_time_reference(seed: int) -> None:
         expected = _reference_take(mirror, count, max_bytes, wait)
         got, _ = buffers.take(count, max_bytes, wait)
         assert [(r.tp, r.offset) for r in got] == [(r.tp, r.offset) for r in expected]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_take_from_rings_of_one_class_matches_a_record_at_a_time_reference(seed: int) -> None:
+    """A ring whose records are all of one class is cut a slice at a time
+    (``RingBuffer._pop_slice``): the same records, in the same order, as popping one at a time,
+    across rings of different classes, equal consume times (ties go to the ring assigned
+    first), byte limits that stop a slice part-way and slot arrays that wrap around; the
+    rings' sizes and bytes stay exact and no popped record stays referenced."""
+    rng = random.Random(seed)
+    wait = (0.002, 0.020, 0.050)
+    buffers, mirror = _random_rings(rng, deadlines=False, one_class=True)
+    tps = list(mirror)
+    ring_class = {tp: (run[0].priority if run else 1) for tp, run in mirror.items()}
+    clock, offset = 1.0, 1000
+    for _ in range(30):  # takes between pushes: the rings' slot arrays wrap around
+        count = rng.randint(1, 40)
+        max_bytes = rng.choice((None, 30, 200, 1000))
+        expected = _reference_take(mirror, count, max_bytes, wait)
+        got, _ = buffers.take(count, max_bytes, wait)
+        assert [(r.tp, r.offset) for r in got] == [(r.tp, r.offset) for r in expected]
+        assert sorted((v.tp, v.size, v.bytes) for v in buffers.views()) == sorted(
+            (tp, len(run), sum(r.size_bytes for r in run)) for tp, run in mirror.items() if run
+        )
+        # a popped record's slot is cleared: the ring keeps no reference to it
+        for tp, ring in buffers._rings.items():
+            assert sum(slot is not None for slot in ring._slots) == len(mirror[tp])
+        for _ in range(rng.randint(0, 40)):
+            clock += rng.choice((0.0, rng.random() * 0.01))
+            tp = rng.choice(tps)
+            offset += 1
+            value = rng.choice((None, b"v" * rng.randint(1, 50)))
+            record = Record(tp, offset, None, value, (), 0, clock, 1, ring_class[tp])
+            if buffers.push(record) is not None:
+                mirror[tp].append(record)
 
 
 def _reference_take_live(
