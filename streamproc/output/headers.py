@@ -150,6 +150,9 @@ class ResultHeaders:
         """
         coordinates = self._coordinates
         made_by = (H_MODEL_VERSION, version)
+        # the timing header depends on the record only through its consume time, which the
+        # records of one poll share: formatted once per poll in the batch, not per record
+        timings: dict[float, tuple[str, bytes]] = {}
         built: list[OutputHeaders] = []
         for record, more in zip(records, extra, strict=True):
             partition = record.tp.partition
@@ -160,10 +163,9 @@ class ResultHeaders:
                     (H_PARTITION, b"%d" % partition),
                 )
             consumed_at_s = record.consumed_at_s
-            headers = [
-                *prefix,
-                (H_OFFSET, b"%d" % record.offset),
-                (
+            timing = timings.get(consumed_at_s)
+            if timing is None:  # the first record of its poll in this batch
+                timing = timings[consumed_at_s] = (
                     H_TIMING,
                     TIMING_FORMAT
                     % (
@@ -171,9 +173,8 @@ class ResultHeaders:
                         inference_ms,
                         (now_s - consumed_at_s) * 1000,
                     ),
-                ),
-                made_by,
-            ]
+                )
+            headers = [*prefix, (H_OFFSET, b"%d" % record.offset), timing, made_by]
             if more:
                 headers.extend(more)
             built.append(headers)

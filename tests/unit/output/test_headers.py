@@ -69,6 +69,30 @@ def test_result_headers_per_partition_with_timings_and_version_then_the_workload
         headers.build([record(0, 1)], [], 0.0, 0.0, 0.0)
 
 
+def test_results_of_one_poll_share_a_timing_and_each_keeps_its_own_header_list() -> None:
+    """Records of a batch consumed by different polls, interleaved across partitions: each
+    result's timing is its own consume time's; extending one result's headers (a trace's)
+    leaves the others as they were."""
+    headers = ResultHeaders("video.frames")
+    consumed = [10.0, 10.5, 10.0, 10.25, 10.5, 10.0]
+    records = [record(i % 2, i, consumed_at_s=s) for i, s in enumerate(consumed)]
+    built = headers.build(records, [()] * 6, cut_at_s=11.0, inference_ms=1.5, now_s=12.0)
+    timings = [parse_timing(dict(result)["streamproc.timing"]) for result in built]
+    assert timings == [
+        {
+            "queue_wait_ms": (11.0 - s) * 1000,
+            "inference_ms": 1.5,
+            "processing_ms": (12.0 - s) * 1000,
+        }
+        for s in consumed
+    ]
+    assert [dict(result)["streamproc.source.offset"] for result in built] == [
+        b"%d" % i for i in range(6)
+    ]
+    built[0].append(("traceparent", b"00-1"))
+    assert [len(result) for result in built] == [6, 5, 5, 5, 5, 5]
+
+
 def test_dead_letter_headers_keep_the_inputs_then_add_the_error() -> None:
     message = "é" + "x" * (2 * MAX_ERROR_MESSAGE_CHARS)
     headers = dead_letter_headers(record(2, 8), "decode", "DecodeError", message, True)
