@@ -19,14 +19,17 @@ The committers (:mod:`streamproc.offsets.committers`) turn the watermarks into c
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import pairwise
+from operator import attrgetter
 
 from streamproc.records import Record, TopicPartition
 from streamproc.stages import CommitWait
+
+_TP_GENERATION = attrgetter("tp", "generation")
 
 
 class PartitionTrack:
@@ -69,7 +72,7 @@ class PartitionTrack:
         last = self.last_consumed
         if last is not None and offsets[0] <= last:
             raise ValueError(f"offset {offsets[0]} consumed after {last}")
-        for earlier, later in pairwise(offsets):
+        for earlier, later in itertools.pairwise(offsets):
             if later <= earlier:
                 raise ValueError(f"offset {later} consumed after {earlier}")
         self.last_consumed = offsets[-1]
@@ -90,6 +93,33 @@ class PartitionTrack:
         while pending and pending[0] in done:
             done.discard(pending.popleft())
             stamps.popleft()
+
+    def done_run(self, offsets: list[int]) -> None:
+        """:meth:`done` for each of ``offsets`` in order. The common case, the oldest pending
+        offsets exactly (a batch's run of this partition, acknowledged in offset order with
+        nothing done early), is popped at once."""
+        pending = self._pending
+        count = len(offsets)
+        if not count:
+            return
+        if (
+            not self._done
+            and len(pending) >= count
+            and pending[0] == offsets[0]
+            and pending[count - 1] == offsets[-1]
+            and list(itertools.islice(pending, count)) == offsets
+        ):
+            if count == len(pending):
+                pending.clear()
+                self._stamps.clear()
+                return
+            popleft, stamps_popleft = pending.popleft, self._stamps.popleft
+            for _ in itertools.repeat(None, count):
+                popleft()
+                stamps_popleft()
+            return
+        for offset in offsets:
+            self.done(offset)
 
     @property
     def oldest_ms(self) -> int | None:
@@ -206,33 +236,23 @@ class OffsetTracker:
         returns how many were current (the rest are counted as late)."""
         current = 0
         late: dict[tuple[TopicPartition, int], int] | None = None
-        # acknowledged runs: consecutive records of one track (a batch takes each partition's
-        # records in runs, so a few per batch), noted without a lookup per record
-        run_track: PartitionTrack | None = None
-        run_last = run_count = 0
         with self._cond:
             now_s = self._clock()
             tracks = self._tracks
-            for record in records:
-                track = tracks.get(record.tp)
-                if track is None or track.generation != record.generation:
+            # runs of consecutive records of one partition and generation (a batch takes each
+            # partition's records in runs, so a few per batch): one lookup and one
+            # acknowledged run noted per run, not per record
+            for (tp, generation), run in itertools.groupby(records, _TP_GENERATION):
+                offsets = [record.offset for record in run]
+                track = tracks.get(tp)
+                if track is None or track.generation != generation:
                     if late is None:
                         late = {}
-                    key = (record.tp, record.generation)
-                    late[key] = late.get(key, 0) + 1
+                    late[tp, generation] = late.get((tp, generation), 0) + len(offsets)
                     continue
-                track.done(record.offset)
-                current += 1
-                if track is run_track:
-                    run_count += 1
-                    if record.offset > run_last:
-                        run_last = record.offset
-                    continue
-                if run_track is not None:
-                    run_track.acked.append((run_last, run_count, now_s))
-                run_track, run_last, run_count = track, record.offset, 1
-            if run_track is not None:
-                run_track.acked.append((run_last, run_count, now_s))
+                track.done_run(offsets)
+                current += len(offsets)
+                track.acked.append((max(offsets), len(offsets), now_s))
             self._cond.notify_all()
         if late:
             for (tp, generation), count in late.items():

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -126,6 +127,57 @@ def test_many_variants_match_single_calls_and_count_late_generations() -> None:
     assert tracker.commit_candidates() == {A: 2, B: 0}  # stale acks moved nothing
     assert tracker.done_many([*a[2:], *b[:2]]) == 4
     assert tracker.commit_candidates() == {A: 4, B: 3}
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_done_many_matches_done_one_record_at_a_time(seed: int) -> None:
+    """Batches of acknowledged records in runs per partition, interleaved across partitions:
+    runs in order and out of order (a later run first: offsets done early), reversed, with a
+    record acknowledged twice in place of one acknowledged later, and records of an old
+    generation. The watermarks, pending counts, oldest timestamps and late counts of
+    ``done_many`` are those of single ``done`` calls, after every batch."""
+    rng = random.Random(seed)
+    many, single = OffsetTracker(), OffsetTracker()
+    generations = many.assign([A, B])
+    assert single.assign([A, B]) == generations
+    runs: list[list[Record]] = []
+    for tp in (A, B):
+        records = _stamped(tp, 60, generations[tp], rng)
+        for tracker in (many, single):
+            tracker.consumed_many(records)
+        while records:
+            runs.append(records[: rng.randint(1, 12)])
+            del records[: len(runs[-1])]
+    rng.shuffle(runs)
+    runs.sort(key=lambda run: run[0].offset + rng.choice((0, 0, 0, 30)))  # mostly in order
+    while runs:
+        batch: list[Record] = []
+        for _ in range(rng.randint(1, 4)):
+            if not runs:
+                break
+            run = runs.pop(0)
+            if len(run) > 2 and rng.random() < 0.3:
+                i = rng.randrange(1, len(run) - 1)
+                runs.append([run[i]])  # acknowledged later; a duplicate in its place
+                run[i] = run[i - 1]
+            if rng.random() < 0.3:
+                run.reverse()
+            if rng.random() < 0.2:
+                tp = run[0].tp
+                run.append(Record(tp, 999, None, b"v", (), 0, 0.0, generations[tp] - 1))
+            batch.extend(run)
+        assert many.done_many(batch) == sum(
+            single.done(r.tp, r.offset, r.generation) for r in batch
+        )
+        assert many.commit_candidates() == single.commit_candidates()
+        assert many.backlog() == single.backlog()
+        assert many.late_results == single.late_results
+
+
+def _stamped(tp: TopicPartition, count: int, generation: int, rng: random.Random) -> list[Record]:
+    """``count`` records of ``tp`` at increasing offsets with gaps, each its own timestamp."""
+    offsets = sorted(rng.sample(range(3 * count), count))
+    return [Record(tp, o, None, b"v", (), 1000 + o, 0.0, generation) for o in offsets]
 
 
 def test_consumed_many_rejects_offsets_going_backwards() -> None:
