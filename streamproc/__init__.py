@@ -10,11 +10,32 @@ Embed it::
 
     from streamproc import Pipeline, load_config
     Pipeline(load_config("config.yaml")).run()
+
+
+The pipeline (and with it the Kafka clients' newest API, the share-group consumer) is imported
+on first use of :class:`Pipeline`, not with the package: a module that needs only the records,
+the workloads or the config (the Quix Streams contender of ``streamproc bench``, which runs in
+an environment pinned to an older ``confluent-kafka``) imports without it.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from streamproc.config import Config, load_config
 from streamproc.errors import ConfigError, StreamprocError
-from streamproc.pipeline import Pipeline, RunSummary
+
+if TYPE_CHECKING:
+    from streamproc.pipeline import Pipeline, RunSummary
 
 __all__ = ["Config", "ConfigError", "Pipeline", "RunSummary", "StreamprocError", "load_config"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``Pipeline`` and ``RunSummary``, imported on first use (PEP 562)."""
+    if name in ("Pipeline", "RunSummary"):
+        from streamproc import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
