@@ -8,6 +8,8 @@ import inspect
 import pkgutil
 import re
 
+import pytest
+
 import streamproc
 from streamproc import errors
 
@@ -65,3 +67,15 @@ def test_every_exception_class_of_the_package_is_drawn_under_its_base() -> None:
 def test_the_tree_reader_sees_depth_and_base() -> None:
     doc = "Xx::\n\n    Aa\n    ├── Bb  text\n    │   └── Cc\n    └── Dd\n"
     assert drawn_tree(doc) == {"Aa": "Aa", "Bb": "Aa", "Cc": "Bb", "Dd": "Aa"}
+
+
+def test_the_package_names_its_lazily_imported_pipeline() -> None:
+    """``Pipeline`` and ``RunSummary`` are imported on first use (PEP 562), yet named by
+    ``dir()`` and ``__all__`` and given by attribute and ``from streamproc import``; an unknown
+    name is an AttributeError."""
+    from streamproc.pipeline import Pipeline, RunSummary
+
+    assert {"Pipeline", "RunSummary"} <= set(dir(streamproc)) & set(streamproc.__all__)
+    assert streamproc.Pipeline is Pipeline and streamproc.RunSummary is RunSummary
+    with pytest.raises(AttributeError, match="no attribute 'Pipe'"):
+        _ = streamproc.Pipe  # type: ignore[attr-defined]
