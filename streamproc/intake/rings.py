@@ -130,14 +130,11 @@ class RingBuffer:
             stopped it.
         """
         high, normal, low = classes = self._classes
+        if expired is None and bool(high) + bool(normal) + bool(low) == 1:
+            # no deadline to check and a ring of one class: pop a slice
+            c = 0 if high else 1 if normal else 2
+            return self._pop_slice(out, count, bytes_left, classes[c], max_wait_s[c], until, index)
         wait_high, wait_normal, wait_low = max_wait_s
-        if expired is None:  # no deadline to check: a ring of one class pops a slice
-            if not normal and not low:
-                return self._pop_slice(out, count, bytes_left, high, wait_high, until, index)
-            if not high and not low:
-                return self._pop_slice(out, count, bytes_left, normal, wait_normal, until, index)
-            if not high and not normal:
-                return self._pop_slice(out, count, bytes_left, low, wait_low, until, index)
         slots, capacity = self._slots, self.capacity
         head, size = self._head, self._size
         popped = 0  # onto out

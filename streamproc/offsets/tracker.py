@@ -23,13 +23,20 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
 
 from streamproc.records import Record, TopicPartition
 from streamproc.stages import CommitWait
 
 _TP_GENERATION = attrgetter("tp", "generation")
+
+
+def _runs(records: Iterable[Record]) -> Iterator[tuple[TopicPartition, int, list[int]]]:
+    """``records`` as runs of consecutive records of one partition and generation (a batch
+    takes each partition's records in runs, so a few per batch): ``(tp, generation, offsets)``."""
+    for (tp, generation), run in itertools.groupby(records, _TP_GENERATION):
+        yield tp, generation, [record.offset for record in run]
 
 
 class PartitionTrack:
@@ -105,8 +112,6 @@ class PartitionTrack:
         if (
             not self._done
             and len(pending) >= count
-            and pending[0] == offsets[0]
-            and pending[count - 1] == offsets[-1]
             and list(itertools.islice(pending, count)) == offsets
         ):
             if count == len(pending):
@@ -239,11 +244,8 @@ class OffsetTracker:
         with self._cond:
             now_s = self._clock()
             tracks = self._tracks
-            # runs of consecutive records of one partition and generation (a batch takes each
-            # partition's records in runs, so a few per batch): one lookup and one
-            # acknowledged run noted per run, not per record
-            for (tp, generation), run in itertools.groupby(records, _TP_GENERATION):
-                offsets = [record.offset for record in run]
+            # one lookup and one acknowledged run noted per run, not per record
+            for tp, generation, offsets in _runs(records):
                 track = tracks.get(tp)
                 if track is None or track.generation != generation:
                     if late is None:
@@ -264,25 +266,13 @@ class OffsetTracker:
         exactly-once marks them when they join the transaction): noted per partition for the
         commit stage, like :meth:`done_many` does; records of a generation no longer current
         are left out."""
-        run_track: PartitionTrack | None = None
-        run_last = run_count = 0
         with self._lock:
             now_s = self._clock()
             tracks = self._tracks
-            for record in records:
-                track = tracks.get(record.tp)
-                if track is None or track.generation != record.generation:
-                    continue
-                if track is run_track:
-                    run_count += 1
-                    if record.offset > run_last:
-                        run_last = record.offset
-                    continue
-                if run_track is not None:
-                    run_track.acked.append((run_last, run_count, now_s))
-                run_track, run_last, run_count = track, record.offset, 1
-            if run_track is not None:
-                run_track.acked.append((run_last, run_count, now_s))
+            for tp, generation, offsets in _runs(records):
+                track = tracks.get(tp)
+                if track is not None and track.generation == generation:
+                    track.acked.append((max(offsets), len(offsets), now_s))
 
     def done(self, tp: TopicPartition, offset: int, generation: int) -> bool:
         """Mark ``offset`` done; False (and counted) when ``generation`` is not current."""
