@@ -26,7 +26,9 @@ PIPELINE = {"name": "p", "input_topic": "in", "output_topic": "out", "workload":
 
 class Harness:
     """A source over a fake consumer with one lane (ring of 8: pause at 6, resume at 2);
-    ``markers``: offsets of every partition that hold no message (transaction markers)."""
+    ``markers``: offsets of every partition that hold no message (transaction markers). The
+    source and the lane share one fake clock, starting at ``start_s``: a cut waits on the
+    clock that stamped its records, not on the machine's."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class Harness:
         revoke_timeout_s: float = 10.0,
         partitions: int = 1,
         markers: frozenset[int] = frozenset(),
+        start_s: float = 1000.0,
     ) -> None:
         self.config = load_config(
             overrides={
@@ -49,8 +52,13 @@ class Harness:
         self.tracker = OffsetTracker(on_late=lambda tp, n, first: self.late.append((tp, n, first)))
         self.metrics = Metrics()
         self.guarantee = (guarantee or AtLeastOnce)(self.tracker, self.metrics)
+        self.clock = FakeClock(start_s)
         self.lane = Lane(
-            "in", PartitionBuffers(8, 0.75, 0.25), Batcher(4, 1 << 30, 0.0), self.tracker
+            "in",
+            PartitionBuffers(8, 0.75, 0.25),
+            Batcher(4, 1 << 30, 0.0),
+            self.tracker,
+            clock=self.clock,
         )
         self.consumer = FakeConsumer(
             {
@@ -59,7 +67,6 @@ class Harness:
             },
             markers={TopicPartition("in", p): markers for p in range(partitions)},
         )
-        self.clock = FakeClock()
         self.fatal: list[BaseException] = []
         self.source = Source(
             self.config,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import pytest
 
@@ -206,7 +205,7 @@ def test_source_converts_header_deadlines_at_intake_and_counts_invalid_headers()
     h.consumer.schedule_assign([TP_IN])
     h.poll()  # the assignment
     h.source._wall_clock = lambda: NOW_MS / 1000  # the poll's one wall-clock reading
-    mono_s = time.monotonic()  # the lane cuts on the monotonic clock
+    mono_s = h.clock()  # the source's and the lane's clock
     past = [(DEADLINE_HEADER, b"%d" % (NOW_MS - 1000))]
     soon = [(DEADLINE_HEADER, b"%d" % (NOW_MS + 60_000))]
     bad = [(DEADLINE_HEADER, b"%d" % (NOW_MS // 1000))]  # seconds by mistake
@@ -236,7 +235,7 @@ def test_source_applies_max_age_to_records_without_headers() -> None:
     h.source._wall_clock = lambda: NOW_MS / 1000
     old = FakeMessage("in", 0, 0, b"v", None, None, NOW_MS - 15_000)
     fresh = FakeMessage("in", 0, 1, b"v", None, None, NOW_MS - 5_000)
-    h.source._route([old, fresh], time.monotonic())
+    h.source._route([old, fresh], h.clock())
     cut = h.cut()
     assert [r.offset for r in cut.expired] == [0] and [r.offset for r in cut.records] == [1]
 
@@ -247,7 +246,7 @@ def test_source_reads_priority_and_deadline_headers_in_one_scan_first_of_each_co
     h.consumer.schedule_assign([TP_IN])
     h.poll()
     h.source._wall_clock = lambda: NOW_MS / 1000
-    mono_s = time.monotonic()
+    mono_s = h.clock()
     soon, later = b"%d" % (NOW_MS + 60_000), b"%d" % (NOW_MS + 120_000)
     messages = [
         FakeMessage("in", 0, 0, b"v", None, [("priority", b"high")], NOW_MS),

@@ -48,7 +48,11 @@ class Group:
         self.metrics = Metrics()
         self.consumer = FakeConsumer({})
         self.lane = Lane(
-            "in", PartitionBuffers(8, 0.75, 0.25), Batcher(4, 1 << 20, 0.0), self.tracker
+            "in",
+            PartitionBuffers(8, 0.75, 0.25),
+            Batcher(4, 1 << 20, 0.0),
+            self.tracker,
+            clock=self.clock,
         )
         self.producer = FakeProducer()
         committer: Committer = (

@@ -6,6 +6,7 @@ real broker: tests/integration/test_share_groups.py."""
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 import pytest
@@ -38,9 +39,10 @@ def _messages(partition: int, offsets: range, delivery_count: int = 1) -> list[F
 
 class ShareHarness:
     """A share source over a fake share consumer with one lane (ring of 64); the test drives
-    the poll loop and says which inputs are done, as the sink would."""
+    the poll loop and says which inputs are done, as the sink would. The source and the lane
+    share one fake clock, starting at ``start_s``."""
 
-    def __init__(self, release_after_ms: int = 25_000) -> None:
+    def __init__(self, release_after_ms: int = 25_000, start_s: float = 1000.0) -> None:
         self.config = load_config(
             overrides={
                 "pipelines": [PIPELINE],
@@ -55,11 +57,15 @@ class ShareHarness:
         self.tracker = OffsetTracker()
         self.metrics = Metrics()
         self.guarantee = ShareAcknowledgements(self.tracker, self.metrics)
+        self.clock = FakeClock(start_s)
         self.lane = Lane(
-            "in", PartitionBuffers(64, 0.9, 0.5), Batcher(64, 1 << 30, 0.0), self.tracker
+            "in",
+            PartitionBuffers(64, 0.9, 0.5),
+            Batcher(64, 1 << 30, 0.0),
+            self.tracker,
+            clock=self.clock,
         )
         self.consumer = FakeShareConsumer()
-        self.clock = FakeClock()
         self.fatal: list[BaseException] = []
         self.dead_letters: list[tuple[Record, str, str]] = []
         self.source = ShareSource(
@@ -91,6 +97,17 @@ class ShareHarness:
 
     def count(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.timeout(60)
+def test_a_cut_waits_on_the_clock_that_stamped_its_records_not_the_machines() -> None:
+    """Records are stamped by the harness's fake clock, so the lane must cut on it too: one
+    on the machine's monotonic clock waited until the machine had been up as long as the fake
+    clock's start (1,000 s), minutes on a freshly booted machine. Here it starts a day ahead."""
+    h = ShareHarness(start_s=time.monotonic() + 86_400.0)
+    h.consumer.polls.append(_messages(0, range(0, 3)))
+    h.turn()
+    assert [r.offset for r in h.cut().records] == [0, 1, 2]
 
 
 def test_records_are_accepted_only_once_their_outputs_are_and_one_poll_at_a_time() -> None:

@@ -7,12 +7,25 @@ tests/integration.
 from __future__ import annotations
 
 import threading
+import time
 
+import pytest
 from confluent_kafka import KafkaError
 
 from streamproc.records import Record, TopicPartition
 from tests.support.kafka_fakes import FakeProducer, kafka_error
 from tests.unit.source_harness import TP, Harness, exactly_once
+
+
+@pytest.mark.timeout(60)
+def test_a_cut_of_fewer_records_than_a_batch_waits_on_the_sources_clock() -> None:
+    """Three records, a batch of four: the cut comes at their deadline on the clock that
+    stamped them (the harness's fake clock, here a day ahead of the machine's), not when the
+    machine's monotonic clock gets there."""
+    h = Harness(3, start_s=time.monotonic() + 86_400.0)
+    h.consumer.schedule_assign([TP])
+    h.poll()
+    assert [r.offset for r in h.cut().records] == [0, 1, 2]
 
 
 def test_a_full_ring_refuses_pauses_and_seeks_back_then_resumes_where_it_stopped() -> None:
