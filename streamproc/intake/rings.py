@@ -13,6 +13,7 @@ Flow control, per partition (capacity ``C``, high watermark ``H``, low watermark
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -206,15 +207,11 @@ class RingBuffer:
         if n <= 0:
             return 0, math.inf, False
         # The loop pops a record, then stops once the ring's new earliest deadline (its next
-        # record's: one class) passes ``until``; ties go by ring index.
+        # record's: one class) passes ``until``; ties go by ring index. Consume times are in
+        # push order, never decreasing, so the first record past it is found by bisection.
         until_s, until_index = until
-        after_on_tie = index > until_index
-        k = n
-        for j, consumed_at_s in enumerate(itertools.islice(times, 1, n), 1):
-            deadline = consumed_at_s + wait_s
-            if deadline > until_s or (after_on_tie and deadline == until_s):
-                k = j
-                break
+        find = bisect.bisect_left if index > until_index else bisect.bisect_right
+        k = find(times, until_s, 1, n, key=lambda consumed_at_s: consumed_at_s + wait_s)
         slots, capacity, head = self._slots, self.capacity, self._head
         end = head + k
         run = cast(
