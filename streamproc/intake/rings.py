@@ -80,7 +80,9 @@ class RingBuffer:
 
     def push_many(self, records: Sequence[Record]) -> int:
         """Append ``records`` (one partition's, in offset order) while there is room; returns
-        how many were kept: ``records[:n]`` (the rest are refused)."""
+        how many were kept: ``records[:n]`` (the rest are refused). Their consume times must
+        not decrease in push order (one source thread stamps them from a monotonic clock): the
+        cut of a one-class ring bisects them (:meth:`_pop_slice`)."""
         capacity, size = self.capacity, self._size
         n = min(capacity - size, len(records))
         if n <= 0:
