@@ -222,6 +222,7 @@ class RingBuffer:
         )
         full = False
         if bytes_left >= self.bytes:  # the whole ring fits: no record can pass the limit
+            # Record.size_bytes inlined: a property call per record costs more on this path
             popped = (
                 self.bytes
                 if k == size
@@ -229,8 +230,8 @@ class RingBuffer:
             )
         else:
             popped = kept = 0
-            for record in run:
-                record_bytes = len(record.key or b"") + len(record.value or b"")
+            for record in run:  # the byte limit falls inside the ring: rare, not inlined
+                record_bytes = record.size_bytes
                 if (taken or kept) and popped + record_bytes > bytes_left:
                     full = True
                     break

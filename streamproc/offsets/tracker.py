@@ -107,8 +107,6 @@ class PartitionTrack:
         nothing done early), is popped at once."""
         pending = self._pending
         count = len(offsets)
-        if not count:
-            return
         if (
             not self._done
             and len(pending) >= count
