@@ -102,13 +102,17 @@ def _output_rate(bootstrap: str, topic: str, expected: int) -> tuple[int, float 
 
 
 def _thread_cpu_s() -> dict[int, tuple[str, float]]:
-    """Per live Python thread id: its name (decode threads as ``decode_*``) and CPU seconds."""
+    """Per live thread id: its name and CPU seconds. Python threads by their Python name
+    (decode threads as ``decode_*``), librdkafka's by their ``comm`` (``rdk:broker1``,
+    ``rdk:main``: every client's threads of one name add up); other native threads left out."""
     stats = thread_cpu()
-    return {
-        t.native_id: (re.sub(r"^decode_\d+$", "decode_*", t.name), stats[t.native_id].cpu_s)
+    named = {
+        t.native_id: re.sub(r"^decode_\d+$", "decode_*", t.name)
         for t in threading.enumerate()
         if t.native_id in stats and t.name != "ab-sampler"
     }
+    named |= {tid: stat.name for tid, stat in stats.items() if stat.name.startswith("rdk:")}
+    return {tid: (name, stats[tid].cpu_s) for tid, name in named.items()}
 
 
 def overrides(
@@ -117,13 +121,20 @@ def overrides(
     run_id: str,
     worker: dict[str, Any],
     tracing: dict[str, Any] | None = None,
+    consumer: dict[str, Any] | None = None,
+    ring_capacity: int | None = None,
 ) -> dict[str, Any]:
     """The config of one run (the bench's sizes: batches up to 256, 16 for video; one torch
     thread), ``worker`` merged into its worker section; ``tracing``: the tracing section (None
-    or empty: none given, as a checkout without tracing needs)."""
+    or empty: none given, as a checkout without tracing needs); ``consumer``: librdkafka
+    settings of the source's consumer (``kafka.consumer``); ``ring_capacity``: the rings'
+    capacity (None: the bench's, 16,384 records, 256 for video)."""
     video = workload == "video"
+    kafka: dict[str, Any] = {"group_id": f"ab-{run_id}"}
+    if consumer:
+        kafka["consumer"] = consumer
     return ({"tracing": tracing} if tracing else {}) | {
-        "kafka": {"group_id": f"ab-{run_id}"},
+        "kafka": kafka,
         "pipelines": [
             {
                 "name": workload,
@@ -134,7 +145,7 @@ def overrides(
         ],
         "metrics": {"port": 0},
         "batching": {"max_batch_size": 16 if video else 256},
-        "buffers": {"ring_capacity": 256 if video else 16384},
+        "buffers": {"ring_capacity": ring_capacity or (256 if video else 16384)},
         "worker": {"torch_threads": 1, **worker},
     }
 
@@ -157,6 +168,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="JSON of the tracing section, e.g. '{\"enabled\": false}' (empty: none given)",
     )
     parser.add_argument(
+        "--consumer",
+        default="{}",
+        help="JSON of librdkafka consumer settings, e.g. '{\"queued.min.messages\": 4096}'",
+    )
+    parser.add_argument(
+        "--ring-capacity", type=int, default=None, help="buffers.ring_capacity (default: 16384)"
+    )
+    parser.add_argument(
         "--traced-input",
         action="store_true",
         help="read a copy of the input whose every record carries a sampled traceparent",
@@ -166,7 +185,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     run_id = uuid.uuid4().hex[:8]
     config = load_config(
         overrides=overrides(
-            args.workload, source, run_id, json.loads(args.worker), json.loads(args.tracing)
+            args.workload,
+            source,
+            run_id,
+            json.loads(args.worker),
+            json.loads(args.tracing),
+            json.loads(args.consumer),
+            args.ring_capacity,
         ),
         bootstrap=args.bootstrap,
     )

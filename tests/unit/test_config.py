@@ -289,6 +289,33 @@ def test_the_group_protocol_and_static_membership_reach_the_consumer(
     assert not {"partition.assignment.strategy", "session.timeout.ms"} & new.keys()
 
 
+def test_the_consumer_prefetches_per_partition_what_its_ring_takes_before_it_pauses() -> None:
+    # librdkafka drops a paused partition's prefetch and fetches it again after the resume: its
+    # default prefetch (100,000 a partition) made a trades backlog fetch every record 5-60 times
+    from streamproc.intake.source import consumer_settings
+    from streamproc.metrics import Metrics
+    from streamproc.offsets.guarantees import AtLeastOnce
+    from streamproc.offsets.tracker import OffsetTracker
+
+    guarantee = AtLeastOnce(OffsetTracker(), Metrics())
+    rings = {"ring_capacity": 1000, "high_watermark": 0.5, "low_watermark": 0.1}
+    config = load_config(overrides={"pipelines": [PIPELINE], "buffers": rings}, bootstrap="b:1")
+    settings = consumer_settings(config, guarantee)
+    assert settings["queued.min.messages"] == 500
+    assert settings["fetch.queue.backoff.ms"] < 1000  # librdkafka's 1 s would starve the rings
+    tiny = load_config(
+        overrides={"pipelines": [PIPELINE], "buffers": {"ring_capacity": 2, "low_watermark": 0.1}},
+        bootstrap="b:1",
+    )
+    assert consumer_settings(tiny, guarantee)["queued.min.messages"] == 2  # ceil(0.75 x 2)
+    # the user's kafka.consumer still decides
+    mine = {"queued.min.messages": 7, "fetch.queue.backoff.ms": 100}
+    config = load_config(
+        overrides={"pipelines": [PIPELINE], "kafka": {"consumer": mine}}, bootstrap="b:1"
+    )
+    assert mine.items() <= consumer_settings(config, guarantee).items()
+
+
 def test_model_section_takes_its_locations_and_the_admin_token_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

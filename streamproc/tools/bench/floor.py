@@ -4,7 +4,8 @@ What it does per message is what streamproc must do at the least for the same pr
 
 * the results producer streamproc builds (:func:`streamproc.output.producer.producer_settings`:
   idempotent, ``acks=all``, ``linger.ms`` 2, lz4) and the consumer settings of its source
-  (:func:`streamproc.intake.source.consumer_settings`: no auto commit, ``fetch.wait.max.ms`` 20);
+  (:func:`streamproc.intake.source.consumer_settings`: no auto commit, ``fetch.wait.max.ms`` 20;
+  but librdkafka's own prefetch, not the ring-sized one: the floor has no rings to pause);
 * the result headers streamproc writes: source topic, partition and offset, and the timing
   header (``streamproc.timing``: queue wait, inference and processing milliseconds);
 * a delivery callback per message; an input offset counts as done only from its result's
@@ -37,7 +38,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamproc.config import Config
 from streamproc.errors import RecordError
-from streamproc.intake.source import consumer_settings
+from streamproc.intake.source import consumer_settings, prefetch_settings
 from streamproc.metrics import Metrics
 from streamproc.offsets.guarantees import AtLeastOnce
 from streamproc.offsets.tracker import OffsetTracker
@@ -227,7 +228,11 @@ def run_floor(
         if err is not None:
             commit_errors.append(str(err))
 
-    consumer = Consumer({**consumer_settings(config, guarantee), "on_commit": on_commit})
+    settings = consumer_settings(config, guarantee)
+    for key in prefetch_settings(config):  # no rings, never paused: librdkafka's own prefetch
+        if key not in config.kafka.consumer:
+            del settings[key]
+    consumer = Consumer({**settings, "on_commit": on_commit})
     producer = Producer(
         producer_settings({"bootstrap.servers": config.bootstrap_servers, **config.kafka.producer})
     )
