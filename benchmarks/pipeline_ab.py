@@ -14,7 +14,9 @@ between the start of the run and its end, model loading excluded), which the sha
 disturb far less than wall time. Run the two checkouts alternately (A B A B ...) and compare
 medians. The row also holds each Python thread's CPU-µs per message (``threads``: from
 ``/proc/self/task/<tid>/stat`` in 10 ms ticks, read every 0.2 s so a thread that ends at close
-keeps its last reading; decode threads summed as ``decode_*``), printed one line per thread.
+keeps its last reading; decode threads summed as ``decode_*``, librdkafka's by thread name), printed
+one line per thread, and ``fetched``: the messages the consumer fetched from the broker
+(librdkafka's statistics; more than ``messages`` where paused partitions were fetched again).
 """
 
 from __future__ import annotations
@@ -99,6 +101,28 @@ def _output_rate(bootstrap: str, topic: str, expected: int) -> tuple[int, float 
         return len(stamps), None
     stamps.sort()
     return len(stamps), (len(stamps) - 1) / max(1e-3, (stamps[-1] - stamps[0]) / 1000.0)
+
+
+class _FetchedCounter:
+    """The messages the source's consumer fetched from the broker (librdkafka's statistics:
+    ``rxmsgs`` summed over the partitions, every 0.5 s): more than were consumed where a
+    paused partition's prefetch was dropped and fetched again."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+
+    def consumer(self, settings: dict[str, Any]) -> Consumer:
+        return Consumer({**settings, "statistics.interval.ms": 500, "stats_cb": self._stats})
+
+    def _stats(self, raw: str) -> None:
+        topics = json.loads(raw).get("topics", {}).values()
+        total = sum(
+            p.get("rxmsgs", 0)
+            for t in topics
+            for name, p in t.get("partitions", {}).items()
+            if name != "-1"
+        )
+        self.messages = max(self.messages, total)
 
 
 def _thread_cpu_s() -> dict[int, tuple[str, float]]:
@@ -195,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
         bootstrap=args.bootstrap,
     )
-    pipeline = streamproc.Pipeline(config)
+    fetched = _FetchedCounter()
+    pipeline = streamproc.Pipeline(config, consumer_factory=fetched.consumer)
     pipeline.start()  # model load, warm-up and calibration are not counted
     before = _thread_cpu_s()
     last: dict[int, tuple[str, float]] = {}  # per thread id: name and its latest CPU seconds
@@ -236,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "msg_s": rate,
         "cpu_us_per_msg": 1e6 * cpu_s / max(1, produced),
         "batch_sizes": next(iter(summary.batch_sizes.values()), {}),
+        "fetched": fetched.messages,
         "threads": {
             name: round(1e6 * seconds / max(1, produced), 2)
             for name, seconds in sorted(threads.items(), key=lambda kv: -kv[1])
