@@ -42,7 +42,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from streamproc.intake.latency import LatencyReading, LatencyTarget
+from streamproc.intake.latency import LatencyReading, LatencyTarget, candidate_sizes
 from streamproc.intake.rings import RingView
 from streamproc.records import Priority
 
@@ -122,6 +122,7 @@ class AdaptiveBatchSize:
     _service_s: dict[int, deque[tuple[int, float]]] = field(default_factory=dict)
     _observations: int = 0
     _target: int | None = None  # target() until the next observation (decide() asks often)
+    _candidates: tuple[int, list[int]] = (0, [])  # (cap, candidates): rebuilt when cap moves
 
     def __post_init__(self) -> None:
         self.cap = min(self.cap, self.max_batch_size) or self.max_batch_size
@@ -133,10 +134,13 @@ class AdaptiveBatchSize:
 
     @property
     def candidates(self) -> list[int]:
-        """Powers of two up to the cap, and the cap."""
-        cap = self.cap
-        sizes = [2**i for i in range(int(math.log2(cap)) + 1)]
-        return sorted({*sizes, cap})
+        """Powers of two up to the cap, and the cap (the same list until the cap moves: read
+        it, never change it)."""
+        cap, sizes = self._candidates
+        if cap != self.cap:
+            sizes = candidate_sizes(self.cap)
+            self._candidates = (self.cap, sizes)
+        return sizes
 
     def set_cap(self, cap: int) -> None:
         """The devices can run at most ``cap`` rows now (clamped to 1..``max_batch_size``)."""

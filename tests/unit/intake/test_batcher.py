@@ -123,6 +123,20 @@ def test_urgent_record_behind_older_ones_pulls_its_partition_first(bufs: Partiti
     assert [(r.tp, r.priority) for r in taken] == [(A, 2), (A, 0)]  # offset order kept
 
 
+def test_the_candidate_sizes_follow_the_cap_down_and_back_up() -> None:
+    sizer = AdaptiveBatchSize(16)
+    assert sizer.candidates == [1, 2, 4, 8, 16]
+    sizer.set_cap(12)
+    assert sizer.candidates == [1, 2, 4, 8, 12]
+    sizer.observe(12, 0.01)
+    sizer.observe(16, 0.01)  # above the cap now: not a candidate, ignored
+    assert sizer.throughput(12) is None and 16 not in sizer._service_s
+    sizer.cap = 3  # a plain assignment counts too
+    assert sizer.candidates == [1, 2, 3]
+    sizer.set_cap(64)  # clamped to max_batch_size
+    assert sizer.candidates == [1, 2, 4, 8, 16]
+
+
 def test_adaptive_size_finds_the_throughput_optimum() -> None:
     # service times measured here for EfficientNet-Lite0 on 2 CPU cores (issue 4):
     # 46 img/s at batch 1, 63 at 4, 32 at 16 -> the optimum is 4, not the maximum.
