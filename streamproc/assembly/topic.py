@@ -224,7 +224,12 @@ def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane
     priority = Priority.parse(spec.priority or workload.default_priority)
     return Lane(
         spec.input_topic,
-        PartitionBuffers(buffers.ring_capacity, buffers.high_watermark, buffers.low_watermark),
+        PartitionBuffers(
+            buffers.ring_capacity,
+            buffers.high_watermark,
+            buffers.low_watermark,
+            buffers.ring_capacity_bytes,
+        ),
         Batcher(
             batching.max_batch_size,
             batching.max_batch_bytes,

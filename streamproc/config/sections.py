@@ -390,9 +390,16 @@ class PipelineConfig(_Section):
 
 
 class BuffersConfig(_Section):
-    """Per-partition ring buffers. Watermarks are fractions of ``ring_capacity``."""
+    """Per-partition ring buffers. A ring's fill is the larger of its records as a fraction of
+    ``ring_capacity`` and its bytes (keys and values) as a fraction of ``ring_capacity_bytes``;
+    a partition pauses when the fill reaches ``high_watermark`` and resumes at
+    ``low_watermark``. The records bound rings of light messages, the bytes rings of large
+    ones, so one default serves both: with 16,384 records and 8 MiB, trades (159 B) pause at
+    12,288 records, iot (893 B) at about 7,000, video frames (28 KB JPEG) at about 220
+    (docs/operations.md, Sizing memory)."""
 
-    ring_capacity: int = Field(default=256, ge=2, le=1_000_000)
+    ring_capacity: int = Field(default=16_384, ge=2, le=1_000_000)
+    ring_capacity_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1 << 40)
     high_watermark: float = Field(default=0.75, gt=0.0, le=1.0)
     low_watermark: float = Field(default=0.25, ge=0.0, lt=1.0)
 

@@ -319,16 +319,33 @@ class RingView:
 class PartitionBuffers:
     """One :class:`RingBuffer` per assigned partition plus our own pause bookkeeping.
 
+    A ring's fill is the larger of its two fractions: records of ``capacity`` and bytes
+    (:attr:`Record.size_bytes`) of ``capacity_bytes``. A partition pauses when either reaches
+    the high watermark and resumes once both are at or below the low one, so rings of many light
+    messages and rings of a few large ones (video frames) both stay within their memory. The
+    bytes are a pause threshold, not a hard limit: the records of the poll that crossed it
+    still land (``capacity`` records is the hard limit).
+
     Args:
         capacity: ring capacity in messages.
         high_watermark: pause when fill >= this fraction of capacity.
         low_watermark: resume a paused partition when fill <= this fraction of capacity.
+        capacity_bytes: ring capacity in bytes (None: records only).
     """
 
-    def __init__(self, capacity: int, high_watermark: float, low_watermark: float) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        high_watermark: float,
+        low_watermark: float,
+        capacity_bytes: int | None = None,
+    ) -> None:
         self.capacity = capacity
         self.high = max(1, min(capacity, round(high_watermark * capacity)))
         self.low = min(self.high - 1, int(low_watermark * capacity))
+        self.capacity_bytes = capacity_bytes
+        self.high_bytes = math.inf if capacity_bytes is None else high_watermark * capacity_bytes
+        self.low_bytes = math.inf if capacity_bytes is None else low_watermark * capacity_bytes
         self._rings: dict[TopicPartition, RingBuffer] = {}
         self._paused: set[TopicPartition] = set()
 
@@ -387,7 +404,7 @@ class PartitionBuffers:
             return 0, False
         kept = ring.push_many(records)
         paused = self._paused
-        pause = len(ring) >= self.high and tp not in paused
+        pause = (len(ring) >= self.high or ring.bytes >= self.high_bytes) and tp not in paused
         if pause or kept < len(records):
             paused.add(tp)
         return kept, pause
@@ -483,15 +500,25 @@ class PartitionBuffers:
         return self._resumable(touched)
 
     def _resumable(self, touched: set[TopicPartition]) -> FlowControl:
+        rings, low, low_bytes = self._rings, self.low, self.low_bytes
         resume = tuple(
-            tp for tp in touched if tp in self._paused and len(self._rings[tp]) <= self.low
+            tp
+            for tp in touched
+            if tp in self._paused and len(rings[tp]) <= low and rings[tp].bytes <= low_bytes
         )
         self._paused.difference_update(resume)
         return FlowControl(resume=resume) if resume else NO_CHANGE
 
     def fill_ratios(self) -> dict[TopicPartition, float]:
-        """Fill of each ring as a fraction of capacity."""
-        return {tp: len(ring) / self.capacity for tp, ring in self._rings.items()}
+        """Fill of each ring as a fraction of capacity: the larger of its records' and (with
+        ``capacity_bytes``) its bytes' fraction."""
+        capacity, capacity_bytes = self.capacity, self.capacity_bytes
+        if capacity_bytes is None:
+            return {tp: len(ring) / capacity for tp, ring in self._rings.items()}
+        return {
+            tp: max(len(ring) / capacity, ring.bytes / capacity_bytes)
+            for tp, ring in self._rings.items()
+        }
 
     def total(self) -> int:
         """Messages waiting across all rings."""

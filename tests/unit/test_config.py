@@ -114,6 +114,15 @@ def test_unknown_workload_and_bad_watermarks_fail_at_start() -> None:
         )
 
 
+def test_a_ring_capacity_in_bytes_below_a_kilobyte_fails_at_start_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"buffers\.ring_capacity_bytes"):
+        load_config(overrides={"pipelines": [PIPELINE], "buffers": {"ring_capacity_bytes": 0}})
+    config = load_config(overrides={"pipelines": [PIPELINE]}, bootstrap="b:1")
+    # rings of light messages deeper than a fetch, rings of large ones bounded by their bytes
+    assert config.buffers.ring_capacity == 16_384
+    assert config.buffers.ring_capacity_bytes == 8 * 1024 * 1024
+
+
 def test_missing_pipelines_and_unset_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STREAMPROC_CONFIG", raising=False)
     with pytest.raises(ConfigError, match="pipelines") as missing:

@@ -43,6 +43,31 @@ def test_pause_at_high_and_resume_at_low_watermark() -> None:
     assert A not in bufs.paused
 
 
+def test_a_ring_of_large_records_pauses_by_bytes_and_resumes_once_both_are_low() -> None:
+    # 1,000 records of room but 100 bytes: a few large records fill it (video frames), while
+    # light ones still pause by count
+    bufs = PartitionBuffers(
+        capacity=1000, high_watermark=0.5, low_watermark=0.25, capacity_bytes=100
+    )
+    bufs.assign([A, B])
+    flows = [bufs.push(rec(A, i, size=20)) for i in range(3)]
+    assert flows[:2] == [NO_CHANGE] * 2
+    assert flows[2] is not None and flows[2].pause == (A,)  # 60 bytes >= 50
+    assert bufs.fill_ratios()[A] == pytest.approx(0.6)  # bytes: 60 / 100, records 3 / 1000
+    _, flow = bufs.take(1)
+    assert flow == NO_CHANGE  # 40 bytes left: above the low watermark (25)
+    _, flow = bufs.take(1)
+    assert flow.resume == (A,)  # 20 bytes
+    # a light partition: the bytes stay low, the records pause it at 500
+    kept, pause = bufs.push_run(B, [rec(B, i, size=0) for i in range(500)])
+    assert kept == 500 and pause and bufs.fill_ratios()[B] == pytest.approx(0.5)
+    # resumed only once the records are low too (a ring paused by count, bytes always low)
+    taken, flow = bufs.take(200)
+    assert len(taken) == 200 and flow == NO_CHANGE  # B holds 300 or 301: above 250
+    _, flow = bufs.take(51)
+    assert flow.resume == (B,)
+
+
 def test_full_ring_refuses_record_for_seek_back() -> None:
     bufs = PartitionBuffers(capacity=2, high_watermark=1.0, low_watermark=0.0)
     bufs.assign([A])
