@@ -147,12 +147,14 @@ def overrides(
     tracing: dict[str, Any] | None = None,
     consumer: dict[str, Any] | None = None,
     ring_capacity: int | None = None,
+    max_batch_size: int | None = None,
 ) -> dict[str, Any]:
     """The config of one run (the bench's sizes: batches up to 256, 16 for video; one torch
     thread), ``worker`` merged into its worker section; ``tracing``: the tracing section (None
     or empty: none given, as a checkout without tracing needs); ``consumer``: librdkafka
     settings of the source's consumer (``kafka.consumer``); ``ring_capacity``: the rings'
-    capacity (None: the bench's, 16,384 records, 256 for video)."""
+    capacity (None: the bench's, 16,384 records, 256 for video); ``max_batch_size``: the batches'
+    cap (None: the bench's, 256, 16 for video)."""
     video = workload == "video"
     kafka: dict[str, Any] = {"group_id": f"ab-{run_id}"}
     if consumer:
@@ -168,7 +170,7 @@ def overrides(
             }
         ],
         "metrics": {"port": 0},
-        "batching": {"max_batch_size": 16 if video else 256},
+        "batching": {"max_batch_size": max_batch_size or (16 if video else 256)},
         "buffers": {"ring_capacity": ring_capacity or (256 if video else 16384)},
         "worker": {"torch_threads": 1, **worker},
     }
@@ -200,6 +202,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--ring-capacity", type=int, default=None, help="buffers.ring_capacity (default: 16384)"
     )
     parser.add_argument(
+        "--max-batch-size", type=int, default=None, help="batching.max_batch_size (default: 256)"
+    )
+    parser.add_argument(
         "--traced-input",
         action="store_true",
         help="read a copy of the input whose every record carries a sampled traceparent",
@@ -216,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             json.loads(args.tracing),
             json.loads(args.consumer),
             args.ring_capacity,
+            args.max_batch_size,
         ),
         bootstrap=args.bootstrap,
     )
