@@ -19,7 +19,13 @@ from streamproc.config import Config, load_config
 from streamproc.output.headers import H_CLASS, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE
 from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.verify import read_topic, verify
-from tests.integration.conftest import Topics, end_offset_total, report, wait_for
+from tests.integration.conftest import (
+    Topics,
+    committed_results,
+    end_offset_total,
+    report,
+    wait_for,
+)
 from tests.support import faulty
 
 pytestmark = pytest.mark.models
@@ -196,7 +202,7 @@ def test_a_broken_builtin_model_holds_the_lane_dead_letters_nothing_and_resumes_
         assert all(offset <= 0 for offset in committed.committed.values())  # no result yet
         faulty.BROKEN.clear()  # the model works again: the held batch runs, the lane resumes
         wait_for(
-            lambda: end_offset_total(bootstrap_servers, topics.output) >= total,
+            lambda: committed_results(bootstrap_servers, topics) >= total,
             180,
             f"{total} results",
         )

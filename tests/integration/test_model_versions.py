@@ -26,7 +26,12 @@ from streamproc.pipeline import Pipeline, RunSummary
 from streamproc.tools.model_admin import AdminCallFailed, models_state, use_version
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import TopicDump, Verdict, read_topic, verify
-from tests.integration.conftest import Topics, end_offset_total, report, wait_for
+from tests.integration.conftest import (
+    Topics,
+    committed_results,
+    report,
+    wait_for,
+)
 from tests.support import model_versions
 from tests.support.model_versions import iot_module, write_version
 
@@ -363,7 +368,7 @@ def test_a_version_that_served_well_then_breaks_is_rolled_back_and_dead_letters_
         model_versions.BREAK.set()  # version 2 raises on every call from now on
         feed(1500)
         wait_for(
-            lambda: end_offset_total(bootstrap_servers, topics.output) >= produced,
+            lambda: committed_results(bootstrap_servers, topics) >= produced,
             180,
             f"{produced} results",
         )
