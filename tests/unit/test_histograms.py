@@ -75,3 +75,36 @@ def test_bad_buckets_and_labels_are_refused() -> None:
     histogram = BatchHistogram("y_seconds", "y", ["topic"], BUCKETS, CollectorRegistry())
     with pytest.raises(ValueError, match="expected labels"):
         histogram.labels("a", "b")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_few_values_are_counted_as_the_numpy_pass_counts_them(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # up to SMALL_BATCH values are counted in Python, one bucket search each: the same buckets,
+    # count, sum and exemplar as the numpy pass that counts larger arrays
+    import streamproc.histograms as histograms
+
+    small = histograms.SMALL_BATCH
+    rng = np.random.default_rng(seed)
+    specials = [*BUCKETS, 0.0, -1.0, np.nan, np.inf, -np.inf, 1e-12]
+    for index in range(30):
+        size = int(rng.integers(0, small + 1))
+        values = rng.exponential(0.05, size)
+        mixed = rng.random(size) < 0.3
+        values[mixed] = rng.choice(specials, int(mixed.sum()))
+        shaped = values.reshape(1, -1) if size % 2 else values  # any shape
+        registry = CollectorRegistry()
+        few = BatchHistogram("few_seconds", "x", ["t"], BUCKETS, registry).labels("a")
+        whole = BatchHistogram("whole_seconds", "x", ["t"], BUCKETS, registry).labels("a")
+        few.observe_many(shaped, {"trace_id": str(index)})
+        monkeypatch.setattr(histograms, "SMALL_BATCH", 0)  # the numpy pass
+        with np.errstate(invalid="ignore"):  # inf + -inf: numpy warns, then sums to NaN too
+            whole.observe_many(shaped, {"trace_id": str(index)})
+        monkeypatch.setattr(histograms, "SMALL_BATCH", small)
+        (few_counts, few_sum), (whole_counts, whole_sum) = few.snapshot(), whole.snapshot()
+        assert few_counts == whole_counts, values
+        assert few_sum == pytest.approx(whole_sum, nan_ok=True), values
+        assert {i: (e.labels, e.value) for i, e in few.exemplars().items()} == {
+            i: (e.labels, e.value) for i, e in whole.exemplars().items()
+        }, values
