@@ -202,7 +202,11 @@ class Metrics:
         """Ring fill per partition and the partitions paused by flow control."""
         reg = self.registry
         self.ring_fill = Gauge(
-            "streamproc_ring_fill_ratio", "Ring buffer fill (0..1)", _TOPIC_PARTITION, registry=reg
+            "streamproc_ring_fill_ratio",
+            "Ring buffer fill: the larger of records / ring_capacity and bytes / "
+            "ring_capacity_bytes (0..1; the bytes can pass 1 by one poll)",
+            _TOPIC_PARTITION,
+            registry=reg,
         )
         self.paused = Gauge(
             "streamproc_paused_partitions", "Partitions paused by flow control", registry=reg

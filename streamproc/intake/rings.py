@@ -281,8 +281,25 @@ class RingBuffer:
         return record
 
     def clear(self) -> list[Record]:
-        """Remove and return every record, oldest first."""
-        return [self.pop() for _ in range(self._size)]
+        """Remove and return every record, oldest first (two slices of the slot array at most,
+        not a pop per record: a full ring of the default 16,384 records is cleared under the
+        lane's lock at every revoke and rewind)."""
+        head, size, capacity, slots = self._head, self._size, self.capacity, self._slots
+        end = head + size
+        if end <= capacity:
+            records = slots[head:end]
+            slots[head:end] = [None] * size
+        else:
+            wrapped = end - capacity
+            records = slots[head:] + slots[:wrapped]
+            slots[head:] = [None] * (capacity - head)
+            slots[:wrapped] = [None] * wrapped
+        self._head = 0
+        self._size = 0
+        self.bytes = 0
+        for times in self._classes:
+            times.clear()
+        return cast(list[Record], records)
 
 
 @dataclass(frozen=True, slots=True)

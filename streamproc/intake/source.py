@@ -61,9 +61,12 @@ how long a partition whose prefetch is full waits before it is considered for a 
 
 
 def prefetch_settings(config: Config) -> dict[str, int]:
-    """How much librdkafka prefetches per partition: ``queued.min.messages`` = what a ring takes
-    before its partition pauses (``buffers.high_watermark`` x ``buffers.ring_capacity``, at
-    least 1), and ``fetch.queue.backoff.ms`` :data:`FETCH_QUEUE_BACKOFF_MS`.
+    """How much librdkafka prefetches: ``queued.min.messages`` (documented per partition) =
+    what a ring takes before its partition pauses (``buffers.high_watermark`` x
+    ``buffers.ring_capacity``, at least 1), and ``fetch.queue.backoff.ms``
+    :data:`FETCH_QUEUE_BACKOFF_MS`. ``queued.max.messages.kbytes`` (64 MiB, the whole
+    consumer's) is left as it is: a ring of large messages pauses by its bytes long before
+    12,288 records, so its prefetch is bounded by those 64 MiB, as before.
 
     librdkafka's defaults prefetch up to 100,000 messages per partition (``queued.min.messages``,
     bounded by ``queued.max.messages.kbytes``) and drop them when the partition is paused, so

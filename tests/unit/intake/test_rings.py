@@ -29,6 +29,32 @@ def test_ring_is_fifo_and_bounded() -> None:
         ring.pop()
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_clear_returns_what_pops_would_and_leaves_an_empty_ring_that_works(seed: int) -> None:
+    rng = random.Random(seed)
+    capacity = rng.randint(1, 12)
+    ring, model = RingBuffer(capacity), RingBuffer(capacity)
+    offset = 0
+    for _ in range(rng.randint(0, 40)):  # pushes and pops until the head has wrapped
+        if rng.random() < 0.6 and len(ring) < capacity:
+            record = Record(
+                A, offset, None, b"x" * rng.randint(0, 9), (), 0, 0.0, 1, rng.choice([0, 1, 2])
+            )
+            ring.push(record)
+            model.push(record)
+            offset += 1
+        elif len(ring):
+            assert ring.pop() is model.pop()
+    expected = [model.pop() for _ in range(len(model))]
+    assert ring.clear() == expected
+    assert len(ring) == 0 and ring.bytes == 0
+    assert ring.oldest_by_class() == (None, None, None)
+    assert ring._slots == [None] * capacity  # no record stays referenced
+    again = rec(A, offset, size=3)
+    ring.push(again)
+    assert ring.pop() is again and ring.bytes == 0
+
+
 def test_pause_at_high_and_resume_at_low_watermark() -> None:
     bufs = PartitionBuffers(capacity=8, high_watermark=0.5, low_watermark=0.25)
     assert bufs.assign([A]).resume == (A,)
