@@ -302,6 +302,13 @@ class RingBuffer:
         return cast(list[Record], records)
 
 
+def high_mark(capacity: int, high_watermark: float) -> int:
+    """The records at which a ring of ``capacity`` pauses its partition: ``high_watermark`` x
+    ``capacity``, rounded, within 1..``capacity`` (the source sizes librdkafka's prefetch by
+    the same number)."""
+    return max(1, min(capacity, round(high_watermark * capacity)))
+
+
 @dataclass(frozen=True, slots=True)
 class FlowControl:
     """Partitions the source must pause or resume; either may be empty."""
@@ -358,11 +365,11 @@ class PartitionBuffers:
         capacity_bytes: int | None = None,
     ) -> None:
         self.capacity = capacity
-        self.high = max(1, min(capacity, round(high_watermark * capacity)))
+        self.high = high_mark(capacity, high_watermark)
         self.low = min(self.high - 1, int(low_watermark * capacity))
-        self.capacity_bytes = capacity_bytes
-        self.high_bytes = math.inf if capacity_bytes is None else high_watermark * capacity_bytes
-        self.low_bytes = math.inf if capacity_bytes is None else low_watermark * capacity_bytes
+        self.capacity_bytes = math.inf if capacity_bytes is None else capacity_bytes
+        self.high_bytes = high_watermark * self.capacity_bytes
+        self.low_bytes = low_watermark * self.capacity_bytes
         self._rings: dict[TopicPartition, RingBuffer] = {}
         self._paused: set[TopicPartition] = set()
 
@@ -527,11 +534,9 @@ class PartitionBuffers:
         return FlowControl(resume=resume) if resume else NO_CHANGE
 
     def fill_ratios(self) -> dict[TopicPartition, float]:
-        """Fill of each ring as a fraction of capacity: the larger of its records' and (with
-        ``capacity_bytes``) its bytes' fraction."""
+        """Fill of each ring as a fraction of capacity: the larger of its records' and its
+        bytes' fraction (without ``capacity_bytes``, the bytes' is 0)."""
         capacity, capacity_bytes = self.capacity, self.capacity_bytes
-        if capacity_bytes is None:
-            return {tp: len(ring) / capacity for tp, ring in self._rings.items()}
         return {
             tp: max(len(ring) / capacity, ring.bytes / capacity_bytes)
             for tp, ring in self._rings.items()

@@ -20,7 +20,6 @@ waits on its control queue instead (a resume wakes it at once), with some paused
 from __future__ import annotations
 
 import contextlib
-import math
 import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ from confluent_kafka import Consumer, KafkaException
 from streamproc.config import Config
 from streamproc.intake.lane import Lane
 from streamproc.intake.rebalance import Assignment, RebalanceHandler
-from streamproc.intake.rings import FlowControl
+from streamproc.intake.rings import FlowControl, high_mark
 from streamproc.intake.routing import route
 from streamproc.intake.source_control import COMMIT_NOW, STOP_FETCHING, SourceControl
 from streamproc.intake.thread import SourceThread, message_error
@@ -63,10 +62,10 @@ how long a partition whose prefetch is full waits before it is considered for a 
 def prefetch_settings(config: Config) -> dict[str, int]:
     """How much librdkafka prefetches: ``queued.min.messages`` (documented per partition) =
     what a ring takes before its partition pauses (``buffers.high_watermark`` x
-    ``buffers.ring_capacity``, at least 1), and ``fetch.queue.backoff.ms``
-    :data:`FETCH_QUEUE_BACKOFF_MS`. ``queued.max.messages.kbytes`` (64 MiB, the whole
-    consumer's) is left as it is: a ring of large messages pauses by its bytes long before
-    12,288 records, so its prefetch is bounded by those 64 MiB, as before.
+    ``buffers.ring_capacity``: :func:`~streamproc.intake.rings.high_mark`), and
+    ``fetch.queue.backoff.ms`` :data:`FETCH_QUEUE_BACKOFF_MS`. ``queued.max.messages.kbytes``
+    (64 MiB, the whole consumer's) is left as it is: a ring of large messages pauses by its
+    bytes long before 12,288 records, so its prefetch is bounded by those 64 MiB, as before.
 
     librdkafka's defaults prefetch up to 100,000 messages per partition (``queued.min.messages``,
     bounded by ``queued.max.messages.kbytes``) and drop them when the partition is paused, so
@@ -78,7 +77,7 @@ def prefetch_settings(config: Config) -> dict[str, int]:
     """
     buffers = config.buffers
     return {
-        "queued.min.messages": max(1, math.ceil(buffers.high_watermark * buffers.ring_capacity)),
+        "queued.min.messages": high_mark(buffers.ring_capacity, buffers.high_watermark),
         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
     }
 

@@ -316,7 +316,7 @@ def test_the_consumer_prefetches_per_partition_what_its_ring_takes_before_it_pau
         overrides={"pipelines": [PIPELINE], "buffers": {"ring_capacity": 2, "low_watermark": 0.1}},
         bootstrap="b:1",
     )
-    assert consumer_settings(tiny, guarantee)["queued.min.messages"] == 2  # ceil(0.75 x 2)
+    assert consumer_settings(tiny, guarantee)["queued.min.messages"] == 2  # round(0.75 x 2)
     # the user's kafka.consumer still decides
     mine = {"queued.min.messages": 7, "fetch.queue.backoff.ms": 100}
     config = load_config(
