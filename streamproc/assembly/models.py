@@ -56,7 +56,10 @@ def version_loader(spec: PipelineConfig, workload: Workload, shared: Shared) -> 
     precision = spec.precision or config.worker.precision
     key = "worker.precision" if spec.precision is None else f"pipelines.{index}.precision"
     devices = [d.device for d in shared.devices]
-    rows, headroom = config.batching.max_batch_size, spec.model.memory_headroom
+    rows, headroom = (
+        spec.max_batch_rows(config.batching, workload.max_batch_size),
+        spec.model.memory_headroom,
+    )
 
     def load(files: ModelVersionFiles, serving: LoadedVersion | None) -> LoadedVersion:
         return load_version(files, workload, devices, precision, rows, serving, headroom, key)

@@ -136,7 +136,7 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
         )
     except ConfigError as exc:
         raise ConfigError(f"pipelines[{spec.name!r}]: {exc}") from exc
-    staging = build_staging_pool(workload, shared)
+    staging = build_staging_pool(spec, workload, shared)
     decoder = shared.decoding.decoder(spec, workload, staging)
     topic, metrics, settings = spec.input_topic, shared.metrics, shared.config.worker
     metrics.pool_capacity.labels(topic).set(staging.capacity)
@@ -201,14 +201,14 @@ def fusable(devices: Sequence[DeviceSpec], fused_lane: str) -> bool:
     return one_cpu and fused_lane != "never"
 
 
-def build_staging_pool(workload: Workload, shared: Shared) -> StagingPool:
-    """``worker.staging_buffers`` slabs per device of ``batching.max_batch_size`` rows of the
-    workload's item shape and dtype; pinned where a device is CUDA, in shared memory where
-    decode processes write them."""
+def build_staging_pool(spec: PipelineConfig, workload: Workload, shared: Shared) -> StagingPool:
+    """``worker.staging_buffers`` slabs per device of the pipeline's largest batch
+    (``PipelineConfig.max_batch_rows``) in rows of the workload's item shape and dtype;
+    pinned where a device is CUDA, in shared memory where decode processes write them."""
     config = shared.config
     return StagingPool(
         config.worker.staging_buffers * len(shared.devices),
-        config.batching.max_batch_size,
+        spec.max_batch_rows(config.batching, workload.max_batch_size),
         workload.item_shape,
         workload.item_dtype,
         pin=any(d.device.type == "cuda" for d in shared.devices),
@@ -231,7 +231,7 @@ def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane
             buffers.ring_capacity_bytes,
         ),
         Batcher(
-            batching.max_batch_size,
+            spec.max_batch_rows(batching, workload.max_batch_size),
             batching.max_batch_bytes,
             batching.max_wait_s,
             adaptive=batching.adaptive_batch_size,
@@ -274,7 +274,7 @@ def build_device_worker(
         ),
         on_model_failure=settings.on_model_failure,
         oom_recovery_s=settings.oom_recovery_s,
-        on_cap=cap_reporter(lane, device.label, shared),
+        on_cap=cap_reporter(lane, device.label, staging.rows, shared),
         on_outcome=outcome_counter(topic, device.label, shared.metrics),
         hold=hold,
     )
@@ -330,10 +330,11 @@ def build_device_model(
     return model
 
 
-def cap_reporter(lane: Lane, device: str, shared: Shared) -> Callable[[int], None]:
-    """A device worker's ``on_cap``: the lane cuts at most the cap; the gauge shows it."""
+def cap_reporter(lane: Lane, device: str, max_rows: int, shared: Shared) -> Callable[[int], None]:
+    """A device worker's ``on_cap``: the lane cuts at most the cap; the gauge shows it (at
+    first ``max_rows``, the pipeline's largest batch)."""
     gauge = shared.metrics.batch_size_cap.labels(lane.topic, device)
-    gauge.set(shared.config.batching.max_batch_size)
+    gauge.set(max_rows)
 
     def report(cap: int) -> None:
         gauge.set(cap)

@@ -288,6 +288,9 @@ class ModelConfig(_Section):
         return self
 
 
+MAX_BATCH_SIZE_LIMIT = 4096
+"""The largest accepted ``max_batch_size`` (``batching`` or ``pipelines[]``)."""
+
 DEFAULT_LATENCY_TARGET_MS: dict[str, float] = {"high": 30.0, "normal": 100.0, "low": 2000.0}
 """``pipelines[].latency_target_ms`` left unset, by the pipeline's priority class (its
 ``priority``, else its workload's): ``high`` 30 ms, what a trading or fraud check is judged by
@@ -307,6 +310,10 @@ class PipelineConfig(_Section):
     while the device can; ``streamproc_latency_p99_seconds`` and
     ``streamproc_latency_over_target_seconds_total`` say when it cannot. Milliseconds, above 0,
     up to 3600000; unset: by priority (:data:`DEFAULT_LATENCY_TARGET_MS`).
+
+    ``max_batch_size``: this pipeline's largest batch (1..4096); unset: ``batching.max_batch_size``
+    where that is set, else the workload's own (``Workload.max_batch_size``: trades and iot
+    256, video 4, other workloads 4).
     """
 
     name: str = Field(min_length=1)
@@ -333,6 +340,8 @@ class PipelineConfig(_Section):
     on_expired: Literal["result", "dead_letter"] = "result"
     # the P99 consume -> acknowledgement the batcher aims for; None: by priority
     latency_target_ms: float | None = None
+    # the largest batch; None: batching.max_batch_size, else the workload's
+    max_batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE_LIMIT)
     # results must follow their inputs' order per key (a stateful workload): a share group
     # (kafka.group_type: share), which keeps no order, is refused for this pipeline
     ordered: bool = False
@@ -357,6 +366,16 @@ class PipelineConfig(_Section):
                 f"left out, the priority's default ({defaults})"
             )
         return number
+
+    def max_batch_rows(self, batching: BatchingConfig, workload_max: int) -> int:
+        """The pipeline's largest batch in rows: its ``max_batch_size``, else
+        ``batching.max_batch_size``, else ``workload_max`` (its workload's
+        ``Workload.max_batch_size``)."""
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        if batching.max_batch_size is not None:
+            return batching.max_batch_size
+        return workload_max
 
     def latency_target_s(self, priority: Priority) -> float:
         """The latency target in seconds: ``latency_target_ms``, else the default of
@@ -426,6 +445,11 @@ def _default_priority_waits() -> dict[PriorityName, float]:
 class BatchingConfig(_Section):
     """When the batcher cuts a batch.
 
+    ``max_batch_size``: the largest batch of every pipeline without its own
+    (``pipelines[].max_batch_size``); unset (the default), each pipeline takes its workload's
+    (``Workload.max_batch_size``: trades and iot 256, video 4; 4 for a workload that names
+    none): a light record's per-batch costs are spread over many rows, a frame's batch stays
+    one a CPU runs in well under a second.
     ``max_wait_ms`` is the normal class's longest wait after consume; ``priority_max_wait_ms``
     overrides it per class (latency-critical ``high`` cuts early). ``adaptive_batch_size``
     measures the device (calibrated at start-up on zero batches, then on every batch) and aims
@@ -434,7 +458,7 @@ class BatchingConfig(_Section):
     lane's recent messages is longer than the time left (waiting would add latency only).
     """
 
-    max_batch_size: int = Field(default=4, ge=1, le=4096)
+    max_batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE_LIMIT)
     max_batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_wait_ms: WaitMs = 20.0
     priority_max_wait_ms: dict[PriorityName, WaitMs] = Field(

@@ -122,6 +122,10 @@ class Workload:
         default_priority: the class of a record without a ``priority`` header (a
             :class:`~streamproc.records.Priority`, or its name: ``high``, ``normal``, ``low``);
             the replay stamps it into the header (trades high, IoT normal, video low).
+        max_batch_size: the largest batch of its pipelines where neither
+            ``pipelines[].max_batch_size`` nor ``batching.max_batch_size`` is set (rows;
+            built-ins from the registry: trades and iot 256, video 4; 4 unless a subclass
+            says more: a model of unknown cost per row starts with small batches).
         refused_precisions: precision name (``worker.precision``) -> why this workload's
             model must not run at it (measured); refused at start-up with that reason.
         ordered: its results must follow their inputs' order per key (a stateful workload,
@@ -133,6 +137,7 @@ class Workload:
     default_priority: Priority | str = Priority.NORMAL
     item_shape: tuple[int, ...] = ()
     item_dtype: np.dtype = np.dtype(np.uint8)
+    max_batch_size: int = 4
     refused_precisions: Mapping[str, str] = MappingProxyType({})
     input_formats: tuple[str, ...] = ("json",)
     ordered: bool = False

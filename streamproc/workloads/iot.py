@@ -167,6 +167,7 @@ class IotWorkload(StructFormats, CheckpointScorer):
     item_shape = (WINDOW, len(CYCLING_CHANNELS))
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
+    max_batch_size = BUILTIN_WORKLOADS[name].max_batch_size
     weights = WEIGHTS
     model_class = SensorAutoencoder
 

@@ -43,6 +43,11 @@ class BuiltinWorkload:
         recording_size: ``"module:function"`` returning the distinct messages in one pass.
         default_priority: the class of a record without a ``priority`` header, and the
             header the replayer stamps on every message.
+        max_batch_size: its pipelines' largest batch unless config sets one
+            (``Workload.max_batch_size``): light records (trades, iot) 256, so a batch's fixed
+            costs are spread over many rows (a trades backlog: about 180 CPU-us per result at
+            batches of 4, 22-26 at 256; docs/benchmarks.md); video 4 (a frame's model call is
+            most of its cost; a batch of 4 keeps a CPU lane's cycle short).
         demo_messages, demo_rate_msg_s: what ``streamproc demo`` replays (messages, open-loop
             rate): about 26 s each, within what a 2-core CPU machine serves for all built-ins
             at once.
@@ -53,6 +58,7 @@ class BuiltinWorkload:
     replay_messages: str
     recording_size: str
     default_priority: Priority
+    max_batch_size: int
     demo_messages: int
     demo_rate_msg_s: float
 
@@ -83,6 +89,7 @@ BUILTIN_WORKLOADS: Mapping[str, BuiltinWorkload] = MappingProxyType(
                 "streamproc.workloads.video:replay_messages",
                 "streamproc.workloads.video:recording_size",
                 default_priority=Priority.LOW,
+                max_batch_size=4,
                 demo_messages=370,
                 demo_rate_msg_s=14.0,
             ),
@@ -92,6 +99,7 @@ BUILTIN_WORKLOADS: Mapping[str, BuiltinWorkload] = MappingProxyType(
                 "streamproc.workloads.iot:replay_messages",
                 "streamproc.workloads.iot:recording_size",
                 default_priority=Priority.NORMAL,
+                max_batch_size=256,
                 demo_messages=536,
                 demo_rate_msg_s=20.0,
             ),
@@ -101,6 +109,7 @@ BUILTIN_WORKLOADS: Mapping[str, BuiltinWorkload] = MappingProxyType(
                 "streamproc.workloads.trades:replay_messages",
                 "streamproc.workloads.trades:recording_size",
                 default_priority=Priority.HIGH,
+                max_batch_size=256,
                 demo_messages=3600,
                 demo_rate_msg_s=140.0,
             ),

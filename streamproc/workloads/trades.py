@@ -235,6 +235,7 @@ class TradesWorkload(StructFormats, CheckpointScorer):
     item_shape = (FEATURES,)
     item_dtype = np.dtype(np.float32)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
+    max_batch_size = BUILTIN_WORKLOADS[name].max_batch_size
     weights = WEIGHTS
     model_class = TradeAutoencoder
     # Measured on the 10,736 held-out trades (benchmarks/precision.py, docs/models.md): the

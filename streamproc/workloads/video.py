@@ -207,6 +207,7 @@ class VideoWorkload(Workload):
     item_shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
     item_dtype = np.dtype(np.uint8)
     default_priority = BUILTIN_WORKLOADS[name].default_priority
+    max_batch_size = BUILTIN_WORKLOADS[name].max_batch_size
     input_formats = ("json", "avro", "protobuf")  # json: the plain image value
     avro_reader = SCHEMAS / "video.avsc"
     avro_result = SCHEMAS / "video-result.avsc"

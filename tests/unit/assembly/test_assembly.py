@@ -68,6 +68,42 @@ def test_one_topic_stages_per_pipeline_and_one_device_worker_per_device() -> Non
     assert pipeline.state is State.CLOSED
 
 
+def _largest_batches(config: Config) -> dict[str, tuple[int, float | None]]:
+    """Per pipeline: its staging slabs' rows and its ``batch_size_cap`` gauge at start."""
+    pipeline = _pipeline(config)
+    try:
+        registry = pipeline.metrics.registry
+        return {
+            t.topic: (
+                t.staging.rows,
+                registry.get_sample_value(
+                    "streamproc_batch_size_cap", {"topic": t.topic, "device": "cpu:0"}
+                ),
+            )
+            for t in pipeline.stages.topics
+        }
+    finally:
+        pipeline.close()
+
+
+def test_a_pipeline_batches_up_to_its_workloads_size_unless_config_sets_one() -> None:
+    cpu = {"device": "cpu"}
+    # the built-ins' own: light records take batches of up to 256
+    assert _largest_batches(_config([TRADES, IOT], worker=cpu)) == {
+        "t": (256, 256.0),
+        "i": (256, 256.0),
+    }
+    # batching.max_batch_size sets every pipeline's; pipelines[].max_batch_size one's own
+    mine = {**IOT, "max_batch_size": 32}
+    assert _largest_batches(
+        _config([TRADES, mine], worker=cpu, batching={"max_batch_size": 8})
+    ) == {"t": (8, 8.0), "i": (32, 32.0)}
+    # a workload that names no size: 4
+    assert Workload.max_batch_size == 4
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.max_batch_size"):
+        _config([{**TRADES, "max_batch_size": 0}])
+
+
 def test_decode_processes_share_the_staging_slabs() -> None:
     pipeline = _pipeline(_config([TRADES], worker={"device": "cpu", "decode_mode": "process"}))
     try:
