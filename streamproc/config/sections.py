@@ -447,7 +447,7 @@ class BatchingConfig(_Section):
 
     ``max_batch_size``: the largest batch of every pipeline without its own
     (``pipelines[].max_batch_size``); unset (the default), each pipeline takes its workload's
-    (``Workload.max_batch_size``: trades and iot 256, video 4; 4 for a workload that names
+    (``Workload.max_batch_size``: trades and iot 64, video 4; 4 for a workload that names
     none): a light record's per-batch costs are spread over many rows, a frame's batch stays
     one a CPU runs in well under a second.
     ``max_wait_ms`` is the normal class's longest wait after consume; ``priority_max_wait_ms``

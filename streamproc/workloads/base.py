@@ -124,7 +124,7 @@ class Workload:
             the replay stamps it into the header (trades high, IoT normal, video low).
         max_batch_size: the largest batch of its pipelines where neither
             ``pipelines[].max_batch_size`` nor ``batching.max_batch_size`` is set (rows;
-            built-ins from the registry: trades and iot 256, video 4; 4 unless a subclass
+            built-ins from the registry: trades and iot 64, video 4; 4 unless a subclass
             says more: a model of unknown cost per row starts with small batches).
         refused_precisions: precision name (``worker.precision``) -> why this workload's
             model must not run at it (measured); refused at start-up with that reason.

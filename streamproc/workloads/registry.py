@@ -44,10 +44,12 @@ class BuiltinWorkload:
         default_priority: the class of a record without a ``priority`` header, and the
             header the replayer stamps on every message.
         max_batch_size: its pipelines' largest batch unless config sets one
-            (``Workload.max_batch_size``): light records (trades, iot) 256, so a batch's fixed
-            costs are spread over many rows (a trades backlog: about 180 CPU-us per result at
-            batches of 4, 22-26 at 256; docs/benchmarks.md); video 4 (a frame's model call is
-            most of its cost; a batch of 4 keeps a CPU lane's cycle short).
+            (``Workload.max_batch_size``): light records (trades, iot) 64, so a batch's fixed
+            costs are spread over many rows (capacity 3-5x that at 4) while a batch's cycle
+            stays short; iot's overload run kept 0.92 of its capacity in time at 64 against
+            0.17-0.28 at 256 (docs/benchmarks.md, "Batch sizes per workload"); video 4 (a
+            frame's model call is most of its cost; a batch of 4 keeps a CPU lane's cycle
+            short).
         demo_messages, demo_rate_msg_s: what ``streamproc demo`` replays (messages, open-loop
             rate): about 26 s each, within what a 2-core CPU machine serves for all built-ins
             at once.
@@ -99,7 +101,7 @@ BUILTIN_WORKLOADS: Mapping[str, BuiltinWorkload] = MappingProxyType(
                 "streamproc.workloads.iot:replay_messages",
                 "streamproc.workloads.iot:recording_size",
                 default_priority=Priority.NORMAL,
-                max_batch_size=256,
+                max_batch_size=64,
                 demo_messages=536,
                 demo_rate_msg_s=20.0,
             ),
@@ -109,7 +111,7 @@ BUILTIN_WORKLOADS: Mapping[str, BuiltinWorkload] = MappingProxyType(
                 "streamproc.workloads.trades:replay_messages",
                 "streamproc.workloads.trades:recording_size",
                 default_priority=Priority.HIGH,
-                max_batch_size=256,
+                max_batch_size=64,
                 demo_messages=3600,
                 demo_rate_msg_s=140.0,
             ),

@@ -88,10 +88,10 @@ def _largest_batches(config: Config) -> dict[str, tuple[int, float | None]]:
 
 def test_a_pipeline_batches_up_to_its_workloads_size_unless_config_sets_one() -> None:
     cpu = {"device": "cpu"}
-    # the built-ins' own: light records take batches of up to 256
+    # the built-ins' own: light records take batches of up to 64
     assert _largest_batches(_config([TRADES, IOT], worker=cpu)) == {
-        "t": (256, 256.0),
-        "i": (256, 256.0),
+        "t": (64, 64.0),
+        "i": (64, 64.0),
     }
     # batching.max_batch_size sets every pipeline's; pipelines[].max_batch_size one's own
     mine = {**IOT, "max_batch_size": 32}
