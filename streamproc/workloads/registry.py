@@ -46,7 +46,7 @@ class BuiltinWorkload:
         max_batch_size: its pipelines' largest batch unless config sets one
             (``Workload.max_batch_size``): light records (trades, iot) 64, so a batch's fixed
             costs are spread over many rows (capacity 3-5x that at 4) while a batch's cycle
-            stays short; iot's overload run kept 0.92 of its capacity in time at 64 against
+            stays short; under overload iot kept 0.43-0.92 of its capacity in time at 64,
             0.17-0.28 at 256 (docs/benchmarks.md, "Batch sizes per workload"); video 4 (a
             frame's model call is most of its cost; a batch of 4 keeps a CPU lane's cycle
             short).
