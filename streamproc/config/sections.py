@@ -313,7 +313,7 @@ class PipelineConfig(_Section):
 
     ``max_batch_size``: this pipeline's largest batch (1..4096); unset: ``batching.max_batch_size``
     where that is set, else the workload's own (``Workload.max_batch_size``: trades and iot
-    256, video 4, other workloads 4).
+    64, video 4, other workloads 4).
     """
 
     name: str = Field(min_length=1)
