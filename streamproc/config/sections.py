@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from streamproc.records import Priority
-from streamproc.workloads.registry import BUILTIN_WORKLOADS
+from streamproc.workloads.registry import BUILTIN_WORKLOADS, MAX_BATCH_SIZE_LIMIT
 
 Scalar = str | int | float | bool
 
@@ -287,9 +287,6 @@ class ModelConfig(_Section):
             )
         return self
 
-
-MAX_BATCH_SIZE_LIMIT = 4096
-"""The largest accepted ``max_batch_size`` (``batching`` or ``pipelines[]``)."""
 
 DEFAULT_LATENCY_TARGET_MS: dict[str, float] = {"high": 30.0, "normal": 100.0, "low": 2000.0}
 """``pipelines[].latency_target_ms`` left unset, by the pipeline's priority class (its

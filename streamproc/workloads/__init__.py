@@ -27,7 +27,11 @@ from streamproc.workloads.base import (
     require_value,
     source_coordinates,
 )
-from streamproc.workloads.registry import BUILTIN_WORKLOADS, BuiltinWorkload
+from streamproc.workloads.registry import (
+    BUILTIN_WORKLOADS,
+    MAX_BATCH_SIZE_LIMIT,
+    BuiltinWorkload,
+)
 
 __all__ = [
     "BUILTIN_WORKLOADS",
@@ -47,7 +51,8 @@ def load_workload(spec: str, options: dict[str, Any] | None = None) -> Workload:
 
     Raises:
         ConfigError: unknown name, missing file, unimportable module, bad options, or a factory
-            that does not return a Workload.
+            that does not return a Workload or returns one whose ``max_batch_size`` is not an
+            integer from 1 to 4096.
     """
     options = dict(options or {})
     try:
@@ -81,5 +86,11 @@ def _from_factory(spec: str, options: dict[str, Any]) -> Workload:
         raise ConfigError(
             f"pipelines.workload: {spec!r} returned {type(workload).__name__}, "
             "expected a streamproc.workloads.Workload"
+        )
+    size = workload.max_batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE_LIMIT:
+        raise ConfigError(
+            f"pipelines.workload: {spec!r} has max_batch_size {size!r}; allowed: an integer "
+            f"from 1 to {MAX_BATCH_SIZE_LIMIT} (or set pipelines[].max_batch_size)"
         )
     return workload

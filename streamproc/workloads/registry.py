@@ -30,6 +30,10 @@ def _resolve(target: str) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
+MAX_BATCH_SIZE_LIMIT = 4096
+"""The largest accepted ``max_batch_size``: ``batching``, ``pipelines[]`` or a workload's own."""
+
+
 @dataclass(frozen=True)
 class BuiltinWorkload:
     """One built-in workload.

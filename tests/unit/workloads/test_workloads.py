@@ -86,3 +86,19 @@ def test_example_user_pipeline_loads_by_name() -> None:
 def test_bad_workload_specs_fail_at_start_up(spec: str, options: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_workload(spec, options)
+
+
+@pytest.mark.parametrize("size", [0, -3, 4097, 10_000, True, 2.5, "64", None])
+def test_a_workload_with_a_bad_largest_batch_fails_at_start_up_naming_it(
+    size: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A factory's workload sizes the staging slabs with its ``max_batch_size``: a value outside
+    1..4096 (or not an integer) is refused with the workload and the allowed values, not left
+    to fail in torch (a negative dimension) or to pass the limit config enforces."""
+    from examples import zscore
+
+    monkeypatch.setattr(zscore.ZScoreWorkload, "max_batch_size", size)
+    with pytest.raises(ConfigError, match=r"'examples.zscore:make_workload' has max_batch_size"):
+        load_workload("examples.zscore:make_workload")
+    monkeypatch.setattr(zscore.ZScoreWorkload, "max_batch_size", 4096)
+    assert load_workload("examples.zscore:make_workload").max_batch_size == 4096
