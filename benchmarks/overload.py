@@ -236,7 +236,7 @@ def _fresh(bootstrap: str, prefix: str) -> str:
 
 def _delete(bootstrap: str, topic: str) -> None:
     """Delete a run's topics once read: its input, results and dead letters. A run at tens of
-    thousands of msg/s writes gigabytes; 8 runs kept filled this machine's disk (17 GB)."""
+    thousands of msg/s writes gigabytes: 8 runs whose topics were kept filled a disk (17 GB)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topics = [topic, f"{topic}.out", f"{topic}.dlq"]
     for future in admin.delete_topics(topics, operation_timeout=30).values():

@@ -50,11 +50,21 @@ def load_workload(spec: str, options: dict[str, Any] | None = None) -> Workload:
     """Instantiate the workload named by ``spec``.
 
     Raises:
-        ConfigError: unknown name, missing file, unimportable module, bad options, or a factory
-            that does not return a Workload or returns one whose ``max_batch_size`` is not an
+        ConfigError: unknown name, missing file, unimportable module, bad options, a factory
+            that does not return a Workload, or a workload whose ``max_batch_size`` is not an
             integer from 1 to 4096.
     """
-    options = dict(options or {})
+    workload = _instantiate(spec, dict(options or {}))
+    size = workload.max_batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE_LIMIT:
+        raise ConfigError(
+            f"pipelines.workload: {spec!r} has max_batch_size {size!r}; allowed: an integer "
+            f"from 1 to {MAX_BATCH_SIZE_LIMIT} (or set pipelines[].max_batch_size)"
+        )
+    return workload
+
+
+def _instantiate(spec: str, options: dict[str, Any]) -> Workload:
     try:
         if spec in BUILTIN_WORKLOADS:
             return BUILTIN_WORKLOADS[spec].load_class()(**options)
@@ -86,11 +96,5 @@ def _from_factory(spec: str, options: dict[str, Any]) -> Workload:
         raise ConfigError(
             f"pipelines.workload: {spec!r} returned {type(workload).__name__}, "
             "expected a streamproc.workloads.Workload"
-        )
-    size = workload.max_batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE_LIMIT:
-        raise ConfigError(
-            f"pipelines.workload: {spec!r} has max_batch_size {size!r}; allowed: an integer "
-            f"from 1 to {MAX_BATCH_SIZE_LIMIT} (or set pipelines[].max_batch_size)"
         )
     return workload

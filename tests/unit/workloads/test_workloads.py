@@ -102,3 +102,12 @@ def test_a_workload_with_a_bad_largest_batch_fails_at_start_up_naming_it(
         load_workload("examples.zscore:make_workload")
     monkeypatch.setattr(zscore.ZScoreWorkload, "max_batch_size", 4096)
     assert load_workload("examples.zscore:make_workload").max_batch_size == 4096
+
+
+def test_a_built_in_workloads_largest_batch_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is where every workload is loaded, not only on the factory path."""
+    from streamproc.workloads.trades import TradesWorkload
+
+    monkeypatch.setattr(TradesWorkload, "max_batch_size", 0)
+    with pytest.raises(ConfigError, match=r"'trades' has max_batch_size 0"):
+        load_workload("trades")
