@@ -16,7 +16,7 @@
 # VARIANT=cuda  the whole requirements.lock: the host needs only the NVIDIA driver and container
 #               toolkit (docker run --gpus all / the Kubernetes NVIDIA device plugin).
 #
-# Both stages use the same BASE_IMAGE, because the virtualenv copied into the final stage links
+# Every stage uses the same BASE_IMAGE, because the virtualenv copied into the final stage links
 # to that image's Python. The final stage has no compilers, no pip and runs as UID 10001; it works
 # with a read-only root filesystem as long as /tmp is writable (HOME and every cache live there).
 # PIP_INDEX_URL (optional) and deploy/docker/ca-certificates/*.crt (optional, git-ignored; extra
@@ -24,8 +24,12 @@
 
 ARG BASE_IMAGE=python:3.11.13-slim-bookworm
 
-FROM ${BASE_IMAGE} AS build
-# Lets `deploy/images/build.sh` remove the untagged build-stage image the legacy builder leaves.
+# Three build stages, so that the final image's large layer (the dependencies, about 4 GB with
+# torch) is rebuilt only when requirements.lock changes, not on every change to the package: a
+# rebuild per change used to leave a 4 GB layer behind in the builder's cache and in a Kubernetes
+# node's image store each time, until a host ran out of disk.
+FROM ${BASE_IMAGE} AS deps
+# Lets `deploy/images/build.sh` remove the untagged build-stage images the legacy builder leaves.
 LABEL io.streamproc.stage=build
 ARG VARIANT=cpu
 ARG PIP_INDEX_URL=
@@ -52,22 +56,33 @@ RUN if [ -z "$PIP_INDEX_URL" ]; then unset PIP_INDEX_URL; fi; \
       *) echo "VARIANT must be cpu or cuda, got '$VARIANT'" >&2; exit 1 ;; \
     esac; \
     pip install --no-deps --requirement /tmp/requirements.txt
-COPY pyproject.toml README.md ./
-COPY streamproc ./streamproc
-COPY deploy/docker/streamproc-render-config /opt/streamproc/bin/streamproc-render-config
 # CPU variant: drop the CUDA libraries that only a GPU ever loads (cuDNN's engine/graph/adv/ops
 # sub-libraries, cusolverMg, the CUPTI profiler hosts): not mapped by `import torch` nor by CPU
 # inference (measured via /proc/self/maps), about 1 GB. libcudnn.so itself stays (linked).
-RUN pip install --no-deps --no-build-isolation . \
- && if [ "$VARIANT" = cpu ]; then \
+RUN if [ "$VARIANT" = cpu ]; then \
       site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
       rm -f "$site"/nvidia/cudnn/lib/libcudnn_*.so.* "$site"/nvidia/*/lib/libcusolverMg.so.* \
             "$site"/nvidia/*/lib/libnvperf_*.so; \
-    fi \
+    fi
+
+# The dependencies as the final stage copies them: without pip.
+FROM deps AS deps-runtime
+RUN pip uninstall --yes pip
+
+# The package alone, under its own prefix (/opt/package, laid out as the virtualenv: bin/,
+# lib/python3.X/site-packages/); its scripts name /opt/streamproc/bin/python.
+FROM deps AS build
+COPY pyproject.toml README.md ./
+COPY streamproc ./streamproc
+COPY deploy/docker/streamproc-render-config /opt/package/bin/streamproc-render-config
+RUN pip install --no-deps --no-build-isolation --prefix /opt/package . \
+ && chmod 0755 /opt/package/bin/streamproc-render-config \
+ && site="$(python -c 'import sysconfig; \
+print(sysconfig.get_paths(vars={"base": "/opt/package"})["purelib"])')" \
+ && export PYTHONPATH="$site" \
  && python -c "import streamproc.cli, streamproc.workloads, torch; \
 print('torch', torch.__version__, torch.nn.Conv2d(3, 8, 3)(torch.randn(1, 3, 32, 32)).shape)" \
- && pip uninstall --yes pip \
- && chmod 0755 /opt/streamproc/bin/streamproc-render-config
+ && /opt/package/bin/streamproc --help >/dev/null
 
 FROM ${BASE_IMAGE} AS runtime
 ARG VARIANT=cpu
@@ -78,7 +93,8 @@ LABEL org.opencontainers.image.title="streamproc" \
 RUN groupadd --system --gid 10001 streamproc \
  && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
       --shell /usr/sbin/nologin streamproc
-COPY --from=build /opt/streamproc /opt/streamproc
+COPY --from=deps-runtime /opt/streamproc /opt/streamproc
+COPY --from=build /opt/package/ /opt/streamproc/
 # Everything the process may write goes under /tmp (an emptyDir or tmpfs with a read-only root).
 ENV PATH=/opt/streamproc/bin:$PATH \
     PYTHONUNBUFFERED=1 \

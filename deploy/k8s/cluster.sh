@@ -211,10 +211,29 @@ pause_image() {
   docker save "$PAUSE_IMAGE" | ctr_k8s images import - >/dev/null
 }
 
+# Removes every image the node holds under its id alone (sha256:..., the reference the CRI adds
+# for an image a pod ran) whose manifest no named image points at any more: the copy a newer
+# image of the same name replaced. Then collects garbage at once (rm --sync, with a throwaway tag
+# so that it runs even when nothing was stale): the layers no image references any more go.
+drop_unnamed_images() {
+  local stale gc_tag=streamproc.local/gc:now
+  stale="$(ctr_k8s images ls 2>/dev/null | awk 'NR > 1 {
+      if ($1 ~ /^sha256:/) unnamed[$1] = $3; else named[$3] = 1 }
+    END { for (ref in unnamed) if (!(unnamed[ref] in named)) print ref }')"
+  [[ -z "$stale" ]] || log "removing the node's stale image copies: $(echo "$stale" | tr '\n' ' ')"
+  ctr_k8s images tag --force "$PAUSE_IMAGE" "$gc_tag" >/dev/null
+  # shellcheck disable=SC2086 # one argument per reference
+  ctr_k8s images rm --sync $stale "$gc_tag" >/dev/null
+}
+
 # Copies IMAGE from the Docker engine into the node's image store unless it is there already
-# with the same image id (recorded in a label at import).
+# with the same image id (recorded in a label at import); then drops the copies the new ones
+# replaced (drop_unnamed_images) and fails, saying so, when the disk is too full for the kubelet.
+# Kept, each rebuilt streamproc image left its layers in the store (about 8 GB of content and
+# unpacked snapshot before the Dockerfile gave the dependencies a layer of their own), until the
+# kubelet saw disk pressure and the Kafka pod never started.
 load() {
-  local image id name
+  local image id name free_kib
   for image in "$@"; do
     id="$(docker image inspect --format '{{.Id}}' "$image")" || die "no image $image in Docker"
     # the name the kubelet asks for (Docker's normalisation)
@@ -232,6 +251,15 @@ load() {
     docker save "$image" | ctr_k8s images import - >/dev/null
     ctr_k8s images label "$name" "streamproc.io/docker-id=$id" >/dev/null
   done
+  drop_unnamed_images
+  # the kubelet evicts every pod below 1 GiB free (evictionHard above); the checks' broker data,
+  # logs and emptyDirs need room above that
+  free_kib="$(df --output=avail -k "$IMAGES" | tail -1)"
+  if ((free_kib < 3 * 2 ** 20)); then
+    die "only $((free_kib / 1024)) MiB free on the disk of $IMAGES: the kubelet evicts pods" \
+      "below 1 GiB and the checks need 2 GiB above that; free space (docker builder prune," \
+      "docker image prune) and run again"
+  fi
 }
 
 up() {
