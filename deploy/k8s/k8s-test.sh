@@ -137,14 +137,14 @@ phase load
 # shellcheck disable=SC2016 # the variables envsubst may replace
 envsubst '${KAFKA_IP} ${KAFKA_IMAGE}' <"$HERE/manifests/kafka.yaml" | kubectl apply -f - >/dev/null
 if ! kubectl -n kafka rollout status deployment/kafka --timeout=180s >/dev/null; then
-  # what a reader of CI's log needs to tell a slow start from a pod that cannot run
-  log "the Kafka broker was not ready in 180 s; the node, the pod and its events:"
-  kubectl get nodes -o wide >&2 || true
+  # what a reader of CI's log needs to tell a slow start from a pod that cannot run: the node's
+  # taints and conditions (disk pressure), the free disk, and the checks' own diagnosis of a
+  # namespace (pods, events, unready pods described, their logs)
+  log "the Kafka broker was not ready in 180 s; the node, the disk, the pod and its events:"
   kubectl describe node | sed -n '/^Taints:/p;/^Conditions:/,/^Addresses:/p' >&2 || true
-  kubectl -n kafka get pods -o wide >&2 || true
-  kubectl -n kafka describe pods >&2 || true
-  kubectl -n kafka logs deployment/kafka --tail=60 >&2 || true
   df -h "$ROOT" >&2 || true
+  "$PYTHON" -c 'import sys; from tests.k8s.kube import diagnosis; print(diagnosis(sys.argv[1]))' \
+    kafka >&2 || true
   die "the Kafka broker in the cluster did not become ready"
 fi
 log "Kafka broker ready at $KAFKA_IP:9092"

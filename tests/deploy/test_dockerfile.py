@@ -61,19 +61,31 @@ def test_builds_with_the_legacy_builder_and_pulls_no_frontend() -> None:
                 assert set(flags) <= {"from"}, (dockerfile.name, word, args)
             if word == "RUN":
                 assert not args.startswith("--"), (dockerfile.name, args)
-        froms = [args for word, args in instructions(dockerfile) if word == "FROM"]
-        assert froms and all(f.startswith("${") for f in external(froms)), (dockerfile.name, froms)
+        images = external_images(dockerfile)
+        assert images and all(i.startswith("${") for i in images), (dockerfile.name, images)
 
 
-def external(froms: list[str]) -> list[str]:
-    """The FROM lines that name an image, not a stage named earlier in the same Dockerfile."""
+def stages(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """Each stage in order: (the image or earlier stage it is FROM, its name or "", its
+    instructions after FROM)."""
+    result: list[tuple[str, str, list[tuple[str, str]]]] = []
+    for word, args in instructions(dockerfile):
+        if word == "FROM":
+            image, _, name = args.partition(" AS ")
+            result.append((image.strip(), name.strip(), []))
+        elif result:
+            result[-1][2].append((word, args))
+    return result
+
+
+def external_images(dockerfile: Path = DOCKERFILE) -> list[str]:
+    """The images the stages are FROM, leaving out the stages built FROM an earlier stage."""
     named: set[str] = set()
     images = []
-    for args in froms:
-        image, _, name = args.partition(" AS ")
-        if image.strip() not in named:
-            images.append(args)
-        named.add(name.strip())
+    for image, name, _ in stages(dockerfile):
+        if image not in named:
+            images.append(image)
+        named.add(name)
     return images
 
 
@@ -106,7 +118,7 @@ def test_multi_stage_cpu_by_default_cuda_by_build_arg() -> None:
     items = instructions()
     froms = [args for word, args in items if word == "FROM"]
     assert len(froms) >= 2
-    assert all(f.startswith("${BASE_IMAGE}") for f in external(froms))
+    assert all(i.startswith("${BASE_IMAGE}") for i in external_images())
     args = [args for word, args in items if word == "ARG"]
     assert "VARIANT=cpu" in args
     assert any(a.startswith("BASE_IMAGE=python:3.11") for a in args)
@@ -126,25 +138,11 @@ def test_final_stage_is_non_root_without_compilers() -> None:
     assert copies and all(c.startswith("--from=") for c in copies), "only built stages are copied"
 
 
-def stages() -> dict[str, tuple[str, list[tuple[str, str]]]]:
-    """Each named stage: (what it is FROM, its instructions after FROM)."""
-    result: dict[str, tuple[str, list[tuple[str, str]]]] = {}
-    current: list[tuple[str, str]] = []
-    for word, args in instructions():
-        if word == "FROM":
-            image, _, name = args.partition(" AS ")
-            current = []
-            result[name.strip()] = (image.strip(), current)
-        else:
-            current.append((word, args))
-    return result
-
-
 def test_a_change_to_the_package_rebuilds_no_dependency_layer() -> None:
     """CI, 2026-12-06: one 3.9 GB layer held dependencies and package, so every code change left
     a copy behind (BuildKit's cache, the test cluster's node) until the disk filled. The final
     stage copies the dependencies from a stage that never sees the package's source."""
-    by_name = stages()
+    by_name = {name: (image, items) for image, name, items in stages() if name}
     copies = [args.split() for word, args in final_stage() if word == "COPY"]
     sources = {src.removeprefix("--from="): dest for src, _, dest in copies}
     deps_stage = next(name for name, dest in sources.items() if dest == "/opt/streamproc")
