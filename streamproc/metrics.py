@@ -211,6 +211,20 @@ class Metrics:
         self.paused = Gauge(
             "streamproc_paused_partitions", "Partitions paused by flow control", registry=reg
         )
+        self.unacknowledged_bytes = Gauge(
+            "streamproc_unacknowledged_bytes",
+            "Bytes (keys and values) of inputs whose results are produced and not yet "
+            "acknowledged, by input topic (bounded by buffers.max_unacknowledged_bytes)",
+            _TOPIC,
+            registry=reg,
+        )
+        self.unacknowledged_wait = Counter(
+            "streamproc_unacknowledged_wait_seconds",
+            "Time the results waited for acknowledgements at buffers.max_unacknowledged_bytes "
+            "before they were produced, by input topic",
+            _TOPIC,
+            registry=reg,
+        )
 
     def _add_offsets(self) -> None:
         """Commits, transactions and results that can no longer be committed."""

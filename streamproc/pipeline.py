@@ -394,8 +394,9 @@ class Pipeline:
 
         Steps:
             1. stop fetching (pause all partitions; the consumer keeps polling);
-            2. stop the model threads (no version is loaded from then on) and the dispatchers
-               (records still in rings stay uncommitted);
+            2. close the acknowledgement windows (results no longer wait for acknowledgements:
+               intake has stopped), stop the model threads (no version is loaded from then on)
+               and the dispatchers (records still in rings stay uncommitted);
             3. let the device workers finish their in-flight batches, and the resequencers
                hand their results over in cut order (what waits behind a batch that never
                completed is dropped, uncommitted);
@@ -445,6 +446,9 @@ class Pipeline:
         if stages.shared.schemas is not None:
             stages.shared.schemas.abandon()  # lookups waiting for an unreachable registry end
         # Step 2
+        for topic in stages.topics:  # intake stopped: results no longer wait for their acks
+            if topic.window is not None:
+                topic.window.close()
         for manager in stages.managers:
             manager.stop(min(left_s(), MODEL_THREAD_JOIN_S))  # no new version while draining
         for dispatcher in stages.dispatchers:

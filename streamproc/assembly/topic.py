@@ -35,6 +35,7 @@ from streamproc.metrics import Metrics
 from streamproc.models.precision import build_model
 from streamproc.output.resequencer import Resequencer
 from streamproc.output.results import ResultHandler
+from streamproc.output.window import AckWindow
 from streamproc.records import Priority
 from streamproc.schemas.results import result_serializer
 from streamproc.workloads import ModelFn, Workload, load_workload
@@ -58,6 +59,9 @@ class TopicStages:
     """The lane's fused route (one CPU device and ``worker.fused_lane`` not ``never``)."""
     model: VersionedModel | None = None
     """A versioned pipeline's resident versions and model thread (``pipelines[].model``)."""
+    window: AckWindow | None = None
+    """The lane's acknowledgement window (``buffers.max_unacknowledged_bytes``), closed at the
+    drain."""
 
     @property
     def topic(self) -> str:
@@ -155,6 +159,11 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
             build_device_model(spec, workload, device.device, shared.config)
             for device in shared.devices
         )
+    window = AckWindow(
+        shared.config.buffers.max_unacknowledged_bytes,
+        metrics.unacknowledged_bytes.labels(topic),
+        metrics.unacknowledged_wait.labels(topic),
+    )
     handler = ResultHandler(
         spec,
         workload,
@@ -162,6 +171,7 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
         metrics,
         observe=lane.observe,
         version_of=None if model is None else model.versions.observe,
+        window=window,
     )
     resequencer = Resequencer(topic, handler, load.released, shared.on_fatal, metrics=metrics)
 
@@ -185,7 +195,7 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
     fused = None
     if fusable(shared.devices, shared.config.worker.fused_lane):
         fused = FusedRun(workers[0], resequencer, load, functools.partial(lane.observe, whole=True))
-    return TopicStages(lane, decoder, staging, workers, load, resequencer, fused, model)
+    return TopicStages(lane, decoder, staging, workers, load, resequencer, fused, model, window)
 
 
 def fusable(devices: Sequence[DeviceSpec], fused_lane: str) -> bool:

@@ -412,10 +412,17 @@ class BuffersConfig(_Section):
     ``low_watermark``. The records bound rings of light messages, the bytes rings of large
     ones, so one default serves both: with 16,384 records and 8 MiB, trades (159 B) pause at
     12,288 records, iot (893 B) at about 7,000, video frames (28 KB JPEG) at about 220
-    (docs/operations.md, Sizing memory)."""
+    (docs/operations.md, Sizing memory).
+
+    ``max_unacknowledged_bytes`` bounds, per pipeline, the inputs (keys and values) whose
+    results are produced and not yet acknowledged: they are kept until then, because a result
+    refused for good dead-letters its input. At the bound the results wait for
+    acknowledgements, the devices keep their batches, and the rings fill and pause
+    (``streamproc.output.window``)."""
 
     ring_capacity: int = Field(default=16_384, ge=2, le=1_000_000)
     ring_capacity_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1 << 40)
+    max_unacknowledged_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1 << 40)
     high_watermark: float = Field(default=0.75, gt=0.0, le=1.0)
     low_watermark: float = Field(default=0.25, ge=0.0, lt=1.0)
 

@@ -17,7 +17,7 @@ its row to the failed set before it counts down.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, cast
@@ -123,16 +123,33 @@ class BatchAck:
     Args:
         handler: recovers refused results and takes acknowledged inputs.
         batch: the results.
+        settle: called once, after the last report is handled (the lane's
+            :class:`~streamproc.output.window.AckWindow` uncounts the batch's inputs); None: none.
 
     Attributes:
         batch: the results.
         one_callback: True when the values are distinct: :meth:`delivered` serves every row.
     """
 
-    __slots__ = ("_acks", "_failed", "_handler", "_rows", "_size", "batch", "one_callback")
+    __slots__ = (
+        "_acks",
+        "_failed",
+        "_handler",
+        "_rows",
+        "_settle",
+        "_size",
+        "batch",
+        "one_callback",
+    )
 
-    def __init__(self, handler: DeliveryHandler, batch: OutputBatch) -> None:
+    def __init__(
+        self,
+        handler: DeliveryHandler,
+        batch: OutputBatch,
+        settle: Callable[[], None] | None = None,
+    ) -> None:
         self._handler = handler
+        self._settle = settle
         self.batch = batch
         self._size = len(batch.records)
         self.one_callback = len(set(batch.values)) == len(batch.values)
@@ -180,4 +197,8 @@ class BatchAck:
         if self._failed:
             failed = self._failed
             records = [r for i, r in enumerate(records) if i not in failed]
-        self._handler.acknowledged(batch.topic, records, exemplar)
+        try:
+            self._handler.acknowledged(batch.topic, records, exemplar)
+        finally:
+            if self._settle is not None:
+                self._settle()

@@ -32,6 +32,7 @@ from streamproc.output.headers import (
     expired_headers,
 )
 from streamproc.output.sink import Sink
+from streamproc.output.window import AckWindow
 from streamproc.records import Headers, Record, Trace
 from streamproc.workloads import Encoded, Workload
 
@@ -51,6 +52,9 @@ class ResultHandler:
         version_of: called with each batch before its results are produced; returns the
             name of the model version that made them (a versioned pipeline's
             :meth:`~streamproc.models.versions.ModelVersions.observe`; None: ``builtin``).
+        window: the lane's acknowledgement window: a batch's results wait there while the
+            lane's inputs awaiting acknowledgement are at ``buffers.max_unacknowledged_bytes``
+            (None: no bound).
     """
 
     def __init__(
@@ -62,8 +66,10 @@ class ResultHandler:
         attempts: int = 3,
         observe: Callable[[int, float], None] | None = None,
         version_of: Callable[[DeviceResult], str] | None = None,
+        window: AckWindow | None = None,
     ) -> None:
         self._attempts = attempts
+        self._window = window
         self._version_of = version_of
         self._versions: dict[str, bytes] = {}
         self._observe = observe
@@ -188,8 +194,11 @@ class ResultHandler:
             headers = [row[2] for row in rows]
         if clock is not None:
             clock.lap("encode")
+        settle = None
+        if self._window is not None and kept:  # a wait here counts in the produce stage
+            settle = self._window.hold(sum([record.size_bytes for record in kept]))
         self._sink.send_results(
-            pipeline.output_topic, kept, values, headers, pipeline.dead_letter_topic, clock
+            pipeline.output_topic, kept, values, headers, pipeline.dead_letter_topic, clock, settle
         )
         if trace is not None and not kept:
             trace.finish()  # nothing to produce: no produce stage ends it

@@ -111,6 +111,7 @@ class Sink:
         headers: Sequence[OutputHeaders],
         dlq_topic: str,
         clock: Laps | None = None,
+        settle: Callable[[], None] | None = None,
     ) -> None:
         """Produce one batch's results to ``topic``.
 
@@ -124,11 +125,18 @@ class Sink:
                 ``produce``) instead.
             clock: the batch's stage clock (:mod:`streamproc.stages`): its ``produce`` stage
                 ends with the batch's last delivery report.
+            settle: called once after the batch's last delivery report is handled (the
+                lane's :class:`~streamproc.output.window.AckWindow`); at once when ``records``
+                is empty.
         """
         if not records:
+            if settle is not None:
+                settle()
             return
         ack = BatchAck(
-            self._deliveries, OutputBatch(topic, dlq_topic, records, values, headers, clock)
+            self._deliveries,
+            OutputBatch(topic, dlq_topic, records, values, headers, clock),
+            settle,
         )
         too_large, at_risk = self._limits.oversized(topic, records, values, headers)
         plan = self._guarantee.plan(records, at_risk)

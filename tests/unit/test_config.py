@@ -123,6 +123,15 @@ def test_a_ring_capacity_in_bytes_below_a_kilobyte_fails_at_start_naming_the_key
     assert config.buffers.ring_capacity_bytes == 8 * 1024 * 1024
 
 
+def test_max_unacknowledged_bytes_below_a_kilobyte_fails_at_start_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"buffers\.max_unacknowledged_bytes"):
+        load_config(
+            overrides={"pipelines": [PIPELINE], "buffers": {"max_unacknowledged_bytes": -1}}
+        )
+    config = load_config(overrides={"pipelines": [PIPELINE]}, bootstrap="b:1")
+    assert config.buffers.max_unacknowledged_bytes == 8 * 1024 * 1024
+
+
 def test_missing_pipelines_and_unset_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STREAMPROC_CONFIG", raising=False)
     with pytest.raises(ConfigError, match="pipelines") as missing:

@@ -34,6 +34,7 @@ class Sent:
         headers: list[list[tuple[str, bytes]]],
         dlq: str,
         clock: object = None,
+        settle: object = None,
     ) -> None:
         assert topic == "out"
         for record, value, row in zip(records, values, headers, strict=True):

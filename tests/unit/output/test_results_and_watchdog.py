@@ -31,6 +31,7 @@ class MemorySink:
         headers: list[list[tuple[str, bytes]]],
         dlq: str,
         clock: object = None,
+        settle: object = None,
     ) -> None:
         for record, value, row_headers in zip(records, values, headers, strict=True):
             assert dict(row_headers)["streamproc.source.offset"] == b"%d" % record.offset

@@ -1,0 +1,120 @@
+"""The acknowledgement window: a byte bound on one lane's inputs whose results are produced and
+not yet acknowledged.
+
+A batch's results keep their inputs (``OutputBatch.records``, payloads included) until the last
+delivery report, because a result refused for good dead-letters its input. The producer's
+queue limits count the results' bytes and messages, not the inputs behind them (a 40 kB video
+frame behind a result of a few hundred bytes), and a device's in-flight slot is freed when the
+batch's results are handed to the sink, not when they are acknowledged. Without this window,
+inputs held for acknowledgements that lag grow with the backlog while intake goes on.
+
+The lane's results thread (or its dispatcher, on a fused lane) calls :meth:`AckWindow.hold`
+before it hands a batch's results to the sink: while the lane's unacknowledged input bytes are
+at ``buffers.max_unacknowledged_bytes`` or above it waits. The batch's last delivery report (the
+``sink`` thread, ``BatchAck``) calls :meth:`AckWindow.settle`. While the results thread waits,
+its resequencer holds the next results, their devices' in-flight slots stay taken, the
+dispatcher stops cutting and the rings fill and pause: the same back-pressure as a busy device.
+
+The window admits a batch whenever it is below the limit, so the bytes held stay under
+``limit + one batch's inputs`` and a batch larger than the limit still goes when it is alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from prometheus_client import Counter, Gauge
+
+
+class AckWindow:
+    """One lane's unacknowledged input bytes and their limit.
+
+    ======================  =====================================  ============================
+    method                  called by                              does
+    ======================  =====================================  ============================
+    :meth:`hold`            results thread (dispatcher, fused)     wait below the limit, count
+    :meth:`settle`          ``sink`` thread (last delivery report) uncount, wake the waiter
+    :meth:`close`           main (pipeline drain)                  never wait again
+    ======================  =====================================  ============================
+
+    Its lock is a leaf: the metrics are set after it is released.
+
+    Args:
+        limit_bytes: the lane's bound (``buffers.max_unacknowledged_bytes``), >= 1.
+        held_gauge: ``streamproc_unacknowledged_bytes{topic}`` for the lane.
+        wait_counter: ``streamproc_unacknowledged_wait_seconds_total{topic}`` for the lane.
+        clock: monotonic seconds (injected in tests).
+
+    Raises:
+        ValueError: ``limit_bytes`` below 1.
+    """
+
+    def __init__(
+        self,
+        limit_bytes: int,
+        held_gauge: Gauge,
+        wait_counter: Counter,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if limit_bytes < 1:
+            raise ValueError(f"limit_bytes must be >= 1, got {limit_bytes}")
+        self.limit_bytes = limit_bytes
+        self._held_gauge = held_gauge
+        self._wait_counter = wait_counter
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._held = 0
+        self._waiting = 0
+        self._closed = False
+
+    @property
+    def held_bytes(self) -> int:
+        """Input bytes whose results are produced and not yet acknowledged, now."""
+        with self._cond:
+            return self._held
+
+    @property
+    def waiting(self) -> int:
+        """Threads waiting in :meth:`hold` now."""
+        with self._cond:
+            return self._waiting
+
+    def hold(self, nbytes: int) -> Callable[[], None]:
+        """Count ``nbytes`` of inputs about to be handed to the sink; first wait while the
+        lane holds ``limit_bytes`` or more (not once :meth:`close` was called).
+
+        Returns:
+            The call that uncounts them (:meth:`settle` bound to ``nbytes``), for the batch's
+            last delivery report; call it exactly once.
+        """
+        waited_s = 0.0
+        with self._cond:
+            if self._held >= self.limit_bytes and not self._closed:
+                started_s = self._clock()
+                self._waiting += 1
+                self._cond.wait_for(lambda: self._closed or self._held < self.limit_bytes)
+                self._waiting -= 1
+                waited_s = self._clock() - started_s
+            self._held += nbytes
+            held = self._held
+        self._held_gauge.set(held)
+        if waited_s:
+            self._wait_counter.inc(waited_s)
+        return lambda: self.settle(nbytes)
+
+    def settle(self, nbytes: int) -> None:
+        """``nbytes`` of inputs were acknowledged (or dead-lettered): uncount them."""
+        with self._cond:
+            self._held -= nbytes
+            held = self._held
+            self._cond.notify_all()
+        self._held_gauge.set(held)
+
+    def close(self) -> None:
+        """Stop bounding (the pipeline drains: intake has stopped); wakes a waiting
+        :meth:`hold`. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
