@@ -164,6 +164,7 @@ def build_topic_stages(spec: PipelineConfig, shared: Shared) -> TopicStages:
         metrics.unacknowledged_bytes.labels(topic),
         metrics.unacknowledged_wait.labels(topic),
     )
+    shared.sink.watch_window(window)
     handler = ResultHandler(
         spec,
         workload,

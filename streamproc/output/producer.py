@@ -154,6 +154,8 @@ class ResultsProducer:
         # Producers replaced while a call was still inside them (renew): kept alive, never
         # polled nor destroyed (destroying a handle a thread is inside is not safe).
         self._wedged: list[ProducerClient] = []
+        # Called after a renewal: the replaced producer's records are never reported.
+        self._on_renewed: list[Callable[[], None]] = []
         self._lone_settings = {**settings, "linger.ms": 0, "batch.num.messages": 1}
         self._lone: ProducerClient | None = None
         self._lone_lock = threading.Lock()
@@ -187,7 +189,14 @@ class ResultsProducer:
         self._wedged.append(self.client)
         self.client = fresh
         self._metrics.producer_renewals.inc()
+        for renewed in self._on_renewed:
+            renewed()
         return fresh
+
+    def on_renewed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after each :meth:`renew` (under the transaction lock, on the thread
+        that renews); register before the pipeline starts."""
+        self._on_renewed.append(callback)
 
     def produce_alone(
         self,

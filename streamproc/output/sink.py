@@ -39,6 +39,7 @@ from streamproc.output.headers import OutputHeaders
 from streamproc.output.latency import LatencyReport
 from streamproc.output.limits import RecordLimits
 from streamproc.output.producer import ResultsProducer, produce_waiting
+from streamproc.output.window import AckWindow
 from streamproc.records import Headers, Laps, Record
 from streamproc.tracing.context import own_trace_headers
 
@@ -98,6 +99,17 @@ class Sink:
         if self._producer.started:
             raise RuntimeError("the latency watch is set before the sink starts")
         self._deliveries.latency = LatencyReport(lanes, self._metrics)
+
+    def watch_window(self, window: AckWindow) -> None:
+        """Forget ``window``'s holds whenever the results producer is replaced (its records
+        are never reported; see :mod:`streamproc.output.window`); call before :meth:`start`.
+
+        Raises:
+            RuntimeError: the sink already started.
+        """
+        if self._producer.started:
+            raise RuntimeError("windows are watched before the sink starts")
+        self._producer.on_renewed(window.abandon)
 
     def start(self) -> None:
         """Start the ``sink`` thread, which polls the producers for delivery reports."""

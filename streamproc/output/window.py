@@ -10,20 +10,32 @@ inputs held for acknowledgements that lag grow with the backlog while intake goe
 
 The lane's results thread (or its dispatcher, on a fused lane) calls :meth:`AckWindow.hold`
 before it hands a batch's results to the sink: while the lane's unacknowledged input bytes are
-at ``buffers.max_unacknowledged_bytes`` or above it waits. The batch's last delivery report (the
-``sink`` thread, ``BatchAck``) calls :meth:`AckWindow.settle`. While the results thread waits,
-its resequencer holds the next results, their devices' in-flight slots stay taken, the
-dispatcher stops cutting and the rings fill and pause: the same back-pressure as a busy device.
+at ``buffers.max_unacknowledged_bytes`` or above it waits. The batch's last delivery report
+(the ``sink`` thread, ``BatchAck``) calls what :meth:`AckWindow.hold` returned. While the results
+thread waits, its resequencer holds the next results, their devices' in-flight slots stay taken,
+the dispatcher stops cutting and the rings fill and pause: the same back-pressure as a busy
+device.
 
 The window admits a batch whenever it is below the limit, so the bytes held stay under
 ``limit + one batch's inputs`` and a batch larger than the limit still goes when it is alone.
+
+A results producer replaced because a transactional call into it never returned (exactly-once,
+``ResultsProducer.renew``) is never polled again: the batches it holds never get their last
+report, and their transaction is aborted and their inputs consumed again. The sink then calls
+:meth:`AckWindow.abandon`, which forgets every hold; a late :meth:`hold`'s settle call of one of
+them does nothing. Forgetting a hold whose results still get acknowledged (one produced on the
+lone-record producer, or a batch between :meth:`hold` and the transaction lock at that moment)
+only loosens the bound by its bytes until then; keeping one that never settles would stop the
+lane for ever.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import Counter, Gauge
 
@@ -35,7 +47,8 @@ class AckWindow:
     method                  called by                              does
     ======================  =====================================  ============================
     :meth:`hold`            results thread (dispatcher, fused)     wait below the limit, count
-    :meth:`settle`          ``sink`` thread (last delivery report) uncount, wake the waiter
+    (its return value)      ``sink`` thread (last delivery report) uncount, wake the waiter
+    :meth:`abandon`         the thread renewing the producer       forget every hold
     :meth:`close`           main (pipeline drain)                  never wait again
     ======================  =====================================  ============================
 
@@ -66,6 +79,8 @@ class AckWindow:
         self._clock = clock
         self._cond = threading.Condition()
         self._held = 0
+        self._holds: dict[int, int] = {}  # hold number -> its bytes, until settled
+        self._numbers = itertools.count()
         self._waiting = 0
         self._closed = False
 
@@ -86,8 +101,8 @@ class AckWindow:
         lane holds ``limit_bytes`` or more (not once :meth:`close` was called).
 
         Returns:
-            The call that uncounts them (:meth:`settle` bound to ``nbytes``), for the batch's
-            last delivery report; call it exactly once.
+            The call that uncounts them, for the batch's last delivery report; a second call,
+            or one after :meth:`abandon`, does nothing.
         """
         waited_s = 0.0
         with self._cond:
@@ -97,20 +112,34 @@ class AckWindow:
                 self._cond.wait_for(lambda: self._closed or self._held < self.limit_bytes)
                 self._waiting -= 1
                 waited_s = self._clock() - started_s
+            number = next(self._numbers)
+            self._holds[number] = nbytes
             self._held += nbytes
             held = self._held
         self._held_gauge.set(held)
         if waited_s:
             self._wait_counter.inc(waited_s)
-        return lambda: self.settle(nbytes)
+        return partial(self._settle, number)
 
-    def settle(self, nbytes: int) -> None:
-        """``nbytes`` of inputs were acknowledged (or dead-lettered): uncount them."""
+    def _settle(self, number: int) -> None:
+        """Hold ``number``'s inputs were acknowledged (or dead-lettered): uncount them."""
         with self._cond:
+            nbytes = self._holds.pop(number, None)
+            if nbytes is None:
+                return  # settled before, or abandoned
             self._held -= nbytes
             held = self._held
             self._cond.notify_all()
         self._held_gauge.set(held)
+
+    def abandon(self) -> None:
+        """Forget every hold: their results will never be acknowledged (their producer was
+        replaced; see the module docstring)."""
+        with self._cond:
+            self._holds.clear()
+            self._held = 0
+            self._cond.notify_all()
+        self._held_gauge.set(0)
 
     def close(self) -> None:
         """Stop bounding (the pipeline drains: intake has stopped); wakes a waiting

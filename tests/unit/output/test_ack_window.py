@@ -192,6 +192,18 @@ def test_a_batch_larger_than_the_limit_goes_when_the_window_is_empty() -> None:
     assert w.held_bytes == 0
 
 
+def test_a_settle_counts_once_and_not_after_abandon() -> None:
+    w = window(limit_bytes=1024)
+    first, second = w.hold(100), w.hold(50)
+    first()
+    first()  # a second call of the same settle does nothing
+    assert w.held_bytes == 50
+    w.abandon()  # their producer was replaced: never reported
+    assert w.held_bytes == 0
+    second()  # a late report of an abandoned hold does nothing
+    assert w.held_bytes == 0
+
+
 def test_a_limit_below_one_byte_is_refused() -> None:
     with pytest.raises(ValueError, match="limit_bytes"):
         window(limit_bytes=0)

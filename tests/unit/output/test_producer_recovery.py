@@ -18,6 +18,7 @@ instance took the id over) still stops: a fresh one would fence the rightful own
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from streamproc.offsets.transactions import WEDGED, Transactions
 from streamproc.output.headers import source_headers
 from streamproc.output.producer import ResultsProducer
 from streamproc.output.sink import Sink
+from streamproc.output.window import AckWindow
 from streamproc.records import Record
 from tests.support.kafka_fakes import FakeConsumer, FakeProducer, factory, kafka_error
 from tests.unit.source_harness import TP, consume_again
@@ -97,10 +99,15 @@ class Pipeline:
     def consume(self) -> list[Record]:
         return consume_again(self.tracker, self.n)
 
-    def send(self, records: list[Record]) -> None:
+    def send(self, records: list[Record], settle: Callable[[], None] | None = None) -> None:
         values = [b"r%d" % r.offset for r in records]
         self.sink.send_results(
-            "out", records, values, [list(source_headers(r)) for r in records], "in.dlq"
+            "out",
+            records,
+            values,
+            [list(source_headers(r)) for r in records],
+            "in.dlq",
+            settle=settle,
         )
 
     def commit(self) -> bool:
@@ -142,6 +149,31 @@ def test_a_wedged_commit_replaces_the_producer_aborts_and_the_rewound_work_commi
         assert h.fresh.calls[-2:] == ["send_offsets_to_transaction", "commit_transaction"]
         assert h.tracker.watermarks([TP]) == {TP: 4}
         assert not h.fatal
+    finally:
+        h.wedging.release.set()
+
+
+def test_a_replaced_producer_forgets_the_lanes_unacknowledged_inputs() -> None:
+    """The wedged producer is never polled again: its records never get a report. Before the
+    sink told the lane's acknowledgement window, their bytes stayed counted for ever, and a few
+    renewals' worth stopped the lane (its results waiting for acknowledgements that never
+    come)."""
+    h = Pipeline(4)
+    metrics = Metrics()
+    window = AckWindow(
+        100, metrics.unacknowledged_bytes.labels("in"), metrics.unacknowledged_wait.labels("in")
+    )
+    h.sink.watch_window(window)
+    try:
+        records = h.consume()
+        h.send(records, window.hold(sum(r.size_bytes for r in records)))
+        assert window.held_bytes == sum(r.size_bytes for r in records) > 0
+        assert h.commit() is False  # wedged: replaced, aborted
+        assert window.held_bytes == 0
+        records = h.consume()  # the rewind's results are counted afresh
+        h.send(records, window.hold(sum(r.size_bytes for r in records)))
+        h.fresh.deliver()
+        assert window.held_bytes == 0
     finally:
         h.wedging.release.set()
 
