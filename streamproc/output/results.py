@@ -196,7 +196,7 @@ class ResultHandler:
             clock.lap("encode")
         settle = None
         if self._window is not None and kept:  # a wait here counts in the produce stage
-            settle = self._window.hold(sum([record.size_bytes for record in kept]))
+            settle = self._window.hold(sum([len(r.key or b"") + len(r.value or b"") for r in kept]))
         self._sink.send_results(
             pipeline.output_topic, kept, values, headers, pipeline.dead_letter_topic, clock, settle
         )
