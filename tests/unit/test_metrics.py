@@ -35,6 +35,8 @@ EXPOSED = [  # name and type of every family, in registration order (operators' 
     ("streamproc_stage_seconds", "histogram"),
     ("streamproc_ring_fill_ratio", "gauge"),
     ("streamproc_paused_partitions", "gauge"),
+    ("streamproc_unacknowledged_bytes", "gauge"),
+    ("streamproc_unacknowledged_wait_seconds", "counter"),
     ("streamproc_commits", "counter"),
     ("streamproc_commit_failures", "counter"),
     ("streamproc_transaction_aborts", "counter"),
