@@ -312,14 +312,19 @@ class ResultsProducer:
         self._lone = None
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.client.poll(0.05)
-            except KafkaException as exc:  # a fatal error of the producer
-                err = exc.args[0]
-                if not self._recovers(err):
-                    self._on_fatal(FatalPipelineError(f"producer failed: {err.str()}"))
-                    return
-            lone = self._lone
-            if lone is not None:
-                lone.poll(0)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.client.poll(0.05)
+                except KafkaException as exc:  # a fatal error of the producer
+                    err = exc.args[0]
+                    if not self._recovers(err):
+                        self._on_fatal(FatalPipelineError(f"producer failed: {err.str()}"))
+                        return
+                lone = self._lone
+                if lone is not None:
+                    lone.poll(0)
+        except BaseException as exc:
+            # A delivery callback raised (poll re-raises it). Nothing else serves the reports:
+            # every lane's results would wait for acknowledgements for ever, silently.
+            self._on_fatal(exc)

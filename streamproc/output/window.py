@@ -16,6 +16,11 @@ thread waits, its resequencer holds the next results, their devices' in-flight s
 the dispatcher stops cutting and the rings fill and pause: the same back-pressure as a busy
 device.
 
+Dead-letter records are not counted here: a dead-letter record carries its input's value (or
+leaves an oversized one out), so the producer's queue limit (``queue.buffering.max.kbytes``)
+bounds the inputs they keep. A result refused for good leaves the window with its batch's last
+report, when its dead-letter record is produced.
+
 The window admits a batch whenever it is below the limit, so the bytes held stay under
 ``limit + one batch's inputs`` and a batch larger than the limit still goes when it is alone.
 
@@ -52,7 +57,8 @@ class AckWindow:
     :meth:`close`           main (pipeline drain)                  never wait again
     ======================  =====================================  ============================
 
-    Its lock is a leaf: the metrics are set after it is released.
+    Its lock is a leaf: the gauge is set under it (the gauge's own lock takes no other), the
+    wait counter after it is released.
 
     Args:
         limit_bytes: the lane's bound (``buffers.max_unacknowledged_bytes``), >= 1.
@@ -115,8 +121,7 @@ class AckWindow:
             number = next(self._numbers)
             self._holds[number] = nbytes
             self._held += nbytes
-            held = self._held
-        self._held_gauge.set(held)
+            self._held_gauge.set(self._held)  # under the lock: in the order of the changes
         if waited_s:
             self._wait_counter.inc(waited_s)
         return partial(self._settle, number)
@@ -128,9 +133,8 @@ class AckWindow:
             if nbytes is None:
                 return  # settled before, or abandoned
             self._held -= nbytes
-            held = self._held
+            self._held_gauge.set(self._held)
             self._cond.notify_all()
-        self._held_gauge.set(held)
 
     def abandon(self) -> None:
         """Forget every hold: their results will never be acknowledged (their producer was
@@ -138,8 +142,8 @@ class AckWindow:
         with self._cond:
             self._holds.clear()
             self._held = 0
+            self._held_gauge.set(0)
             self._cond.notify_all()
-        self._held_gauge.set(0)
 
     def close(self) -> None:
         """Stop bounding (the pipeline drains: intake has stopped); wakes a waiting

@@ -156,7 +156,10 @@ def test_below_the_limit_results_go_out_without_waiting_for_acknowledgements() -
     lane.close()
 
 
-def test_a_refused_result_settles_once_its_dead_letter_record_is_acknowledged() -> None:
+def test_a_result_refused_for_good_settles_with_the_batchs_last_report() -> None:
+    """The refused result's input leaves the window when the batch's last report is in; its
+    dead-letter record (carrying the input's value) is then bounded by the producer's queue,
+    like every dead-letter record."""
     from confluent_kafka import KafkaError
 
     lane = Lane(limit_bytes=BATCH * len(FRAME))
@@ -167,6 +170,7 @@ def test_a_refused_result_settles_once_its_dead_letter_record_is_acknowledged() 
     assert lane.window.held_bytes == BATCH * len(FRAME)  # three results still unacknowledged
     lane.producer.deliver()  # the other results and the dead-letter record
     assert lane.window.held_bytes == 0
+    assert lane.producer.delivered[-1].topic == "in.dlq"
     assert lane.tracker.watermarks([TP])[TP] == BATCH
     lane.close()
 

@@ -233,3 +233,23 @@ def test_a_fenced_producer_still_stops_and_is_not_replaced() -> None:
     with pytest.raises(FatalPipelineError, match="fenced"):
         h.commit()
     assert h.fresh.calls == []  # a fresh producer would fence the rightful owner
+
+
+@dataclass
+class RaisingPoll(FakeProducer):
+    """``poll`` re-raises what a delivery callback raised, as confluent-kafka does."""
+
+    def poll(self, timeout: float = -1) -> int:
+        raise RuntimeError("a delivery callback failed")
+
+
+def test_a_delivery_callback_that_raises_stops_the_pipeline_instead_of_the_reports() -> None:
+    """Only the ``sink`` thread serves delivery reports once results wait for them (the
+    acknowledgement window). A callback error used to end that thread silently: every lane
+    then waited for acknowledgements for ever, ready and never idle."""
+    fatal: list[BaseException] = []
+    results = ResultsProducer(RaisingPoll(), {}, Metrics(), fatal.append, factory(FakeProducer()))
+    results.start(lambda err: False)
+    results._thread.join(BOUND_S)
+    assert not results._thread.is_alive()
+    assert [str(exc) for exc in fatal] == ["a delivery callback failed"]
