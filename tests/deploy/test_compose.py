@@ -45,6 +45,8 @@ METRICS = {
     "streamproc_latency_p99_seconds",
     "streamproc_latency_target_seconds",
     "streamproc_latency_over_target_seconds_total",
+    "streamproc_unacknowledged_bytes",
+    "streamproc_unacknowledged_wait_seconds_total",
 }
 
 
@@ -201,6 +203,7 @@ def test_prometheus_scrapes_streamproc() -> None:
         "StreamprocModelRolledBack",
         "StreamprocModelBroken",
         "StreamprocLatencyOverTarget",
+        "StreamprocAcknowledgementsLagging",
     }
     for rule in rules:
         assert set(re.findall(r"streamproc_[a-z0-9_]+", rule["expr"])) <= {
@@ -262,6 +265,7 @@ def test_alert_rules_have_promtool_unit_tests_for_lag_and_stalled_partitions() -
         "StreamprocPartitionsStalled",
         "StreamprocModelBroken",
         "StreamprocLatencyOverTarget",
+        "StreamprocAcknowledgementsLagging",
     } <= fired
 
 
