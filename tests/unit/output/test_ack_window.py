@@ -13,8 +13,6 @@ held for its acknowledgement.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -33,6 +31,7 @@ from streamproc.output.window import AckWindow
 from streamproc.records import Batch, Record, TopicPartition
 from streamproc.workloads import Encoded, Workload
 from tests.support.kafka_fakes import FakeProducer, factory
+from tests.support.waiting import wait_until
 
 TP = TopicPartition("in", 0)
 SPEC = PipelineConfig(name="p", input_topic="in", output_topic="out", workload="x:y")
@@ -47,15 +46,6 @@ def window(limit_bytes: int, metrics: Metrics | None = None) -> AckWindow:
         metrics.unacknowledged_bytes.labels("in"),
         metrics.unacknowledged_wait.labels("in"),
     )
-
-
-def until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    """Wait for another thread to reach ``condition`` (a deadline, not a fixed sleep)."""
-    deadline_s = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline_s:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.001)
 
 
 class Small(Workload):
@@ -125,16 +115,16 @@ class Lane:
 def test_lagging_acknowledgements_stop_the_next_cut_at_the_byte_limit() -> None:
     lane = Lane(limit_bytes=BATCH * len(FRAME))  # one batch's inputs fill the window
     lane.run_batch()
-    until(lane.can_cut, "batch 1's results handed to the sink")
+    wait_until(lane.can_cut, "batch 1's results handed to the sink")
     assert lane.results_out() == BATCH and lane.window.held_bytes == BATCH * len(FRAME)
 
     lane.run_batch()  # batch 2 completes while batch 1's acknowledgements lag
-    until(lambda: lane.window.waiting == 1, "batch 2's results waiting for acknowledgements")
+    wait_until(lambda: lane.window.waiting == 1, "batch 2's results waiting for acknowledgements")
     assert lane.results_out() == BATCH  # batch 2 not produced
     assert not lane.can_cut()  # its device slot stays taken: the dispatcher cuts nothing
 
     lane.producer.deliver()  # the broker acknowledges batch 1
-    until(lane.can_cut, "batch 2 produced after batch 1's acknowledgements")
+    wait_until(lane.can_cut, "batch 2 produced after batch 1's acknowledgements")
     assert lane.results_out() == 2 * BATCH
     assert lane.window.held_bytes == BATCH * len(FRAME)  # batch 2's inputs, until acknowledged
     lane.producer.deliver()
@@ -148,7 +138,7 @@ def test_below_the_limit_results_go_out_without_waiting_for_acknowledgements() -
     lane = Lane(limit_bytes=3 * BATCH * len(FRAME))
     for _ in range(3):
         lane.run_batch()
-        until(lane.can_cut, f"batch {lane.batch_id} handed to the sink")
+        wait_until(lane.can_cut, f"batch {lane.batch_id} handed to the sink")
     assert lane.results_out() == 3 * BATCH and lane.window.waiting == 0
     assert lane.metrics.unacknowledged_bytes.labels("in")._value.get() == 3 * BATCH * len(FRAME)
     lane.producer.deliver()
@@ -164,7 +154,7 @@ def test_a_result_refused_for_good_settles_with_the_batchs_last_report() -> None
 
     lane = Lane(limit_bytes=BATCH * len(FRAME))
     lane.run_batch()
-    until(lane.can_cut, "batch 1 handed to the sink")
+    wait_until(lane.can_cut, "batch 1 handed to the sink")
     first = lane.producer.pending.pop(0)
     first.report(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))  # dead-lettered
     assert lane.window.held_bytes == BATCH * len(FRAME)  # three results still unacknowledged
@@ -178,11 +168,11 @@ def test_a_result_refused_for_good_settles_with_the_batchs_last_report() -> None
 def test_close_releases_a_waiting_batch() -> None:
     lane = Lane(limit_bytes=BATCH * len(FRAME))
     lane.run_batch()
-    until(lane.can_cut, "batch 1 handed to the sink")
+    wait_until(lane.can_cut, "batch 1 handed to the sink")
     lane.run_batch()
-    until(lambda: lane.window.waiting == 1, "batch 2 waiting")
+    wait_until(lambda: lane.window.waiting == 1, "batch 2 waiting")
     lane.window.close()  # the drain: intake stopped, results no longer wait
-    until(lane.can_cut, "batch 2 produced after close")
+    wait_until(lane.can_cut, "batch 2 produced after close")
     assert lane.results_out() == 2 * BATCH
     lane.producer.deliver()
     lane.close()
@@ -220,7 +210,7 @@ def test_settle_wakes_every_waiter_below_the_limit() -> None:
     threads = [threading.Thread(target=lambda: done.append(w.hold(10) and 1)) for _ in range(2)]
     for t in threads:
         t.start()
-    until(lambda: w.waiting == 2, "two holders waiting")
+    wait_until(lambda: w.waiting == 2, "two holders waiting")
     settle()
     for t in threads:
         t.join(5.0)
