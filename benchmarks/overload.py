@@ -18,7 +18,8 @@ real recording, ``streamproc.tools.replay``) on the same machine:
    ``--capacity-s`` seconds: capacity = results per second over the window (the most the
    consumer serves beside a producer at about the overload's rate: like is compared with like).
 3. *overload*: ``pipelines[].max_age_ms`` = ``--max-age-ms`` (default: 3/4 of the target, so a
-   record cut at its deadline still has a quarter of the target for its batch); ``--factor`` x
+   record cut at its deadline still has a quarter of the target for its batch) and
+   ``pipelines[].expire_when`` = ``--expire-when`` (default ``passed``, the product's); ``--factor`` x
    the capacity offered for ``--overload-s`` seconds, then ``--after-factor`` x capacity for
    ``--after-s`` seconds; then SIGTERM (the consumer drains).
 
@@ -248,7 +249,12 @@ def _delete(bootstrap: str, topic: str) -> None:
 
 
 def _config(
-    bootstrap: str, workload: str, topic: str, max_age_ms: float | None, target_ms: float
+    bootstrap: str,
+    workload: str,
+    topic: str,
+    max_age_ms: float | None,
+    target_ms: float,
+    expire_when: str = "passed",
 ) -> dict[str, Any]:
     pipeline: dict[str, object] = {
         "name": workload,
@@ -259,6 +265,7 @@ def _config(
     }
     if max_age_ms is not None:
         pipeline["max_age_ms"] = int(max_age_ms)
+        pipeline["expire_when"] = expire_when
     return {
         "kafka": {"bootstrap_servers": bootstrap, "group_id": f"{topic}-group"},
         "pipelines": [pipeline],
@@ -367,7 +374,8 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
     over_rate = args.factor * capacity
     after_rate = args.after_factor * capacity
     topic = _fresh(bootstrap, f"over.{workload}")
-    config = _config(bootstrap, workload, topic, args.max_age_ms or 0.75 * target_ms, target_ms)
+    max_age_ms = args.max_age_ms or 0.75 * target_ms
+    config = _config(bootstrap, workload, topic, max_age_ms, target_ms, args.expire_when)
     with consumer(config, Path.cwd(), work, topic) as proc:
         overload = CpuWindow(proc.pid)
         sent = produce(
@@ -479,6 +487,12 @@ def main() -> None:
     parser.add_argument("--target-ms", type=float, help="default: trades 30, iot 60")
     parser.add_argument(
         "--max-age-ms", type=float, help="pipelines[].max_age_ms; default: 3/4 of the target"
+    )
+    parser.add_argument(
+        "--expire-when",
+        choices=("passed", "predicted"),
+        default="passed",
+        help="pipelines[].expire_when in the overload phase",
     )
     parser.add_argument(
         "--drain-s", type=float, default=180.0, help="most s to wait for the backlog at the end"

@@ -50,6 +50,11 @@ class Laps(Protocol):
         """The batch's trace (None: not traced)."""
         ...
 
+    @property
+    def cut_s(self) -> float:
+        """When the batch was cut, monotonic seconds."""
+        ...
+
     def lap(self, stage: str) -> float:
         """``stage`` ended now: count its seconds once per record; returns now (monotonic
         seconds)."""

@@ -90,6 +90,7 @@ class StageClock:
             is handed to it, and its sampled trace id is the laps' exemplar.
 
     Attributes:
+        cut_s: when the batch was cut (``last_s`` at construction), monotonic seconds.
         lapped: the stages lapped so far, in order (tests and checks read it).
     """
 
@@ -98,7 +99,11 @@ class StageClock:
     last_s: float
     count: int
     trace: BatchTrace | None = None
+    cut_s: float = field(init=False)
     lapped: list[str] = field(init=False, factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        self.cut_s = self.last_s
 
     def lap(self, stage: str) -> float:
         """``stage`` ended now: count its seconds (since the previous stage ended) once per

@@ -42,7 +42,12 @@ from itertools import pairwise
 
 import numpy as np
 
-from streamproc.intake.latency import LatencyReading, LatencyTarget, candidate_sizes
+from streamproc.intake.latency import (
+    IN_FLIGHT_BATCHES,
+    LatencyReading,
+    LatencyTarget,
+    candidate_sizes,
+)
 from streamproc.intake.rings import RingView
 from streamproc.records import Priority
 
@@ -405,6 +410,23 @@ class Batcher:
         :meth:`AdaptiveBatchSize.unmeasured`; always None without the adaptive model)."""
         return self.sizer.unmeasured() if self.sizer is not None else None
 
+    def expiry_lead_s(self, size: int) -> float:
+        """How long after its cut a batch of ``size`` records is expected to be acknowledged,
+        in seconds: the median of the lane's recent batches from cut to acknowledgement
+        (:meth:`LatencyTarget.after_cut_s`); before any was acknowledged,
+        :data:`~streamproc.intake.latency.IN_FLIGHT_BATCHES` of the expected device times for
+        the size (its own batch and one ahead of it on its device). 0.0 without a latency
+        target or while nothing was measured: then only a deadline already passed expires a
+        record."""
+        latency = self.latency
+        if latency is None:
+            return 0.0
+        after_cut_s = latency.after_cut_s
+        if after_cut_s is not None:
+            return after_cut_s
+        service_s = latency.service_s(size)
+        return 0.0 if service_s is None else IN_FLIGHT_BATCHES * service_s
+
     def observe(self, size: int, service_s: float) -> None:
         """Feed back one batch's device time (used by the adaptive size model and the latency
         target's device time estimates)."""
@@ -414,13 +436,18 @@ class Batcher:
             self.latency.observe(size, service_s)
             self._refresh()
 
-    def acknowledged(self, consumed_s: np.ndarray, now_s: float) -> LatencyReading | None:
+    def acknowledged(
+        self, consumed_s: np.ndarray, now_s: float, cut_s: float | None = None
+    ) -> LatencyReading | None:
         """Results were acknowledged at ``now_s`` for records consumed at ``consumed_s``
-        (monotonic seconds, shape ``(n,)``): the latency target's measurement. Returns its
-        reading when one is due (None: not due, or no target)."""
+        (monotonic seconds, shape ``(n,)``) and cut at ``cut_s`` (None: not known): the latency
+        target's measurement. Returns its reading when one is due (None: not due, or no
+        target)."""
         latency = self.latency
         if latency is None:
             return None
+        if cut_s is not None:
+            latency.finished(now_s - cut_s)
         reading = latency.acknowledged(np.maximum(0.0, now_s - consumed_s), now_s)
         self._refresh()
         return reading

@@ -55,6 +55,9 @@ MAX_EXPIRED_PER_CUT = 1024
 bound keeps one cut's shedding (a few ms of produce calls) from delaying its live records
 without limit."""
 
+EXPIRE_WHEN = ("passed", "predicted")
+"""The values of ``pipelines[].expire_when`` (see :class:`Lane`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Offered:
@@ -119,6 +122,12 @@ class Lane:
         clock: monotonic clock in seconds (injected for tests).
         max_age_ms: the pipeline's ``max_age_ms`` (None: records expire only by their
             ``streamproc.deadline`` header); the source reads it as :attr:`deadlines`.
+        expire_when: the pipeline's ``expire_when``: ``"passed"``, a record expires at the cut
+            when its deadline has passed; ``"predicted"``, also when its batch is expected to
+            finish after it (:meth:`Batcher.expiry_lead_s` after the cut).
+
+    Raises:
+        ValueError: ``expire_when`` not one of those two.
     """
 
     def __init__(
@@ -130,8 +139,12 @@ class Lane:
         default_priority: Priority = Priority.NORMAL,
         clock: Callable[[], float] = time.monotonic,
         max_age_ms: int | None = None,
+        expire_when: str = "passed",
     ) -> None:
+        if expire_when not in EXPIRE_WHEN:
+            raise ValueError(f"expire_when must be one of {EXPIRE_WHEN}, got {expire_when!r}")
         self.topic = topic
+        self._predict_expiry = expire_when == "predicted"
         self.default_priority = default_priority
         self.deadlines = Deadlines(max_age_ms)
         self._buffers = buffers
@@ -227,11 +240,14 @@ class Lane:
                     if self._deadlines:
                         # an expired record takes no live record's place: shed a batch size
                         # per cut, each cost a whole cut (congestion collapse under overload)
+                        expire_s = now_s
+                        if self._predict_expiry:  # late by the time its batch is done
+                            expire_s += batcher.expiry_lead_s(decision.count)
                         records, expired, flow = buffers.take_live(
                             decision.count,
                             batcher.max_batch_bytes,
                             batcher.max_wait_s,
-                            now_s,
+                            expire_s,
                             MAX_EXPIRED_PER_CUT,
                         )
                     else:
@@ -269,17 +285,20 @@ class Lane:
                 if batcher.target < before:  # the latency cap or the adaptive size fell:
                     self._cond.notify()  # a smaller batch may be ready now
 
-    def delivered(self, consumed_s: np.ndarray, now_s: float) -> LatencyReading | None:
+    def delivered(
+        self, consumed_s: np.ndarray, now_s: float, cut_s: float | None = None
+    ) -> LatencyReading | None:
         """Results of records consumed at ``consumed_s`` (monotonic seconds, shape ``(n,)``)
-        were acknowledged at ``now_s``: the latency target's measurement (see
-        :meth:`Batcher.acknowledged`). Returns its reading when one is due; None without a
-        target. A waiting dispatcher is woken when the waits or the cap moved."""
+        and cut at ``cut_s`` (None: not known) were acknowledged at ``now_s``: the latency
+        target's measurement (see :meth:`Batcher.acknowledged`). Returns its reading when one
+        is due; None without a target. A waiting dispatcher is woken when the waits or the cap
+        moved."""
         with self._cond:
             batcher = self._batcher
             if batcher.latency is None:
                 return None
             before = (batcher.waits_s, batcher.latency_cap)
-            reading = batcher.acknowledged(consumed_s, now_s)
+            reading = batcher.acknowledged(consumed_s, now_s, cut_s)
             if (batcher.waits_s, batcher.latency_cap) != before:
                 self._cond.notify()  # a shorter wait may have passed, a smaller batch be ready
             return reading

@@ -60,6 +60,9 @@ WAIT_SHARE = 0.25
 """The longest wait after consume, as a share of the target (times the scale)."""
 IN_FLIGHT_BATCHES = 2
 """Batch device times a record may spend on its device: its own batch and one ahead of it."""
+AFTER_CUT_WINDOW = 32
+"""Batches whose time from cut to acknowledgement :attr:`LatencyTarget.after_cut_s` takes the
+median of (the newest)."""
 WINDOW_S = 10.0
 """The P99 reported is of the results acknowledged in the last this many seconds."""
 MAX_SAMPLES = 16_384
@@ -159,6 +162,10 @@ class LatencyTarget:
         self._warned_s = -math.inf
         self._warned_episode = False
         self._last_cap = 0
+        self._after_cut: deque[float] = deque(maxlen=AFTER_CUT_WINDOW)
+        self.after_cut_s: float | None = None
+        """The median seconds from cut to acknowledgement of the lane's last
+        :data:`AFTER_CUT_WINDOW` batches (None: none yet)."""
 
     # -- what the batcher asks -------------------------------------------------------------
     def waits_s(self, configured_s: tuple[float, ...]) -> tuple[float, ...]:
@@ -228,6 +235,15 @@ class LatencyTarget:
         recent.append(service_s)
         self._median_s[size] = statistics.median(recent)
         self.version += 1
+
+    def finished(self, after_cut_s: float) -> None:
+        """A batch's results were acknowledged ``after_cut_s`` seconds after its cut (ignored
+        unless finite and >= 0)."""
+        if not 0.0 <= after_cut_s < math.inf:
+            return
+        recent = self._after_cut
+        recent.append(after_cut_s)
+        self.after_cut_s = statistics.median(recent)
 
     def cut(self, backlog: bool) -> None:
         """A batch was cut; ``backlog``: a full batch more still waits behind it."""

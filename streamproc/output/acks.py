@@ -103,11 +103,16 @@ class DeliveryHandler(Protocol):
         ...
 
     def acknowledged(
-        self, topic: str, records: Sequence[Record], exemplar: dict[str, str] | None = None
+        self,
+        topic: str,
+        records: Sequence[Record],
+        exemplar: dict[str, str] | None = None,
+        cut_s: float | None = None,
     ) -> None:
         """Every report of a batch to ``topic`` is in: the broker acknowledged the results of
         ``records`` (inputs in batch order; those failed for good are left out); ``exemplar``:
-        the batch's sampled trace id, for its latency observations."""
+        the batch's sampled trace id, for its latency observations; ``cut_s``: when the batch
+        was cut (monotonic seconds; None: not known)."""
         ...
 
 
@@ -189,8 +194,10 @@ class BatchAck:
             return
         batch = self.batch
         exemplar = None
+        cut_s = None
         if batch.clock is not None:
             batch.clock.lap("produce")
+            cut_s = batch.clock.cut_s
             if batch.clock.trace is not None:
                 exemplar = batch.clock.trace.exemplar
         records: Sequence[Record] = batch.records
@@ -198,7 +205,7 @@ class BatchAck:
             failed = self._failed
             records = [r for i, r in enumerate(records) if i not in failed]
         try:
-            self._handler.acknowledged(batch.topic, records, exemplar)
+            self._handler.acknowledged(batch.topic, records, exemplar, cut_s)
         finally:
             if self._settle is not None:
                 self._settle()

@@ -96,11 +96,16 @@ class ResultDeliveries:
         return False
 
     def acknowledged(
-        self, topic: str, records: Sequence[Record], exemplar: dict[str, str] | None = None
+        self,
+        topic: str,
+        records: Sequence[Record],
+        exemplar: dict[str, str] | None = None,
+        cut_s: float | None = None,
     ) -> None:
         """Count the batch's acknowledged results and their end-to-end latency (input
         timestamp to now; ``exemplar``: the batch's sampled trace id), measure their lane's
-        latency target (consume to now), and tell the guarantee its inputs are done."""
+        latency target (consume to now; ``cut_s``: the batch's cut, monotonic seconds), and
+        tell the guarantee its inputs are done."""
         if not records:
             return
         self._metrics.child(self._metrics.produced, topic).inc(len(records))
@@ -109,5 +114,5 @@ class ResultDeliveries:
             np.maximum(0.0, (time.time() * 1000.0 - created_ms) / 1000.0), exemplar
         )
         if self.latency is not None:
-            self.latency.acknowledged(records)
+            self.latency.acknowledged(records, cut_s)
         self._guarantee.acknowledged(records)

@@ -49,8 +49,9 @@ class LatencyReport:
             self._over[topic].inc(0)  # the series exists from the start
         self._clock = clock
 
-    def acknowledged(self, records: Sequence[Record]) -> None:
-        """The broker acknowledged the results of ``records`` (one batch, one input topic)."""
+    def acknowledged(self, records: Sequence[Record], cut_s: float | None = None) -> None:
+        """The broker acknowledged the results of ``records`` (one batch, one input topic)
+        cut at ``cut_s`` (monotonic seconds; None: not known)."""
         if not records:
             return
         topic = records[0].tp.topic
@@ -58,7 +59,7 @@ class LatencyReport:
         if lane is None:
             return
         consumed_s = np.fromiter((r.consumed_at_s for r in records), np.float64, len(records))
-        reading = lane.delivered(consumed_s, self._clock())
+        reading = lane.delivered(consumed_s, self._clock(), cut_s)
         if reading is None:
             return
         if reading.p99_s is not None:

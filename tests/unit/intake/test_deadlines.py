@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
 import pytest
 
 from streamproc.intake import lane as lane_module
@@ -136,13 +137,59 @@ class Clock:
         return self.now_s
 
 
-def lane(clock: Clock, max_age_ms: int | None = None) -> Lane:
+def lane(
+    clock: Clock,
+    max_age_ms: int | None = None,
+    expire_when: str = "passed",
+    latency_target_s: float | None = None,
+) -> Lane:
     tracker = OffsetTracker()
     tracker.assign([TP])
     buffers = PartitionBuffers(16, 1.0, 0.5)
-    the_lane = Lane("t", buffers, Batcher(4, 1 << 20, 0.01), tracker, clock=clock)
+    batcher = Batcher(4, 1 << 20, 0.01, latency_target_s=latency_target_s)
+    the_lane = Lane("t", buffers, batcher, tracker, clock=clock, expire_when=expire_when)
     the_lane.assign([TP])
     return the_lane
+
+
+@pytest.mark.parametrize(("expire_when", "expired"), [("passed", [0]), ("predicted", [0, 2])])
+def test_predicted_expiry_sets_apart_records_whose_batch_would_finish_after_their_deadline(
+    expire_when: str, expired: list[int]
+) -> None:
+    # the lane's batches take 20 ms from cut to acknowledgement (median of the last ones,
+    # one slow outlier among them): a record due in 10 ms would be served late, one due in
+    # 50 ms in time. "passed" runs the first anyway; "predicted" spends no device time on it.
+    clock = Clock(100.0)
+    the_lane = lane(clock, expire_when=expire_when, latency_target_s=0.1)
+    for after_cut_s in (0.02, 0.02, 0.5):
+        the_lane.delivered(np.array([90.0]), 100.0, cut_s=100.0 - after_cut_s)
+    records = [record(0, 99.0), record(1, 100.05), record(2, 100.01), record(3)]
+    the_lane.offer(records, deadlines=True)  # a full batch: cut at once, at 100.0
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None
+    assert [r.offset for r in cut.expired] == expired
+    assert [r.offset for r in cut.records] == [o for o in (1, 2, 3) if o not in expired]
+
+
+def test_predicted_expiry_before_any_acknowledgement_uses_the_expected_device_time() -> None:
+    # no batch acknowledged yet: the lead is 2 x the expected device time of the batch
+    # (its own and one ahead of it); with nothing measured at all, only the passed expire
+    clock = Clock(100.0)
+    the_lane = lane(clock, expire_when="predicted", latency_target_s=0.1)
+    the_lane.offer([record(0, 100.005), record(1, 100.05), record(2), record(3)], deadlines=True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None and cut.expired == []  # nothing measured: nothing predicted
+    the_lane.observe(4, 0.004)  # batches of 4 take 4 ms on the device: the lead is 8 ms
+    the_lane.offer([record(4, 100.005), record(5, 100.05), record(6), record(7)], deadlines=True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None
+    assert [r.offset for r in cut.expired] == [4]
+    assert [r.offset for r in cut.records] == [5, 6, 7]
+
+
+def test_expire_when_must_be_passed_or_predicted() -> None:
+    with pytest.raises(ValueError, match="expire_when"):
+        lane(Clock(0.0), expire_when="early")
 
 
 def test_lane_cut_sets_records_past_their_deadline_apart() -> None:

@@ -10,9 +10,11 @@ from functools import partial
 from confluent_kafka import KafkaError
 
 from streamproc.kafka.protocols import DeliveryCallback
+from streamproc.metrics import Metrics
 from streamproc.output.acks import BatchAck, DeliveryHandler, OutputBatch, RefusedResult
 from streamproc.records import Record, TopicPartition
-from tests.support.kafka_fakes import FakeProducer
+from streamproc.stages import StageClock
+from tests.support.kafka_fakes import FakeClock, FakeProducer
 
 TP = TopicPartition("in", 0)
 REFUSED = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
@@ -25,6 +27,7 @@ class Handler:
         self.resend = resend or set()
         self.refused: list[RefusedResult] = []
         self.acknowledged_batches: list[tuple[str, list[int]]] = []
+        self.cuts: list[float | None] = []
         self.lone = FakeProducer()
 
     def recover(self, refused: RefusedResult, report: DeliveryCallback) -> bool:
@@ -36,9 +39,14 @@ class Handler:
         return True
 
     def acknowledged(
-        self, topic: str, records: Sequence[Record], exemplar: dict[str, str] | None = None
+        self,
+        topic: str,
+        records: Sequence[Record],
+        exemplar: dict[str, str] | None = None,
+        cut_s: float | None = None,
     ) -> None:
         self.acknowledged_batches.append((topic, [r.offset for r in records]))
+        self.cuts.append(cut_s)
 
 
 def produce(values: list[bytes], handler: DeliveryHandler) -> tuple[BatchAck, FakeProducer]:
@@ -67,6 +75,21 @@ def test_the_handler_hears_of_the_batch_once_after_its_last_report_in_any_order(
     assert handler.acknowledged_batches == []
     report(producer, b"b")
     assert handler.acknowledged_batches == [("out", [0, 1, 2])]  # batch order
+
+
+def test_the_handler_hears_when_a_timed_batch_was_cut() -> None:
+    # the lane's predicted expiry learns the time from cut to acknowledgement from this
+    handler = Handler()
+    clock = FakeClock(10.0)
+    series = Metrics().stage.labels("in", "produce")
+    records = [Record(TP, 0, None, b"in", (), 0, 0.0, 1)]
+    timed = StageClock({"produce": series}, clock, 9.75, 1)
+    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, [b"r"], [[]], clock=timed))
+    producer = FakeProducer()
+    producer.produce("out", b"r", on_delivery=ack.delivered)
+    report(producer, b"r")
+    assert handler.cuts == [9.75]
+    assert timed.lapped == ["produce"]
 
 
 def test_a_refused_row_reaches_the_handler_whole_and_is_left_out_when_failed_for_good() -> None:

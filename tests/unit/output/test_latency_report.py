@@ -50,3 +50,15 @@ def test_the_report_publishes_p99_target_and_time_over_and_warns_once() -> None:
         'streamproc_latency_p99_seconds{topic="other"}'
         not in generate_latest(metrics.registry).decode()
     )
+
+
+def test_the_report_hands_the_lane_each_batch_s_time_from_cut_to_acknowledgement() -> None:
+    # what the lane's predicted expiry (pipelines[].expire_when: predicted) reads as its lead
+    clock = FakeClock(100.0)
+    batcher = Batcher(4, 1 << 20, 0.02, latency_target_s=0.010)
+    lane = Lane("in", PartitionBuffers(8, 1.0, 0.0), batcher, OffsetTracker())
+    report = LatencyReport({"in": lane}, Metrics(), clock=clock)
+    assert batcher.expiry_lead_s(4) == 0.0  # nothing measured
+    report.acknowledged(make_records(A, range(4), consumed_at_s=99.9), cut_s=99.97)
+    report.acknowledged(make_records(A, range(4, 8), consumed_at_s=99.9))  # cut not known
+    assert batcher.expiry_lead_s(4) == pytest.approx(0.03)
