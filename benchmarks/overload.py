@@ -19,9 +19,9 @@ real recording, ``streamproc.tools.replay``) on the same machine:
    consumer serves beside a producer at about the overload's rate: like is compared with like).
 3. *overload*: ``pipelines[].max_age_ms`` = ``--max-age-ms`` (default: 3/4 of the target, so a
    record cut at its deadline still has a quarter of the target for its batch) and
-   ``pipelines[].expire_when`` = ``--expire-when`` (default ``passed``, the product's); ``--factor`` x
-   the capacity offered for ``--overload-s`` seconds, then ``--after-factor`` x capacity for
-   ``--after-s`` seconds; then SIGTERM (the consumer drains).
+   ``pipelines[].expire_when`` = ``--expire-when`` (default ``predicted``, the product's);
+   ``--factor`` x the capacity offered for ``--overload-s`` seconds, then ``--after-factor`` x
+   capacity for ``--after-s`` seconds; then SIGTERM (the consumer drains).
 
 After the last phase the bench waits up to ``--drain-s`` seconds for the group to commit the end
 of every partition. From the broker (read_committed): every input below the group's committed
@@ -491,8 +491,8 @@ def main() -> None:
     parser.add_argument(
         "--expire-when",
         choices=("passed", "predicted"),
-        default="passed",
-        help="pipelines[].expire_when in the overload phase",
+        default="predicted",
+        help="pipelines[].expire_when in the overload phase (the product's default: predicted)",
     )
     parser.add_argument(
         "--drain-s", type=float, default=180.0, help="most s to wait for the backlog at the end"

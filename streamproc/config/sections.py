@@ -335,10 +335,10 @@ class PipelineConfig(_Section):
     # what a record past its deadline becomes: an `expired` result on the output topic, or a
     # dead-letter record (stage `deadline`)
     on_expired: Literal["result", "dead_letter"] = "result"
-    # when a record expires at the cut: once its deadline has passed, or also once its batch
-    # is expected to finish after it (2 x the batch's expected device time; needs measured
-    # batches, so the lane's first batches expire only what has passed)
-    expire_when: Literal["passed", "predicted"] = "passed"
+    # when a record expires at the cut: also once its batch is expected to be acknowledged
+    # after its deadline (predicted: the 90th percentile of the lane's recent cut-to-
+    # acknowledgement times), or only once its deadline has passed
+    expire_when: Literal["passed", "predicted"] = "predicted"
     # the P99 consume -> acknowledgement the batcher aims for; None: by priority
     latency_target_ms: float | None = None
     # the largest batch; None: batching.max_batch_size, else the workload's

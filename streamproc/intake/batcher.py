@@ -412,8 +412,8 @@ class Batcher:
 
     def expiry_lead_s(self, size: int) -> float:
         """How long after its cut a batch of ``size`` records is expected to be acknowledged,
-        in seconds: the median of the lane's recent batches from cut to acknowledgement
-        (:meth:`LatencyTarget.after_cut_s`); before any was acknowledged,
+        in seconds: the 90th percentile of the lane's recent batches' times from cut to
+        acknowledgement (:attr:`LatencyTarget.after_cut_s`); before any was acknowledged,
         :data:`~streamproc.intake.latency.IN_FLIGHT_BATCHES` of the expected device times for
         the size (its own batch and one ahead of it on its device). 0.0 without a latency
         target or while nothing was measured: then only a deadline already passed expires a

@@ -11,7 +11,9 @@ A record whose deadline has passed when its batch is cut is not run on the devic
 carries it as *expired* (``Batch.expired``) and the result handler produces an ``expired``
 result or a dead-letter record for it (``pipelines[].on_expired``; docs/guarantees.md). It never
 takes a live record's place: the cut takes past it (``Lane.next_cut``, at most
-``MAX_EXPIRED_PER_CUT`` expired records per cut).
+``MAX_EXPIRED_PER_CUT`` expired records per cut). With ``pipelines[].expire_when: predicted`` a
+record also expires when its batch is expected to be acknowledged after its deadline
+(``Batcher.expiry_lead_s``).
 
 Bad input (:func:`parse_deadline_ms`): a header that is not 1 to :data:`MAX_DEADLINE_DIGITS`
 ASCII digits, or that names an instant more than :data:`DEADLINE_SANE_RANGE_MS` away from the

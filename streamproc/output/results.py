@@ -172,13 +172,12 @@ class ResultHandler:
         if expired and pipeline.on_expired == "dead_letter":
             cut_at_s = result.batch.cut_at_s
             for record in expired:
-                late_ms = (cut_at_s - record.deadline_s) * 1000
                 self._sink.dead_letter(
                     record,
                     pipeline.dead_letter_topic,
                     STAGE_DEADLINE,
                     "DeadlineExpired",
-                    f"past its deadline by {late_ms:.1f} ms when its batch was cut; not run",
+                    expired_reason(cut_at_s, record.deadline_s),
                     () if trace is None else trace.out(record, pipeline.dead_letter_topic),
                 )
         elif expired:
@@ -279,3 +278,16 @@ class ResultHandler:
             str(exc),
             () if trace is None else trace.out(record, dlq),
         )
+
+
+def expired_reason(cut_at_s: float, deadline_s: float) -> str:
+    """The ``streamproc.error.message`` of an expired record's dead-letter record: how late it
+    was at its cut (monotonic seconds both), or, expired by prediction
+    (``pipelines[].expire_when: predicted``), how soon its deadline was."""
+    late_ms = (cut_at_s - deadline_s) * 1000
+    if late_ms >= 0:
+        return f"past its deadline by {late_ms:.1f} ms when its batch was cut; not run"
+    return (
+        f"due {-late_ms:.1f} ms after its batch was cut, sooner than the batch's expected "
+        "acknowledgement (expire_when: predicted); not run"
+    )

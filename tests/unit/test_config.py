@@ -402,6 +402,13 @@ def test_on_expired_names_its_allowed_values_and_defaults_to_a_result() -> None:
     assert config.pipelines[0].max_age_ms == 250 and config.pipelines[0].on_expired == "result"
 
 
+def test_expire_when_names_its_allowed_values_and_defaults_to_predicted() -> None:
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.expire_when.*'passed'.*'predicted'"):
+        load_config(overrides={"pipelines": [{**PIPELINE, "expire_when": "early"}]})
+    config = load_config(overrides={"pipelines": [PIPELINE]})
+    assert config.pipelines[0].expire_when == "predicted"
+
+
 @pytest.mark.parametrize(
     "value", [0, -5, -0.5, "fast", float("nan"), float("inf"), True, 3_600_001]
 )

@@ -11,7 +11,7 @@ from streamproc.device import DeviceResult
 from streamproc.errors import ModelError
 from streamproc.metrics import Metrics
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, H_TOPIC
-from streamproc.output.results import ResultHandler
+from streamproc.output.results import ResultHandler, expired_reason
 from streamproc.records import Batch, Headers, Record, TopicPartition
 from streamproc.workloads import Encoded, Workload
 
@@ -112,3 +112,18 @@ def test_a_failed_model_call_still_gives_the_expired_records_their_results() -> 
     sink, _ = handle(SPEC, DeviceResult(batch, (), {}, ModelError("boom"), 0.01))
     assert [(r.offset, stage) for r, stage, _, _ in sink.dead] == [(1, "model")]
     assert [(r.offset, v) for r, v, _ in sink.results] == [(0, b"")]
+
+
+@pytest.mark.parametrize(
+    ("deadline_s", "reason"),
+    [
+        (9.995, "past its deadline by 5.0 ms when its batch was cut; not run"),
+        (10.003, "due 3.0 ms after its batch was cut, sooner than the batch's expected"),
+    ],
+)
+def test_a_dead_letter_says_how_late_or_how_soon_its_expired_record_was(
+    deadline_s: float, reason: str
+) -> None:
+    # expired by prediction (expire_when: predicted) a record is not yet late at its cut: its
+    # dead-letter record must not read "past its deadline by -3.0 ms"
+    assert expired_reason(10.0, deadline_s).startswith(reason)
