@@ -254,7 +254,7 @@ def _config(
     topic: str,
     max_age_ms: float | None,
     target_ms: float,
-    expire_when: str = "passed",
+    expire_when: str = "predicted",
 ) -> dict[str, Any]:
     pipeline: dict[str, object] = {
         "name": workload,

@@ -55,6 +55,9 @@ class Laps(Protocol):
         """When the batch was cut, monotonic seconds."""
         ...
 
+    ran: bool
+    """False for a batch whose every record expired at the cut (it ran on no device)."""
+
     def lap(self, stage: str) -> float:
         """``stage`` ended now: count its seconds once per record; returns now (monotonic
         seconds)."""

@@ -410,10 +410,11 @@ class Batcher:
         :meth:`AdaptiveBatchSize.unmeasured`; always None without the adaptive model)."""
         return self.sizer.unmeasured() if self.sizer is not None else None
 
-    def expiry_lead_s(self, size: int) -> float:
-        """How long after its cut a batch of ``size`` records is expected to be acknowledged,
-        in seconds: the 90th percentile of the lane's recent batches' times from cut to
-        acknowledgement (:attr:`LatencyTarget.after_cut_s`); before any was acknowledged,
+    def expiry_lead_s(self, size: int, now_s: float) -> float:
+        """How long after a cut at ``now_s`` (monotonic seconds) a batch of ``size`` records is
+        expected to be acknowledged, in seconds: the lower 90th percentile of the lane's recent
+        batches' times from cut to acknowledgement
+        (:meth:`~streamproc.intake.latency.LatencyTarget.after_cut_s`); without a recent one,
         :data:`~streamproc.intake.latency.IN_FLIGHT_BATCHES` of the expected device times for
         the size (its own batch and one ahead of it on its device). 0.0 without a latency
         target or while nothing was measured: then only a deadline already passed expires a
@@ -421,7 +422,7 @@ class Batcher:
         latency = self.latency
         if latency is None:
             return 0.0
-        after_cut_s = latency.after_cut_s
+        after_cut_s = latency.after_cut_s(now_s)
         if after_cut_s is not None:
             return after_cut_s
         service_s = latency.service_s(size)
@@ -447,7 +448,7 @@ class Batcher:
         if latency is None:
             return None
         if cut_s is not None:
-            latency.finished(now_s - cut_s)
+            latency.finished(now_s - cut_s, now_s)
         reading = latency.acknowledged(np.maximum(0.0, now_s - consumed_s), now_s)
         self._refresh()
         return reading

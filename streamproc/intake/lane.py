@@ -242,7 +242,7 @@ class Lane:
                         # per cut, each cost a whole cut (congestion collapse under overload)
                         expire_s = now_s
                         if self._predict_expiry:  # late by the time its batch is done
-                            expire_s += batcher.expiry_lead_s(decision.count)
+                            expire_s += batcher.expiry_lead_s(decision.count, now_s)
                         records, expired, flow = buffers.take_live(
                             decision.count,
                             batcher.max_batch_bytes,

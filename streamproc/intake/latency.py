@@ -62,10 +62,15 @@ IN_FLIGHT_BATCHES = 2
 """Batch device times a record may spend on its device: its own batch and one ahead of it."""
 AFTER_CUT_WINDOW = 32
 """Batches (the newest) whose time from cut to acknowledgement
-:attr:`LatencyTarget.after_cut_s` takes a quantile of."""
+:meth:`LatencyTarget.after_cut_s` takes a quantile of."""
+AFTER_CUT_MAX_AGE_S = 5.0
+"""A time from cut to acknowledgement older than this many seconds no longer counts: a lead
+raised by a stall must not outlive it where nothing else replaces it (a lane whose every record
+now expires as a dead-letter record acknowledges no batch)."""
 AFTER_CUT_QUANTILE = 0.9
-"""The quantile of those times :attr:`LatencyTarget.after_cut_s` is: 0.9 kept served results
-after the target at 0.1-0.3 % under overload, the median at 0.7-1.8 % (docs/benchmarks.md,
+"""The quantile of those times :meth:`LatencyTarget.after_cut_s` is (the lower one: the
+``int(q x (n - 1))``-th of ``n`` sorted, the 28th of 32): 0.9 kept served results after the
+target at 0.1-0.3 % under overload, the median at 0.2-1.8 % (docs/benchmarks.md,
 "Predicted expiry")."""
 WINDOW_S = 10.0
 """The P99 reported is of the results acknowledged in the last this many seconds."""
@@ -166,10 +171,9 @@ class LatencyTarget:
         self._warned_s = -math.inf
         self._warned_episode = False
         self._last_cap = 0
-        self._after_cut: deque[float] = deque(maxlen=AFTER_CUT_WINDOW)
-        self.after_cut_s: float | None = None
-        """The :data:`AFTER_CUT_QUANTILE` quantile of the seconds from cut to acknowledgement
-        of the lane's last :data:`AFTER_CUT_WINDOW` batches (None: none yet)."""
+        # (acknowledged at, seconds from cut to acknowledgement), oldest first
+        self._after_cut: deque[tuple[float, float]] = deque(maxlen=AFTER_CUT_WINDOW)
+        self._after_cut_s: float | None = None
 
     # -- what the batcher asks -------------------------------------------------------------
     def waits_s(self, configured_s: tuple[float, ...]) -> tuple[float, ...]:
@@ -240,15 +244,27 @@ class LatencyTarget:
         self._median_s[size] = statistics.median(recent)
         self.version += 1
 
-    def finished(self, after_cut_s: float) -> None:
-        """A batch's results were acknowledged ``after_cut_s`` seconds after its cut (ignored
-        unless finite and >= 0)."""
+    def finished(self, after_cut_s: float, now_s: float) -> None:
+        """A batch's results were acknowledged at ``now_s`` (monotonic seconds),
+        ``after_cut_s`` seconds after its cut (ignored unless finite and >= 0)."""
         if not 0.0 <= after_cut_s < math.inf:
             return
         recent = self._after_cut
-        recent.append(after_cut_s)
-        ordered = sorted(recent)
-        self.after_cut_s = ordered[int(AFTER_CUT_QUANTILE * (len(ordered) - 1))]
+        recent.append((now_s, after_cut_s))
+        while recent[0][0] < now_s - AFTER_CUT_MAX_AGE_S:
+            recent.popleft()
+        ordered = sorted(seconds for _, seconds in recent)
+        self._after_cut_s = ordered[int(AFTER_CUT_QUANTILE * (len(ordered) - 1))]
+
+    def after_cut_s(self, now_s: float) -> float | None:
+        """The :data:`AFTER_CUT_QUANTILE` quantile of the seconds from cut to acknowledgement
+        of the lane's last :data:`AFTER_CUT_WINDOW` batches acknowledged within
+        :data:`AFTER_CUT_MAX_AGE_S` of one another; None when none was acknowledged in the last
+        :data:`AFTER_CUT_MAX_AGE_S` before ``now_s`` (monotonic seconds)."""
+        recent = self._after_cut
+        if not recent or recent[-1][0] < now_s - AFTER_CUT_MAX_AGE_S:
+            return None
+        return self._after_cut_s
 
     def cut(self, backlog: bool) -> None:
         """A batch was cut; ``backlog``: a full batch more still waits behind it."""

@@ -197,7 +197,8 @@ class BatchAck:
         cut_s = None
         if batch.clock is not None:
             batch.clock.lap("produce")
-            cut_s = batch.clock.cut_s
+            if batch.clock.ran:  # a batch that ran nowhere says nothing of a live one's time
+                cut_s = batch.clock.cut_s
             if batch.clock.trace is not None:
                 exemplar = batch.clock.trace.exemplar
         records: Sequence[Record] = batch.records

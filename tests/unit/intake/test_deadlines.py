@@ -19,6 +19,7 @@ from streamproc.intake.deadlines import (
     parse_deadline_ms,
 )
 from streamproc.intake.lane import Lane
+from streamproc.intake.latency import AFTER_CUT_MAX_AGE_S
 from streamproc.intake.rings import PartitionBuffers
 from streamproc.offsets.tracker import OffsetTracker
 from streamproc.records import Batch, Priority, Record, TopicPartition
@@ -156,9 +157,10 @@ def lane(
 def test_predicted_expiry_sets_apart_records_whose_batch_would_finish_after_their_deadline(
     expire_when: str, expired: list[int]
 ) -> None:
-    # the lane's batches take 20 ms from cut to acknowledgement (median of the last ones,
-    # one slow outlier among them): a record due in 10 ms would be served late, one due in
-    # 50 ms in time. "passed" runs the first anyway; "predicted" spends no device time on it.
+    # the lane's batches take 20 ms from cut to acknowledgement (the lower 90th percentile of
+    # the last ones: one slow outlier of three does not set it): a record due in 10 ms would
+    # be served late, one due in 50 ms in time. "passed" runs the first anyway; "predicted"
+    # spends no device time on it.
     clock = Clock(100.0)
     the_lane = lane(clock, expire_when=expire_when, latency_target_s=0.1)
     for after_cut_s in (0.02, 0.02, 0.5):
@@ -185,6 +187,30 @@ def test_predicted_expiry_before_any_acknowledgement_uses_the_expected_device_ti
     assert cut is not None
     assert [r.offset for r in cut.expired] == [4]
     assert [r.offset for r in cut.records] == [5, 6, 7]
+
+
+def test_a_lead_raised_by_a_stall_does_not_outlive_it() -> None:
+    # a stall: the lane's batches took 2 s from cut to acknowledgement. Under on_expired
+    # dead_letter a lane whose every record now expires acknowledges no batch, so no new time
+    # would replace those: they must age out, or the lane dead-letters everything for ever.
+    clock = Clock(100.0)
+    the_lane = lane(clock, expire_when="predicted", latency_target_s=0.1)
+    for _ in range(4):
+        the_lane.delivered(np.array([97.0]), 100.0, cut_s=98.0)
+    the_lane.offer([record(0, 101.0), record(1), record(2), record(3)], deadlines=True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None and [r.offset for r in cut.expired] == [0]  # due in 1 s, lead 2 s
+    clock.now_s = 100.0 + AFTER_CUT_MAX_AGE_S + 0.5  # nothing acknowledged since
+    due = clock.now_s + 1.0
+    the_lane.offer([record(4, due), record(5), record(6), record(7)], deadlines=True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None and cut.expired == []  # the stall's times no longer count
+    # and a new time does not bring the old ones back
+    the_lane.delivered(np.array([clock.now_s]), clock.now_s, cut_s=clock.now_s - 0.02)
+    the_lane.offer([record(8, clock.now_s + 0.01), record(9, due), record(10), record(11)], True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None and [r.offset for r in cut.expired] == [8]
+    assert [r.offset for r in cut.records] == [9, 10, 11]
 
 
 def test_expire_when_must_be_passed_or_predicted() -> None:

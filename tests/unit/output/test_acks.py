@@ -90,6 +90,13 @@ def test_the_handler_hears_when_a_timed_batch_was_cut() -> None:
     report(producer, b"r")
     assert handler.cuts == [9.75]
     assert timed.lapped == ["produce"]
+    # a batch whose every record expired ran nowhere: its cut is not a live batch's time
+    untimed = StageClock({"produce": series}, clock, 9.5, 1)
+    untimed.ran = False
+    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, [b"e"], [[]], clock=untimed))
+    producer.produce("out", b"e", on_delivery=ack.delivered)
+    report(producer, b"e")
+    assert handler.cuts == [9.75, None]
 
 
 def test_a_refused_row_reaches_the_handler_whole_and_is_left_out_when_failed_for_good() -> None:

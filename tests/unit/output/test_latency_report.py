@@ -58,7 +58,7 @@ def test_the_report_hands_the_lane_each_batch_s_time_from_cut_to_acknowledgement
     batcher = Batcher(4, 1 << 20, 0.02, latency_target_s=0.010)
     lane = Lane("in", PartitionBuffers(8, 1.0, 0.0), batcher, OffsetTracker())
     report = LatencyReport({"in": lane}, Metrics(), clock=clock)
-    assert batcher.expiry_lead_s(4) == 0.0  # nothing measured
+    assert batcher.expiry_lead_s(4, 100.0) == 0.0  # nothing measured
     report.acknowledged(make_records(A, range(4), consumed_at_s=99.9), cut_s=99.97)
     report.acknowledged(make_records(A, range(4, 8), consumed_at_s=99.9))  # cut not known
-    assert batcher.expiry_lead_s(4) == pytest.approx(0.03)
+    assert batcher.expiry_lead_s(4, 100.0) == pytest.approx(0.03)
