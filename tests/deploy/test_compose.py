@@ -47,6 +47,7 @@ METRICS = {
     "streamproc_latency_over_target_seconds_total",
     "streamproc_unacknowledged_bytes",
     "streamproc_unacknowledged_wait_seconds_total",
+    "streamproc_expired_total",
 }
 
 
@@ -232,6 +233,8 @@ def test_grafana_provisioning_and_dashboard() -> None:
         "GPU utilisation": "streamproc_gpu_utilization_ratio",
         "GPU memory used": "streamproc_gpu_memory_used_bytes",
         "Latency P99 against target": "streamproc_latency_target_seconds",
+        "Expired records": "streamproc_expired_total",
+        "Inputs awaiting acknowledgement": "streamproc_unacknowledged_bytes",
     }
     for prefix, metric in wanted.items():
         title = next((t for t in panels if t.startswith(prefix)), None)
