@@ -50,14 +50,6 @@ class Laps(Protocol):
         """The batch's trace (None: not traced)."""
         ...
 
-    @property
-    def cut_s(self) -> float:
-        """When the batch was cut, monotonic seconds."""
-        ...
-
-    ran: bool
-    """False for a batch whose every record expired at the cut (it ran on no device)."""
-
     def lap(self, stage: str) -> float:
         """``stage`` ended now: count its seconds once per record; returns now (monotonic
         seconds)."""

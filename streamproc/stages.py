@@ -90,10 +90,6 @@ class StageClock:
             is handed to it, and its sampled trace id is the laps' exemplar.
 
     Attributes:
-        cut_s: when the batch was cut (``last_s`` at construction), monotonic seconds.
-        ran: False for a batch whose every record expired at the cut (it ran on no device;
-            the dispatcher says so): its time from cut to acknowledgement is not a live
-            batch's, so the lane's expiry lead does not learn from it.
         lapped: the stages lapped so far, in order (tests and checks read it).
     """
 
@@ -102,12 +98,7 @@ class StageClock:
     last_s: float
     count: int
     trace: BatchTrace | None = None
-    cut_s: float = field(init=False)
-    ran: bool = field(init=False, default=True)
     lapped: list[str] = field(init=False, factory=list)
-
-    def __attrs_post_init__(self) -> None:
-        self.cut_s = self.last_s
 
     def lap(self, stage: str) -> float:
         """``stage`` ended now: count its seconds (since the previous stage ended) once per

@@ -252,7 +252,7 @@ def build_lane(spec: PipelineConfig, workload: Workload, shared: Shared) -> Lane
         shared.tracker,
         priority,
         max_age_ms=spec.max_age_ms,
-        expire_when=spec.expire_when,
+        predict_expiry=spec.expire_when == "predicted",
     )
 
 

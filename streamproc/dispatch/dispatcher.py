@@ -190,7 +190,6 @@ class Dispatcher:
                     if batch.clock is not None:  # neither stage takes any time
                         batch.clock.lap("decode")
                         batch.clock.lap("device")
-                        batch.clock.ran = False
                     run.pass_over(DeviceResult(batch, (), {}, None, 0.0, model_calls=0))
                     router.previous = route
                     continue

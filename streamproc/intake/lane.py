@@ -55,9 +55,6 @@ MAX_EXPIRED_PER_CUT = 1024
 bound keeps one cut's shedding (a few ms of produce calls) from delaying its live records
 without limit."""
 
-EXPIRE_WHEN = ("passed", "predicted")
-"""The values of ``pipelines[].expire_when`` (see :class:`Lane`)."""
-
 
 @dataclass(frozen=True, slots=True)
 class Offered:
@@ -122,12 +119,10 @@ class Lane:
         clock: monotonic clock in seconds (injected for tests).
         max_age_ms: the pipeline's ``max_age_ms`` (None: records expire only by their
             ``streamproc.deadline`` header); the source reads it as :attr:`deadlines`.
-        expire_when: the pipeline's ``expire_when``: ``"passed"``, a record expires at the cut
-            when its deadline has passed; ``"predicted"``, also when its batch is expected to
-            finish after it (:meth:`Batcher.expiry_lead_s` after the cut).
-
-    Raises:
-        ValueError: ``expire_when`` not one of those two.
+        predict_expiry: the pipeline's ``expire_when`` is ``predicted``: a record also
+            expires at the cut when its batch is expected to be acknowledged after its
+            deadline (:meth:`Batcher.expiry_lead_s` after the cut); else only when its deadline
+            has passed.
     """
 
     def __init__(
@@ -139,12 +134,10 @@ class Lane:
         default_priority: Priority = Priority.NORMAL,
         clock: Callable[[], float] = time.monotonic,
         max_age_ms: int | None = None,
-        expire_when: str = "passed",
+        predict_expiry: bool = False,
     ) -> None:
-        if expire_when not in EXPIRE_WHEN:
-            raise ValueError(f"expire_when must be one of {EXPIRE_WHEN}, got {expire_when!r}")
         self.topic = topic
-        self._predict_expiry = expire_when == "predicted"
+        self._predict_expiry = predict_expiry
         self.default_priority = default_priority
         self.deadlines = Deadlines(max_age_ms)
         self._buffers = buffers

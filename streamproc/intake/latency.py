@@ -173,7 +173,6 @@ class LatencyTarget:
         self._last_cap = 0
         # (acknowledged at, seconds from cut to acknowledgement), oldest first
         self._after_cut: deque[tuple[float, float]] = deque(maxlen=AFTER_CUT_WINDOW)
-        self._after_cut_s: float | None = None
 
     # -- what the batcher asks -------------------------------------------------------------
     def waits_s(self, configured_s: tuple[float, ...]) -> tuple[float, ...]:
@@ -247,24 +246,19 @@ class LatencyTarget:
     def finished(self, after_cut_s: float, now_s: float) -> None:
         """A batch's results were acknowledged at ``now_s`` (monotonic seconds),
         ``after_cut_s`` seconds after its cut (ignored unless finite and >= 0)."""
-        if not 0.0 <= after_cut_s < math.inf:
-            return
-        recent = self._after_cut
-        recent.append((now_s, after_cut_s))
-        while recent[0][0] < now_s - AFTER_CUT_MAX_AGE_S:
-            recent.popleft()
-        ordered = sorted(seconds for _, seconds in recent)
-        self._after_cut_s = ordered[int(AFTER_CUT_QUANTILE * (len(ordered) - 1))]
+        if 0.0 <= after_cut_s < math.inf:
+            self._after_cut.append((now_s, after_cut_s))
 
     def after_cut_s(self, now_s: float) -> float | None:
         """The :data:`AFTER_CUT_QUANTILE` quantile of the seconds from cut to acknowledgement
-        of the lane's last :data:`AFTER_CUT_WINDOW` batches acknowledged within
-        :data:`AFTER_CUT_MAX_AGE_S` of one another; None when none was acknowledged in the last
-        :data:`AFTER_CUT_MAX_AGE_S` before ``now_s`` (monotonic seconds)."""
-        recent = self._after_cut
-        if not recent or recent[-1][0] < now_s - AFTER_CUT_MAX_AGE_S:
+        of the lane's last :data:`AFTER_CUT_WINDOW` batches, of those acknowledged in the last
+        :data:`AFTER_CUT_MAX_AGE_S` before ``now_s`` (monotonic seconds); None when there are
+        none."""
+        since_s = now_s - AFTER_CUT_MAX_AGE_S
+        recent = sorted(seconds for at_s, seconds in self._after_cut if at_s >= since_s)
+        if not recent:
             return None
-        return self._after_cut_s
+        return recent[int(AFTER_CUT_QUANTILE * (len(recent) - 1))]
 
     def cut(self, backlog: bool) -> None:
         """A batch was cut; ``backlog``: a full batch more still waits behind it."""

@@ -45,6 +45,8 @@ class OutputBatch:
         headers: each result's complete headers.
         clock: the batch's stage clock (None: not timed); its ``produce`` stage ends with the
             batch's last report.
+        cut_at_s: when the batch was cut (``Batch.cut_at_s``, monotonic seconds); None for a
+            batch that ran on no device (every record expired) or where not known.
     """
 
     topic: str
@@ -53,6 +55,7 @@ class OutputBatch:
     values: Sequence[bytes]
     headers: Sequence[OutputHeaders]
     clock: Laps | None = None
+    cut_at_s: float | None = None
 
     def refused(self, row: Row, error: KafkaError, how: How) -> RefusedResult:
         """Result ``row`` refused with ``error``, judged as ``how`` says."""
@@ -194,11 +197,8 @@ class BatchAck:
             return
         batch = self.batch
         exemplar = None
-        cut_s = None
         if batch.clock is not None:
             batch.clock.lap("produce")
-            if batch.clock.ran:  # a batch that ran nowhere says nothing of a live one's time
-                cut_s = batch.clock.cut_s
             if batch.clock.trace is not None:
                 exemplar = batch.clock.trace.exemplar
         records: Sequence[Record] = batch.records
@@ -206,7 +206,7 @@ class BatchAck:
             failed = self._failed
             records = [r for i, r in enumerate(records) if i not in failed]
         try:
-            self._handler.acknowledged(batch.topic, records, exemplar, cut_s)
+            self._handler.acknowledged(batch.topic, records, exemplar, batch.cut_at_s)
         finally:
             if self._settle is not None:
                 self._settle()

@@ -196,8 +196,17 @@ class ResultHandler:
         settle = None
         if self._window is not None and kept:  # a wait here counts in the produce stage
             settle = self._window.hold(sum([len(r.key or b"") + len(r.value or b"") for r in kept]))
+        batch = result.batch
         self._sink.send_results(
-            pipeline.output_topic, kept, values, headers, pipeline.dead_letter_topic, clock, settle
+            pipeline.output_topic,
+            kept,
+            values,
+            headers,
+            pipeline.dead_letter_topic,
+            clock,
+            settle,
+            # a batch that ran nowhere says nothing of a live batch's time to acknowledgement
+            cut_at_s=batch.cut_at_s if batch.records else None,
         )
         if trace is not None and not kept:
             trace.finish()  # nothing to produce: no produce stage ends it

@@ -124,6 +124,7 @@ class Sink:
         dlq_topic: str,
         clock: Laps | None = None,
         settle: Callable[[], None] | None = None,
+        cut_at_s: float | None = None,
     ) -> None:
         """Produce one batch's results to ``topic``.
 
@@ -140,6 +141,8 @@ class Sink:
             settle: called once after the batch's last delivery report is handled (the
                 lane's :class:`~streamproc.output.window.AckWindow`); at once when ``records``
                 is empty.
+            cut_at_s: when the batch was cut (monotonic seconds; None: it ran on no device, or
+                not known): the lane's expiry lead learns from its time to acknowledgement.
         """
         if not records:
             if settle is not None:
@@ -147,7 +150,7 @@ class Sink:
             return
         ack = BatchAck(
             self._deliveries,
-            OutputBatch(topic, dlq_topic, records, values, headers, clock),
+            OutputBatch(topic, dlq_topic, records, values, headers, clock, cut_at_s),
             settle,
         )
         too_large, at_risk = self._limits.oversized(topic, records, values, headers)

@@ -159,11 +159,18 @@ def versions_per_transaction(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[i
     send_results, produce_many = Sink.send_results, Transactions.produce_many
 
     def send(
-        self: Sink, topic: str, records: Any, values: Any, headers: Any, dlq: str, *rest: Any
+        self: Sink,
+        topic: str,
+        records: Any,
+        values: Any,
+        headers: Any,
+        dlq: str,
+        *rest: Any,
+        **options: Any,
     ) -> Any:
         current.versions = {dict(h)[H_MODEL_VERSION].decode() for h in headers}
         try:
-            return send_results(self, topic, records, values, headers, dlq, *rest)
+            return send_results(self, topic, records, values, headers, dlq, *rest, **options)
         finally:
             current.versions = set()
 

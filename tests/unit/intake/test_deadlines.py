@@ -141,14 +141,14 @@ class Clock:
 def lane(
     clock: Clock,
     max_age_ms: int | None = None,
-    expire_when: str = "passed",
+    predict_expiry: bool = False,
     latency_target_s: float | None = None,
 ) -> Lane:
     tracker = OffsetTracker()
     tracker.assign([TP])
     buffers = PartitionBuffers(16, 1.0, 0.5)
     batcher = Batcher(4, 1 << 20, 0.01, latency_target_s=latency_target_s)
-    the_lane = Lane("t", buffers, batcher, tracker, clock=clock, expire_when=expire_when)
+    the_lane = Lane("t", buffers, batcher, tracker, clock=clock, predict_expiry=predict_expiry)
     the_lane.assign([TP])
     return the_lane
 
@@ -162,7 +162,7 @@ def test_predicted_expiry_sets_apart_records_whose_batch_would_finish_after_thei
     # be served late, one due in 50 ms in time. "passed" runs the first anyway; "predicted"
     # spends no device time on it.
     clock = Clock(100.0)
-    the_lane = lane(clock, expire_when=expire_when, latency_target_s=0.1)
+    the_lane = lane(clock, predict_expiry=expire_when == "predicted", latency_target_s=0.1)
     for after_cut_s in (0.02, 0.02, 0.5):
         the_lane.delivered(np.array([90.0]), 100.0, cut_s=100.0 - after_cut_s)
     records = [record(0, 99.0), record(1, 100.05), record(2, 100.01), record(3)]
@@ -177,7 +177,7 @@ def test_predicted_expiry_before_any_acknowledgement_uses_the_expected_device_ti
     # no batch acknowledged yet: the lead is 2 x the expected device time of the batch
     # (its own and one ahead of it); with nothing measured at all, only the passed expire
     clock = Clock(100.0)
-    the_lane = lane(clock, expire_when="predicted", latency_target_s=0.1)
+    the_lane = lane(clock, predict_expiry=True, latency_target_s=0.1)
     the_lane.offer([record(0, 100.005), record(1, 100.05), record(2), record(3)], deadlines=True)
     cut = the_lane.next_cut(threading.Event())
     assert cut is not None and cut.expired == []  # nothing measured: nothing predicted
@@ -194,7 +194,7 @@ def test_a_lead_raised_by_a_stall_does_not_outlive_it() -> None:
     # dead_letter a lane whose every record now expires acknowledges no batch, so no new time
     # would replace those: they must age out, or the lane dead-letters everything for ever.
     clock = Clock(100.0)
-    the_lane = lane(clock, expire_when="predicted", latency_target_s=0.1)
+    the_lane = lane(clock, predict_expiry=True, latency_target_s=0.1)
     for _ in range(4):
         the_lane.delivered(np.array([97.0]), 100.0, cut_s=98.0)
     the_lane.offer([record(0, 101.0), record(1), record(2), record(3)], deadlines=True)
@@ -211,11 +211,6 @@ def test_a_lead_raised_by_a_stall_does_not_outlive_it() -> None:
     cut = the_lane.next_cut(threading.Event())
     assert cut is not None and [r.offset for r in cut.expired] == [8]
     assert [r.offset for r in cut.records] == [9, 10, 11]
-
-
-def test_expire_when_must_be_passed_or_predicted() -> None:
-    with pytest.raises(ValueError, match="expire_when"):
-        lane(Clock(0.0), expire_when="early")
 
 
 def test_lane_cut_sets_records_past_their_deadline_apart() -> None:

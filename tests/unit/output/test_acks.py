@@ -10,11 +10,9 @@ from functools import partial
 from confluent_kafka import KafkaError
 
 from streamproc.kafka.protocols import DeliveryCallback
-from streamproc.metrics import Metrics
 from streamproc.output.acks import BatchAck, DeliveryHandler, OutputBatch, RefusedResult
 from streamproc.records import Record, TopicPartition
-from streamproc.stages import StageClock
-from tests.support.kafka_fakes import FakeClock, FakeProducer
+from tests.support.kafka_fakes import FakeProducer
 
 TP = TopicPartition("in", 0)
 REFUSED = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
@@ -77,23 +75,16 @@ def test_the_handler_hears_of_the_batch_once_after_its_last_report_in_any_order(
     assert handler.acknowledged_batches == [("out", [0, 1, 2])]  # batch order
 
 
-def test_the_handler_hears_when_a_timed_batch_was_cut() -> None:
+def test_the_handler_hears_when_the_batch_was_cut() -> None:
     # the lane's predicted expiry learns the time from cut to acknowledgement from this
     handler = Handler()
-    clock = FakeClock(10.0)
-    series = Metrics().stage.labels("in", "produce")
     records = [Record(TP, 0, None, b"in", (), 0, 0.0, 1)]
-    timed = StageClock({"produce": series}, clock, 9.75, 1)
-    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, [b"r"], [[]], clock=timed))
+    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, [b"r"], [[]], cut_at_s=9.75))
     producer = FakeProducer()
     producer.produce("out", b"r", on_delivery=ack.delivered)
     report(producer, b"r")
-    assert handler.cuts == [9.75]
-    assert timed.lapped == ["produce"]
-    # a batch whose every record expired ran nowhere: its cut is not a live batch's time
-    untimed = StageClock({"produce": series}, clock, 9.5, 1)
-    untimed.ran = False
-    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, [b"e"], [[]], clock=untimed))
+    # a batch that ran on no device is sent without a cut time: the handler hears none
+    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, [b"e"], [[]]))
     producer.produce("out", b"e", on_delivery=ack.delivered)
     report(producer, b"e")
     assert handler.cuts == [9.75, None]

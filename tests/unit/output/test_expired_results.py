@@ -25,6 +25,7 @@ class Sent:
     def __init__(self) -> None:
         self.results: list[tuple[Record, bytes, dict[str, bytes]]] = []
         self.dead: list[tuple[Record, str, str, str]] = []
+        self.cuts: list[float | None] = []
 
     def send_results(
         self,
@@ -35,8 +36,10 @@ class Sent:
         dlq: str,
         clock: object = None,
         settle: object = None,
+        cut_at_s: float | None = None,
     ) -> None:
         assert topic == "out"
+        self.cuts.append(cut_at_s)
         for record, value, row in zip(records, values, headers, strict=True):
             self.results.append((record, value, dict(row)))
 
@@ -83,6 +86,7 @@ def test_expired_results_go_out_in_offset_order_with_the_batch_results() -> None
         else:
             assert value == b"ok" and H_RESULT_KIND not in headers
     assert sink.dead == []
+    assert sink.cuts == [2.0]  # the expiry lead learns this batch's time from its cut
 
 
 def test_a_batch_whose_every_record_expired_produces_only_expired_results() -> None:
@@ -91,6 +95,8 @@ def test_a_batch_whose_every_record_expired_produces_only_expired_results() -> N
     sink, workload = handle(SPEC, DeviceResult(batch, (), {}, None, 0.0, model_calls=0))
     assert workload.encoded == []
     assert [(r.offset, v) for r, v, _ in sink.results] == [(4, b""), (5, b"")]
+    # it ran on no device: its time from cut to acknowledgement teaches the expiry lead nothing
+    assert sink.cuts == [None]
 
 
 @pytest.mark.parametrize("model_failed", [False, True])

@@ -32,6 +32,7 @@ class MemorySink:
         dlq: str,
         clock: object = None,
         settle: object = None,
+        cut_at_s: float | None = None,
     ) -> None:
         for record, value, row_headers in zip(records, values, headers, strict=True):
             assert dict(row_headers)["streamproc.source.offset"] == b"%d" % record.offset
