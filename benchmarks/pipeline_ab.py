@@ -17,6 +17,9 @@ medians. The row also holds each Python thread's CPU-µs per message (``threads`
 keeps its last reading; decode threads summed as ``decode_*``, librdkafka's by thread name), printed
 one line per thread, and ``fetched``: the messages the consumer fetched from the broker
 (librdkafka's statistics; more than ``messages`` where paused partitions were fetched again).
+``--max-age-ms 1`` gives the pipeline a deadline every record of the reused input is past: each
+gets an expired result, and the row measures what shedding a record costs (the floor beside it:
+``benchmarks/shed_floor.py``).
 """
 
 from __future__ import annotations
@@ -148,27 +151,31 @@ def overrides(
     consumer: dict[str, Any] | None = None,
     ring_capacity: int | None = None,
     max_batch_size: int | None = None,
+    max_age_ms: int | None = None,
 ) -> dict[str, Any]:
     """The config of one run (the bench's sizes: batches up to 256, 16 for video; one torch
     thread), ``worker`` merged into its worker section; ``tracing``: the tracing section (None
     or empty: none given, as a checkout without tracing needs); ``consumer``: librdkafka
     settings of the source's consumer (``kafka.consumer``); ``ring_capacity``: the rings'
     capacity (None: the bench's, 16,384 records, 256 for video); ``max_batch_size``: the batches'
-    cap (None: the bench's, 256, 16 for video)."""
+    cap (None: the bench's, 256, 16 for video); ``max_age_ms``: the pipeline's
+    ``max_age_ms`` (None: no deadline; 1 on the reused input: every record expires at its cut,
+    which measures what shedding a record costs)."""
     video = workload == "video"
     kafka: dict[str, Any] = {"group_id": f"ab-{run_id}"}
+    pipeline: dict[str, Any] = {
+        "name": workload,
+        "input_topic": source,
+        "output_topic": f"ab-out-{run_id}",
+        "workload": workload,
+    }
+    if max_age_ms is not None:
+        pipeline["max_age_ms"] = max_age_ms
     if consumer:
         kafka["consumer"] = consumer
     return ({"tracing": tracing} if tracing else {}) | {
         "kafka": kafka,
-        "pipelines": [
-            {
-                "name": workload,
-                "input_topic": source,
-                "output_topic": f"ab-out-{run_id}",
-                "workload": workload,
-            }
-        ],
+        "pipelines": [pipeline],
         "metrics": {"port": 0},
         "batching": {"max_batch_size": max_batch_size or (16 if video else 256)},
         "buffers": {"ring_capacity": ring_capacity or (256 if video else 16384)},
@@ -205,6 +212,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--max-batch-size", type=int, default=None, help="batching.max_batch_size (default: 256)"
     )
     parser.add_argument(
+        "--max-age-ms",
+        type=int,
+        default=None,
+        help="pipelines[].max_age_ms (1: every record of the reused input expires: the cost of "
+        "shedding)",
+    )
+    parser.add_argument(
         "--traced-input",
         action="store_true",
         help="read a copy of the input whose every record carries a sampled traceparent",
@@ -222,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             json.loads(args.consumer),
             args.ring_capacity,
             args.max_batch_size,
+            args.max_age_ms,
         ),
         bootstrap=args.bootstrap,
     )
@@ -262,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "tracing": json.loads(args.tracing),
         "spans": spans,
         "workload": args.workload,
+        "max_age_ms": args.max_age_ms,
         "messages": produced,
         "exit_code": summary.exit_code,
         "msg_s": rate,

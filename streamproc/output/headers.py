@@ -38,6 +38,8 @@ produced (:func:`parse_timing` reads it back)."""
 H_RESULT_KIND = "streamproc.result.kind"
 """On an expired result only: :data:`KIND_EXPIRED` (a result made by the model has none)."""
 KIND_EXPIRED = b"expired"
+EXPIRED = (H_RESULT_KIND, KIND_EXPIRED)
+"""The header that marks an expired result."""
 """The ``streamproc.result.kind`` value of a result whose input was not run: past its deadline."""
 STAGE_DEADLINE = "deadline"
 """The ``streamproc.error.stage`` of a dead-letter record whose input was past its deadline."""
@@ -75,12 +77,6 @@ def source_headers(record: Record) -> Headers:
         (H_PARTITION, b"%d" % record.tp.partition),
         (H_OFFSET, b"%d" % record.offset),
     )
-
-
-def expired_headers(record: Record) -> OutputHeaders:
-    """The headers of ``record``'s expired result: its source coordinates, then
-    ``streamproc.result.kind: expired``."""
-    return [*source_headers(record), (H_RESULT_KIND, KIND_EXPIRED)]
 
 
 def dead_letter_headers(
@@ -124,6 +120,29 @@ class ResultHeaders:
         self._topic = input_topic.encode()
         self._coordinates: dict[int, tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
 
+    def _prefix(self, partition: int) -> tuple[tuple[str, bytes], tuple[str, bytes]]:
+        """The topic and partition headers of ``partition``'s records (built once)."""
+        prefix = self._coordinates.get(partition)
+        if prefix is None:
+            prefix = self._coordinates[partition] = (
+                (H_TOPIC, self._topic),
+                (H_PARTITION, b"%d" % partition),
+            )
+        return prefix
+
+    def expired(self, records: Sequence[Record]) -> list[OutputHeaders]:
+        """The headers of each record's expired result, in order: source coordinates, then
+        ``streamproc.result.kind: expired``. Shedding under overload makes one per record, so
+        the coordinate headers are shared, not built per record."""
+        coordinates = self._coordinates
+        prefix_of = self._prefix
+        built: list[OutputHeaders] = []
+        for record in records:
+            partition = record.tp.partition
+            prefix = coordinates.get(partition) or prefix_of(partition)
+            built.append([*prefix, (H_OFFSET, b"%d" % record.offset), EXPIRED])
+        return built
+
     def build(
         self,
         records: Sequence[Record],
@@ -156,12 +175,7 @@ class ResultHeaders:
         built: list[OutputHeaders] = []
         for record, more in zip(records, extra, strict=True):
             partition = record.tp.partition
-            prefix = coordinates.get(partition)
-            if prefix is None:
-                prefix = coordinates[partition] = (
-                    (H_TOPIC, self._topic),
-                    (H_PARTITION, b"%d" % partition),
-                )
+            prefix = coordinates.get(partition) or self._prefix(partition)
             consumed_at_s = record.consumed_at_s
             timing = timings.get(consumed_at_s)
             if timing is None:  # the first record of its poll in this batch

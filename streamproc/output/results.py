@@ -29,7 +29,6 @@ from streamproc.output.headers import (
     STAGE_DEADLINE,
     OutputHeaders,
     ResultHeaders,
-    expired_headers,
 )
 from streamproc.output.sink import Sink
 from streamproc.output.window import AckWindow
@@ -181,16 +180,23 @@ class ResultHandler:
                     () if trace is None else trace.out(record, pipeline.dead_letter_topic),
                 )
         elif expired:
-            rows = [*zip(kept, values, headers, strict=True)]
-            for record in expired:
-                built = expired_headers(record)
-                if trace is not None:
-                    built.extend(trace.out(record, pipeline.output_topic))
-                rows.append((record, b"", built))
-            rows.sort(key=lambda row: (row[0].tp.partition, row[0].offset))
-            kept = [row[0] for row in rows]
-            values = [row[1] for row in rows]
-            headers = [row[2] for row in rows]
+            built = self._headers.expired(expired)
+            if trace is not None:
+                for record, more in zip(expired, built, strict=True):
+                    more.extend(trace.out(record, pipeline.output_topic))
+            if kept:  # merged in offset order within each partition
+                rows = [
+                    *zip(kept, values, headers, strict=True),
+                    *zip(expired, [b""] * len(expired), built, strict=True),
+                ]
+                # both lists are in offset order within each partition, and offsets differ
+                # within a partition: ordering by offset alone orders each partition
+                rows.sort(key=_offset_of_row)
+                kept = [row[0] for row in rows]
+                values = [row[1] for row in rows]
+                headers = [row[2] for row in rows]
+            else:  # the overload's usual batch: taken in offset order within each partition
+                kept, values, headers = list(expired), [b""] * len(expired), built
         if clock is not None:
             clock.lap("encode")
         settle = None
@@ -287,6 +293,10 @@ class ResultHandler:
             str(exc),
             () if trace is None else trace.out(record, dlq),
         )
+
+
+def _offset_of_row(row: tuple[Record, bytes, OutputHeaders]) -> int:
+    return row[0].offset
 
 
 def expired_reason(cut_at_s: float, deadline_s: float) -> str:

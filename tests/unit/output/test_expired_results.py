@@ -90,11 +90,24 @@ def test_expired_results_go_out_in_offset_order_with_the_batch_results() -> None
 
 
 def test_a_batch_whose_every_record_expired_produces_only_expired_results() -> None:
-    expired = (rec(P0, 4, 1.0), rec(P0, 5, 1.0))
+    # as the cut pops them: runs of each partition, in offset order within it
+    expired = (rec(P0, 4, 1.0), rec(P0, 5, 1.0), rec(P1, 2, 1.0), rec(P0, 6, 1.0))
     batch = Batch(2, (), 2.0, "deadline", expired)
     sink, workload = handle(SPEC, DeviceResult(batch, (), {}, None, 0.0, model_calls=0))
     assert workload.encoded == []
-    assert [(r.offset, v) for r, v, _ in sink.results] == [(4, b""), (5, b"")]
+    assert [(r.tp.partition, r.offset, v) for r, v, _ in sink.results] == [
+        (0, 4, b""),
+        (0, 5, b""),
+        (1, 2, b""),
+        (0, 6, b""),
+    ]
+    for record, _, headers in sink.results:  # the shared coordinate headers are each its own
+        assert headers == {
+            H_TOPIC: b"in",
+            H_PARTITION: b"%d" % record.tp.partition,
+            H_OFFSET: b"%d" % record.offset,
+            H_RESULT_KIND: b"expired",
+        }
     # it ran on no device: its time from cut to acknowledgement teaches the expiry lead nothing
     assert sink.cuts == [None]
 

@@ -2,10 +2,10 @@
 
 Each script runs in-process on a tiny input (its ``--smoke`` option or a few messages), so an
 API change in streamproc fails here, not in the next measurement. Scripts that need a broker
-(lane_routes, overload, pipeline_ab, priority_isolation, results_path, soak, quix_app,
-tracing_cost) run only
+(lane_routes, overload, pipeline_ab, priority_isolation, results_path, shed_floor, soak,
+quix_app, tracing_cost) run only
 their pure parts: the config a run builds, the latency bookkeeping and summary, the results
-handed to the sink, the RSS summary, Quix's per-message step. The archived one-off studies
+handed to the sink, the floor's expired headers, the RSS summary, Quix's per-message step. The archived one-off studies
 (benchmarks/archive/) are type-checked only. The scripts change process-wide state (torch's
 thread count, structlog's configuration): every test restores both.
 """
@@ -48,12 +48,14 @@ from benchmarks import (
     rebalance_gaps,
     results_path,
     share_groups,
+    shed_floor,
     soak,
     tracing_cost,
 )
 from streamproc.config import load_config
 from streamproc.offsets.tracker import OffsetTracker
-from streamproc.records import TopicPartition
+from streamproc.output.headers import ResultHeaders
+from streamproc.records import Record, TopicPartition
 from streamproc.tools.bench import runner
 from streamproc.tools.bench.cpu import CpuMeter
 from streamproc.tools.replay import messages
@@ -272,6 +274,21 @@ def test_pipeline_ab_gives_the_tracing_section_only_when_asked() -> None:
     traced = pipeline_ab.overrides("trades", "ab", "r1", {}, {"sample_ratio": 0.5})
     assert load_config(overrides=traced, bootstrap="127.0.0.1:9").tracing.sample_ratio == 0.5
     assert "tracing" not in pipeline_ab.overrides("trades", "ab", "r1", {}, {})
+
+
+def test_pipeline_ab_gives_a_deadline_only_when_asked() -> None:
+    shedding = pipeline_ab.overrides("trades", "ab", "r1", {}, max_age_ms=1)
+    config = load_config(overrides=shedding, bootstrap="127.0.0.1:9")
+    assert config.pipelines[0].max_age_ms == 1
+    plain = load_config(overrides=pipeline_ab.overrides("trades", "ab", "r1", {}), bootstrap="x:9")
+    assert plain.pipelines[0].max_age_ms is None
+
+
+def test_shed_floor_writes_the_headers_streamproc_gives_an_expired_result() -> None:
+    # the floor is only a floor if it writes what streamproc writes
+    record = Record(TopicPartition("in", 3), 1234, b"k", b"v", (), 0, 0.0, 1)
+    (ours,) = ResultHeaders("in").expired([record])
+    assert shed_floor.expired_result_headers(b"in", 3, 1234) == ours
 
 
 def test_tracing_cost_measures_the_hooks_and_configures_every_contender(
