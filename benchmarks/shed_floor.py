@@ -7,8 +7,8 @@ Usage (from a checkout's root, with its .venv; the input of ``benchmarks/pipelin
     .venv/bin/python benchmarks/shed_floor.py --workload trades --messages 200000 \\
         --bootstrap 127.0.0.1:9092 --out /tmp/shed.jsonl
 
-One thread and one confluent-kafka consumer and producer (idempotent, ``acks=all``, the
-results producer's settings that matter here): ``consume(1000)``, then per message one
+One thread and one confluent-kafka consumer and producer (the results producer's settings:
+idempotent, ``acks=all``, ``linger.ms`` 2, lz4): ``consume(1000)``, then per message one
 ``produce`` of an empty value with the four headers of streamproc's expired result (source
 topic, partition and offset; ``streamproc.result.kind: expired``) and one shared delivery
 callback, ``poll(0)`` after each poll's messages; at the end a flush and one synchronous commit
@@ -74,7 +74,8 @@ def shed(
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",
-            "linger.ms": 5,
+            "linger.ms": 2,
+            "compression.type": "lz4",
             "queue.buffering.max.messages": 1_000_000,
         }
     )

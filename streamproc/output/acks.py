@@ -11,12 +11,15 @@ protocol.
 Thread ownership: reports arrive on whichever thread polls the producer (the ``sink`` thread, a
 sender waiting out a full queue, a flush); ``next()`` on an ``itertools.count`` is atomic under
 the GIL, so exactly one report sees the last count, without a lock per record. A failure adds
-its row to the failed set before it counts down.
+its row to the failed set before it counts down; a failure that stands for several alike rows
+raises the number of reports to count (under a module-wide lock, as failures are rare) before
+any of them counts down, so no report sees the old last count early.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +34,9 @@ from streamproc.records import Laps, Record
 
 Row = int
 """A result's index in its batch."""
+
+_MORE_REPORTS = threading.Lock()
+"""Serialises :class:`BatchAck` raising its count of reports (rare: a failure among alike rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +128,12 @@ class DeliveryHandler(Protocol):
 class BatchAck:
     """Delivery accounting for one batch of results.
 
-    One delivery callback serves the whole batch, :meth:`delivered`, not one closure per record.
-    A failed report carries the record's value but not its headers, so the failed row is found
-    by its value, which needs values that differ within the batch: :attr:`one_callback` says
-    whether they do; when two results are byte-identical each row needs its own callback,
-    :meth:`delivered_row` with the row bound.
+    One delivery callback serves the whole batch, :meth:`delivered`, not one closure per record
+    (under overload a closure per expired result cost 2 of its 12 CPU-µs). A failed report
+    carries the record's key and value but not its headers, so the failed row is found by its
+    value, then by its key among rows whose values are byte-identical (every expired result is
+    empty). Rows alike in both cannot be told apart: each of them is taken as refused (see
+    :meth:`delivered`).
 
     Args:
         handler: recovers refused results and takes acknowledged inputs.
@@ -136,7 +143,6 @@ class BatchAck:
 
     Attributes:
         batch: the results.
-        one_callback: True when the values are distinct: :meth:`delivered` serves every row.
     """
 
     __slots__ = (
@@ -147,7 +153,6 @@ class BatchAck:
         "_settle",
         "_size",
         "batch",
-        "one_callback",
     )
 
     def __init__(
@@ -159,23 +164,43 @@ class BatchAck:
         self._handler = handler
         self._settle = settle
         self.batch = batch
-        self._size = len(batch.records)
-        self.one_callback = len(set(batch.values)) == len(batch.values)
+        self._size = len(batch.records)  # reports to count down (more once rows are alike)
         self._failed: set[Row] = set()
-        self._rows: dict[bytes, Row] | None = None  # value -> row, built at the first failure
+        self._rows: dict[bytes, list[Row]] | None = None  # value -> rows, at the first failure
         self._acks = itertools.count(1)
 
     def delivered(self, err: KafkaError | None, msg: Any) -> None:
-        """A delivery report from librdkafka for any row of the batch (needs
-        :attr:`one_callback`)."""
+        """A delivery report from librdkafka for any row of the batch.
+
+        A failed one names its row by value, then by key. Where several rows (not failed
+        before) are alike in both, the report cannot say which of them failed: each is taken as
+        refused (the handler produces its result again or dead-letters its input), and the
+        batch waits for one report more per extra row. A row that was in fact acknowledged then
+        has its result twice, or a result and a dead-letter record: at least once, never none.
+        """
         if err is None:
             self._count_down()
             return
+        assert msg is not None  # librdkafka passes the message, its key and value included
         rows = self._rows
         if rows is None:
-            rows = self._rows = {value: row for row, value in enumerate(self.batch.values)}
-        assert msg is not None  # librdkafka passes the message, its value included
-        self.delivered_row(rows[cast(bytes, msg.value())], err, msg)
+            rows = self._rows = {}
+            for row, value in enumerate(self.batch.values):
+                rows.setdefault(value, []).append(row)
+        alike = rows[cast(bytes, msg.value())]
+        if len(alike) > 1:
+            key, records, failed = msg.key(), self.batch.records, self._failed
+            alike = [row for row in alike if records[row].key == key and row not in failed]
+        if len(alike) == 1:
+            self.delivered_row(alike[0], err, msg)
+            return
+        if not alike:  # every such row failed for good before: one report, one count
+            self._count_down()
+            return
+        with _MORE_REPORTS:  # reports may arrive on two threads at once
+            self._size += len(alike) - 1  # before any count of this report's rows
+        for row in alike:
+            self.delivered_row(row, err, msg)
 
     def delivered_row(self, row: Row, err: KafkaError | None, msg: Any, how: How = "batch") -> None:
         """The delivery report of result ``row`` (``err`` None on success); ``how`` it was

@@ -224,7 +224,6 @@ class _PlannedBatch:
         refused: list[int] = []
         producer = self._producer.client
         send = producer.produce
-        one_callback = ack.one_callback
         on_delivery: DeliveryCallback = ack.delivered
         for row in rows:
             if dead and row in dead:  # refused before, or cannot fit: never produced
@@ -235,8 +234,6 @@ class _PlannedBatch:
                 if not self._produce_alone(row):
                     refused.append(row)
                 continue
-            if not one_callback:
-                on_delivery = partial(ack.delivered_row, row)
             try:
                 try:
                     send(

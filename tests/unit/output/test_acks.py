@@ -5,7 +5,6 @@ whose failed reports carry the value but no headers, as the real client's do."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 from confluent_kafka import KafkaError
 
@@ -47,15 +46,18 @@ class Handler:
         self.cuts.append(cut_s)
 
 
-def produce(values: list[bytes], handler: DeliveryHandler) -> tuple[BatchAck, FakeProducer]:
-    """One batch of results to ``out`` through a fake producer, with the ack's callbacks."""
-    records = [Record(TP, o, None, b"in", (), 0, 0.0, 1) for o in range(len(values))]
+def produce(
+    values: list[bytes], handler: DeliveryHandler, keys: Sequence[bytes | None] | None = None
+) -> tuple[BatchAck, FakeProducer]:
+    """One batch of results to ``out`` through a fake producer, each with the ack's one
+    callback, as the sink produces them; ``keys``: the inputs' keys (None: none)."""
+    keys = keys or [None] * len(values)
+    records = [Record(TP, o, k, b"in", (), 0, 0.0, 1) for o, k in enumerate(keys)]
     headers = [[("streamproc.source.offset", b"%d" % o)] for o in range(len(values))]
     ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, values, headers))
     producer = FakeProducer()
     for row, value in enumerate(values):
-        on_delivery = ack.delivered if ack.one_callback else partial(ack.delivered_row, row)
-        producer.produce("out", value, headers=headers[row], on_delivery=on_delivery)
+        producer.produce("out", value, keys[row], headers=headers[row], on_delivery=ack.delivered)
     return ack, producer
 
 
@@ -66,8 +68,7 @@ def report(producer: FakeProducer, value: bytes, error: KafkaError | None = None
 
 def test_the_handler_hears_of_the_batch_once_after_its_last_report_in_any_order() -> None:
     handler = Handler()
-    ack, producer = produce([b"a", b"b", b"c"], handler)
-    assert ack.one_callback
+    _, producer = produce([b"a", b"b", b"c"], handler)
     report(producer, b"c")
     report(producer, b"a")
     assert handler.acknowledged_batches == []
@@ -124,15 +125,45 @@ def test_a_row_produced_again_and_acknowledged_is_in_the_batch() -> None:
     assert handler.acknowledged_batches == [("out", [0, 1])]
 
 
-def test_identical_values_need_a_callback_per_row_and_blame_the_right_one() -> None:
+def test_identical_values_blame_the_row_with_the_reported_key() -> None:
+    # expired results are all empty: the input's key still tells them apart
     handler = Handler()
-    ack, producer = produce([b"same", b"same"], handler)
-    assert not ack.one_callback
-    first, second = producer.pending
+    _, producer = produce([b"", b"", b"ok"], handler, keys=[b"k0", b"k1", b"k1"])
+    first, second, _ = producer.pending
     second.report(REFUSED)
     first.report()
-    assert handler.refused[0].record.offset == 1
-    assert handler.acknowledged_batches == [("out", [0])]
+    assert [r.record.offset for r in handler.refused] == [1]
+    producer.deliver()
+    assert handler.acknowledged_batches == [("out", [0, 2])]
+
+
+def test_rows_alike_in_value_and_key_are_each_taken_as_refused_and_the_batch_waits() -> None:
+    # the report cannot say which of rows 0-2 failed: each is produced again alone
+    handler = Handler(resend={0, 1, 2})
+    _, producer = produce([b"", b"", b"", b"ok"], handler, keys=[b"k"] * 4)
+    first, second, third, fourth = producer.pending
+    second.report(KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert [r.record.offset for r in handler.refused] == [0, 1, 2]
+    first.report()
+    third.report()
+    fourth.report()
+    assert handler.acknowledged_batches == []  # three reports from the lone producer to come
+    handler.lone.deliver(count=2)
+    assert handler.acknowledged_batches == []
+    handler.lone.deliver()
+    assert handler.acknowledged_batches == [("out", [0, 1, 2, 3])]
+
+
+def test_alike_rows_failed_for_good_are_left_out_and_not_blamed_again() -> None:
+    handler = Handler()  # nothing produced again: each alike row fails for good
+    _, producer = produce([b"", b"", b""], handler, keys=[b"k"] * 3)
+    first, second, third = producer.pending
+    first.report(REFUSED)
+    assert [r.record.offset for r in handler.refused] == [0, 1, 2]
+    second.report(REFUSED)  # its row failed for good already: blamed on no row again
+    third.report()
+    assert len(handler.refused) == 3
+    assert handler.acknowledged_batches == [("out", [])]
 
 
 def test_skipped_rows_and_local_refusals_count_down_without_a_report() -> None:

@@ -21,10 +21,11 @@ TP = TopicPartition("in", 0)
 
 
 class Harness:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, keys: list[bytes | None] | None = None) -> None:
         self.tracker = OffsetTracker()
         self.generation = self.tracker.assign([TP])[TP]
-        self.records = [Record(TP, o, None, b"v", (), 0, 0.0, self.generation) for o in range(n)]
+        keys = keys or [None] * n
+        self.records = [Record(TP, o, keys[o], b"v", (), 0, 0.0, self.generation) for o in range(n)]
         self.tracker.consumed_many(self.records)
         self.producer = FakeProducer()
         self.alone = FakeProducer()
@@ -118,12 +119,12 @@ def test_one_delivery_callback_serves_a_batch_and_finds_a_failed_row_by_its_valu
     assert h.watermark == 4 and not h.fatal
 
 
-def test_identical_results_get_a_callback_each_so_a_failure_blames_the_right_input() -> None:
-    # A failed report carries the value but no headers: with two byte-identical results the
-    # value cannot tell them apart, so such a batch falls back to one callback per record.
-    h = Harness(3)
+def test_identical_results_share_the_callback_and_the_key_blames_the_right_input() -> None:
+    # A failed report carries the key and value but no headers: byte-identical results (every
+    # expired result is empty) are told apart by their inputs' keys.
+    h = Harness(3, keys=[b"k0", b"k1", b"k2"])
     h.send([b"same", b"same", b"other"])
-    assert len({id(p.on_delivery) for p in h.producer.pending}) == 3
+    assert len({id(p.on_delivery) for p in h.producer.pending}) == 1
     first, second, third = h.producer.pending
     h.producer.pending.clear()
     first.report(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
@@ -134,6 +135,23 @@ def test_identical_results_get_a_callback_each_so_a_failure_blames_the_right_inp
     assert h.watermark == 0
     h.producer.deliver()
     assert h.watermark == 3 and not h.fatal
+
+
+def test_results_alike_in_key_and_value_are_all_produced_again_when_one_fails() -> None:
+    # the report cannot say which of the two failed: both are produced again (one of them
+    # twice, at least once), and the inputs are done only once both are acknowledged again
+    h = Harness(2)
+    h.send([b"", b""])
+    first, second = h.producer.pending
+    h.producer.pending.clear()
+    second.report(KafkaError(KafkaError._MSG_TIMED_OUT))
+    first.report()
+    assert not [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert h.watermark == 0 and len(h.alone.pending) == 2
+    h.alone.deliver(count=1)
+    assert h.watermark == 0
+    h.alone.deliver()
+    assert h.watermark == 2 and not h.fatal
 
 
 def test_a_result_timed_out_while_the_cluster_is_down_is_sent_again_not_dead_lettered() -> None:

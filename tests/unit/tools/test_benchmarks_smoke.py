@@ -3,9 +3,9 @@
 Each script runs in-process on a tiny input (its ``--smoke`` option or a few messages), so an
 API change in streamproc fails here, not in the next measurement. Scripts that need a broker
 (lane_routes, overload, pipeline_ab, priority_isolation, results_path, shed_floor, soak,
-quix_app, tracing_cost) run only
-their pure parts: the config a run builds, the latency bookkeeping and summary, the results
-handed to the sink, the floor's expired headers, the RSS summary, Quix's per-message step. The archived one-off studies
+quix_app, tracing_cost) run only their pure parts: the config a run builds, the latency
+bookkeeping and summary, the results handed to the sink, the floor's expired headers, the RSS
+summary, Quix's per-message step. The archived one-off studies
 (benchmarks/archive/) are type-checked only. The scripts change process-wide state (torch's
 thread count, structlog's configuration): every test restores both.
 """
