@@ -12,8 +12,9 @@ Thread ownership: reports arrive on whichever thread polls the producer (the ``s
 sender waiting out a full queue, a flush); ``next()`` on an ``itertools.count`` is atomic under
 the GIL, so exactly one report sees the last count, without a lock per record. A failure adds
 its row to the failed set before it counts down; a failure that stands for several alike rows
-raises the number of reports to count (under a module-wide lock, as failures are rare) before
-any of them counts down, so no report sees the old last count early.
+marks them blamed and raises the number of reports to count (under a module-wide lock, as
+failures are rare) before any of them counts down, so no report sees the old last count early
+and no row is blamed twice. The value -> rows map is built whole before it is published.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class BatchAck:
 
     __slots__ = (
         "_acks",
+        "_blamed",
         "_failed",
         "_handler",
         "_rows",
@@ -166,41 +168,61 @@ class BatchAck:
         self.batch = batch
         self._size = len(batch.records)  # reports to count down (more once rows are alike)
         self._failed: set[Row] = set()
+        self._blamed: set[Row] | None = None  # alike rows taken as refused by one report
         self._rows: dict[bytes, list[Row]] | None = None  # value -> rows, at the first failure
         self._acks = itertools.count(1)
 
     def delivered(self, err: KafkaError | None, msg: Any) -> None:
         """A delivery report from librdkafka for any row of the batch.
 
-        A failed one names its row by value, then by key. Where several rows (not failed
-        before) are alike in both, the report cannot say which of them failed: each is taken as
-        refused (the handler produces its result again or dead-letters its input), and the
-        batch waits for one report more per extra row. A row that was in fact acknowledged then
-        has its result twice, or a result and a dead-letter record: at least once, never none.
+        A failed one names its row by value, then by key. Where several rows are alike in both,
+        the report cannot say which of them failed: each of them not yet settled is taken as
+        refused, once (the handler produces its result again or dead-letters its input), and
+        the batch waits for one report more per extra row; a later failed report of the same
+        rows is covered by those and only counts. A row that was in fact acknowledged then has
+        its result twice, or a result and a dead-letter record: at least once, never none.
         """
         if err is None:
             self._count_down()
             return
         assert msg is not None  # librdkafka passes the message, its key and value included
         rows = self._rows
-        if rows is None:
-            rows = self._rows = {}
+        if rows is None:  # built whole before it is shared: another thread may read it at once
+            built: dict[bytes, list[Row]] = {}
             for row, value in enumerate(self.batch.values):
-                rows.setdefault(value, []).append(row)
+                built.setdefault(value, []).append(row)
+            rows = self._rows = built
         alike = rows[cast(bytes, msg.value())]
         if len(alike) > 1:
-            key, records, failed = msg.key(), self.batch.records, self._failed
-            alike = [row for row in alike if records[row].key == key and row not in failed]
-        if len(alike) == 1:
-            self.delivered_row(alike[0], err, msg)
-            return
-        if not alike:  # every such row failed for good before: one report, one count
-            self._count_down()
-            return
-        with _MORE_REPORTS:  # reports may arrive on two threads at once
-            self._size += len(alike) - 1  # before any count of this report's rows
-        for row in alike:
-            self.delivered_row(row, err, msg)
+            alike = self._unsettled(alike, msg.key())
+            if len(alike) != 1:
+                for row in alike:
+                    self.delivered_row(row, err, msg)
+                if not alike:  # each such row failed for good, or is being produced again
+                    self._count_down()
+                return
+        self.delivered_row(alike[0], err, msg)
+
+    def _unsettled(self, alike: list[Row], key: bytes | None) -> list[Row]:
+        """The rows of ``alike`` (byte-identical values) with input key ``key`` that neither
+        failed for good nor were blamed before. Two or more are blamed now: the count of reports
+        due rises by one per extra row before any of them counts down."""
+        records, failed = self.batch.records, self._failed
+        with _MORE_REPORTS:  # failed reports may arrive on two threads at once
+            blamed = self._blamed
+            unsettled = [
+                row
+                for row in alike
+                if records[row].key == key
+                and row not in failed
+                and (blamed is None or row not in blamed)
+            ]
+            if len(unsettled) > 1:
+                if blamed is None:
+                    blamed = self._blamed = set()
+                blamed.update(unsettled)
+                self._size += len(unsettled) - 1
+        return unsettled
 
     def delivered_row(self, row: Row, err: KafkaError | None, msg: Any, how: How = "batch") -> None:
         """The delivery report of result ``row`` (``err`` None on success); ``how`` it was

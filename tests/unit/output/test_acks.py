@@ -4,7 +4,9 @@ whose failed reports carry the value but no headers, as the real client's do."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+
+from functools import partial
 
 from confluent_kafka import KafkaError
 
@@ -130,11 +132,11 @@ def test_identical_values_blame_the_row_with_the_reported_key() -> None:
     handler = Handler()
     _, producer = produce([b"", b"", b"ok"], handler, keys=[b"k0", b"k1", b"k1"])
     first, second, _ = producer.pending
-    second.report(REFUSED)
-    first.report()
-    assert [r.record.offset for r in handler.refused] == [1]
+    first.report(REFUSED)
+    second.report()
+    assert [r.record.offset for r in handler.refused] == [0]
     producer.deliver()
-    assert handler.acknowledged_batches == [("out", [0, 2])]
+    assert handler.acknowledged_batches == [("out", [1, 2])]
 
 
 def test_rows_alike_in_value_and_key_are_each_taken_as_refused_and_the_batch_waits() -> None:
@@ -152,6 +154,49 @@ def test_rows_alike_in_value_and_key_are_each_taken_as_refused_and_the_batch_wai
     assert handler.acknowledged_batches == []
     handler.lone.deliver()
     assert handler.acknowledged_batches == [("out", [0, 1, 2, 3])]
+
+
+def test_every_alike_report_failing_produces_each_row_again_once_not_once_per_report() -> None:
+    handler = Handler(resend={0, 1, 2})
+    _, producer = produce([b"", b"", b""], handler, keys=[b"k"] * 3)
+    producer.deliver(error=KafkaError(KafkaError._MSG_TIMED_OUT))  # an outage: all three
+    assert sorted(r.record.offset for r in handler.refused) == [0, 1, 2]
+    assert len(handler.lone.pending) == 3
+    handler.lone.deliver()
+    assert handler.acknowledged_batches == [("out", [0, 1, 2])]
+
+
+class ReportingValues(list[bytes]):
+    """A batch's values whose first iteration lets one more report in after its first value:
+    a report another thread handles while this one builds the value -> rows map."""
+
+    def __init__(self, values: list[bytes]) -> None:
+        super().__init__(values)
+        self.midway: Callable[[], None] | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        for index, value in enumerate(list.__iter__(self)):
+            if index == 1 and self.midway is not None:
+                midway, self.midway = self.midway, None
+                midway()
+            yield value
+
+
+def test_a_report_during_the_map_build_sees_the_whole_map() -> None:
+    handler = Handler(resend={1, 2})
+    values = ReportingValues([b"a", b"", b""])
+    records = [Record(TP, o, None, b"in", (), 0, 0.0, 1) for o in range(3)]
+    ack = BatchAck(handler, OutputBatch("out", "in.dlq", records, values, [[]] * 3))
+    producer = FakeProducer()
+    for value in list(values):
+        producer.produce("out", value, on_delivery=ack.delivered)
+    first, second, third = producer.pending
+    values.midway = partial(second.report, KafkaError(KafkaError._MSG_TIMED_OUT))
+    first.report(REFUSED)  # builds the map; the second report comes in halfway
+    assert sorted(r.record.offset for r in handler.refused) == [0, 1, 2]
+    third.report()
+    handler.lone.deliver()
+    assert handler.acknowledged_batches == [("out", [1, 2])]
 
 
 def test_alike_rows_failed_for_good_are_left_out_and_not_blamed_again() -> None:

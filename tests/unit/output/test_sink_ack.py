@@ -154,6 +154,21 @@ def test_results_alike_in_key_and_value_are_all_produced_again_when_one_fails() 
     assert h.watermark == 2 and not h.fatal
 
 
+def test_alike_results_all_refused_are_each_dead_lettered_once() -> None:
+    # a record-level refusal of every one of five alike results: each is produced alone once
+    # (not once per report), refused alone, and dead-lettered once
+    h = Harness(5)
+    h.send([b""] * 5)
+    h.producer.deliver(error=KafkaError(KafkaError.INVALID_RECORD))
+    assert len(h.alone.pending) == 5
+    h.alone.deliver(error=KafkaError(KafkaError.INVALID_RECORD))
+    dead = [p for p in h.producer.pending if p.topic == "in.dlq"]
+    assert sorted(dict(p.headers)[H_OFFSET] for p in dead) == [b"%d" % o for o in range(5)]
+    assert h.watermark == 0
+    h.producer.deliver()
+    assert h.watermark == 5 and not h.fatal
+
+
 def test_a_result_timed_out_while_the_cluster_is_down_is_sent_again_not_dead_lettered() -> None:
     """A produce that times out (two of three brokers down longer than message.timeout.ms) is a
     condition of the cluster, not of the record: it is produced again until acknowledged."""
