@@ -5,7 +5,6 @@ whose failed reports carry the value but no headers, as the real client's do."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-
 from functools import partial
 
 from confluent_kafka import KafkaError
