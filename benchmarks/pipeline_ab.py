@@ -44,7 +44,7 @@ from streamproc.tools.bench.cpu import thread_cpu
 from streamproc.tools.replay import produce
 
 
-def _ensure_input(bootstrap: str, workload: str, messages: int, traced: bool = False) -> str:
+def ensure_input(bootstrap: str, workload: str, messages: int, traced: bool = False) -> str:
     """The input topic, produced once; ``traced``: a copy of it in which every record carries a
     sampled ``traceparent`` of its own (a trace per record, as a traced producer writes)."""
     topic = f"ab-{workload}-{messages}"
@@ -128,7 +128,7 @@ class _FetchedCounter:
         self.messages = max(self.messages, total)
 
 
-def _thread_cpu_s() -> dict[int, tuple[str, float]]:
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
     """Per live thread id: its name and CPU seconds. Python threads by their Python name
     (decode threads as ``decode_*``), librdkafka's by their ``comm`` (``rdk:broker1``,
     ``rdk:main``: every client's threads of one name add up); other native threads left out."""
@@ -140,6 +140,34 @@ def _thread_cpu_s() -> dict[int, tuple[str, float]]:
     }
     named |= {tid: stat.name for tid, stat in stats.items() if stat.name.startswith("rdk:")}
     return {tid: (name, stats[tid].cpu_s) for tid, name in named.items()}
+
+
+def threads_since(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """Per thread name, the CPU seconds its threads spent from ``before`` to ``after`` (two
+    :func:`thread_cpu_s` readings; a thread born in between counts from zero)."""
+    threads: dict[str, float] = {}
+    for tid, (name, seconds) in after.items():
+        earlier = before.get(tid, (name, 0.0))[1]
+        threads[name] = threads.get(name, 0.0) + seconds - earlier
+    return threads
+
+
+def per_message_us(threads: dict[str, float], messages: int) -> dict[str, float]:
+    """Each thread's CPU-µs per message, busiest first (threads that used none left out)."""
+    return {
+        name: round(1e6 * seconds / max(1, messages), 2)
+        for name, seconds in sorted(threads.items(), key=lambda kv: -kv[1])
+        if seconds > 0
+    }
+
+
+def write_row(row: dict[str, Any], out: str) -> None:
+    """Append ``row`` to the JSON-lines file ``out`` and print it."""
+    with open(out, "a") as file:
+        file.write(json.dumps(row) + "\n")
+    print(json.dumps(row))
 
 
 def overrides(
@@ -224,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="read a copy of the input whose every record carries a sampled traceparent",
     )
     args = parser.parse_args(argv)
-    source = _ensure_input(args.bootstrap, args.workload, args.messages, args.traced_input)
+    source = ensure_input(args.bootstrap, args.workload, args.messages, args.traced_input)
     run_id = uuid.uuid4().hex[:8]
     config = load_config(
         overrides=overrides(
@@ -243,13 +271,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     fetched = _FetchedCounter()
     pipeline = streamproc.Pipeline(config, consumer_factory=fetched.consumer)
     pipeline.start()  # model load, warm-up and calibration are not counted
-    before = _thread_cpu_s()
+    before = thread_cpu_s()
     last: dict[int, tuple[str, float]] = {}  # per thread id: name and its latest CPU seconds
     done = threading.Event()
 
     def sample() -> None:  # a thread's counters vanish with it: keep its last reading
         while not done.wait(0.2):
-            last.update(_thread_cpu_s())
+            last.update(thread_cpu_s())
 
     sampler = threading.Thread(target=sample, name="ab-sampler", daemon=True)
     sampler.start()
@@ -258,10 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cpu_s = time.process_time() - cpu_start_s
     done.set()
     sampler.join()
-    threads: dict[str, float] = {}
-    for tid, (name, seconds) in last.items():
-        earlier = before.get(tid, (name, 0.0))[1]  # a thread born later counts from zero
-        threads[name] = threads.get(name, 0.0) + seconds - earlier
+    threads = threads_since(before, last)
     produced, rate = _output_rate(args.bootstrap, f"ab-out-{run_id}", args.messages)
     metrics = pipeline.metrics
     spans: dict[str, float] = {}
@@ -284,15 +309,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cpu_us_per_msg": 1e6 * cpu_s / max(1, produced),
         "batch_sizes": next(iter(summary.batch_sizes.values()), {}),
         "fetched": fetched.messages,
-        "threads": {
-            name: round(1e6 * seconds / max(1, produced), 2)
-            for name, seconds in sorted(threads.items(), key=lambda kv: -kv[1])
-            if seconds > 0
-        },
+        "threads": per_message_us(threads, produced),
     }
-    with open(args.out, "a") as out:
-        out.write(json.dumps(row) + "\n")
-    print(json.dumps(row))
+    write_row(row, args.out)
 
 
 if __name__ == "__main__":

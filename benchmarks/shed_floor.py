@@ -23,7 +23,6 @@ commit (what merely reading a record costs). Compare with ``pipeline_ab.py --max
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -31,7 +30,13 @@ from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
-from benchmarks.pipeline_ab import _ensure_input, _thread_cpu_s
+from benchmarks.pipeline_ab import (
+    ensure_input,
+    per_message_us,
+    thread_cpu_s,
+    threads_since,
+    write_row,
+)
 from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import EXPIRED, H_OFFSET, H_PARTITION, H_TOPIC
 
@@ -136,32 +141,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="no expired results: consume and commit only (what reading a record costs)",
     )
     args = parser.parse_args(argv)
-    source = _ensure_input(args.bootstrap, args.workload, args.messages)
+    source = ensure_input(args.bootstrap, args.workload, args.messages)
     output = None
     if not args.consume_only:
         output = f"shed-floor-out-{uuid.uuid4().hex[:8]}"
         ensure_topics(args.bootstrap, {output: 4})
-    before = _thread_cpu_s()
+    before = thread_cpu_s()
     count, cpu_s, wall_s = shed(args.bootstrap, source, output, args.messages)
-    after = _thread_cpu_s()
-    threads: dict[str, float] = {}
-    for tid, (name, seconds) in after.items():
-        threads[name] = threads.get(name, 0.0) + seconds - before.get(tid, (name, 0.0))[1]
+    threads = threads_since(before, thread_cpu_s())
     row = {
         "label": "consume-floor" if args.consume_only else "shed-floor",
         "workload": args.workload,
         "messages": count,
         "msg_s": count / wall_s,
         "cpu_us_per_msg": 1e6 * cpu_s / max(1, count),
-        "threads": {
-            name: round(1e6 * seconds / max(1, count), 2)
-            for name, seconds in sorted(threads.items(), key=lambda kv: -kv[1])
-            if seconds > 0
-        },
+        "threads": per_message_us(threads, count),
     }
-    with open(args.out, "a") as out:
-        out.write(json.dumps(row) + "\n")
-    print(json.dumps(row))
+    write_row(row, args.out)
 
 
 if __name__ == "__main__":

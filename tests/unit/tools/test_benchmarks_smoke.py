@@ -266,8 +266,16 @@ def test_pipeline_ab_builds_a_valid_config_and_reads_thread_cpu() -> None:
     assert config.batching.max_batch_size == 16
     assert config.worker.torch_threads == 1
     assert config.pipelines[0].output_topic == "ab-out-r1"
-    threads = pipeline_ab._thread_cpu_s()
+    threads = pipeline_ab.thread_cpu_s()
     assert all(seconds >= 0 for _, seconds in threads.values())
+
+
+def test_pipeline_ab_counts_each_thread_from_its_first_reading_per_message() -> None:
+    before = {1: ("source", 1.0), 2: ("decode_*", 2.0)}
+    after = {1: ("source", 1.5), 2: ("decode_*", 2.25), 3: ("decode_*", 0.25), 4: ("idle", 0.0)}
+    threads = pipeline_ab.threads_since(before, after)  # thread 3 was born in between
+    assert threads == {"source": 0.5, "decode_*": 0.5, "idle": 0.0}
+    assert pipeline_ab.per_message_us(threads, 1000) == {"source": 500.0, "decode_*": 500.0}
 
 
 def test_pipeline_ab_gives_the_tracing_section_only_when_asked() -> None:
