@@ -414,7 +414,8 @@ class Batcher:
         """How long after a cut at ``now_s`` (monotonic seconds) a batch of ``size`` records is
         expected to be acknowledged, in seconds: the lower 90th percentile of the lane's recent
         batches' times from cut to acknowledgement
-        (:meth:`~streamproc.intake.latency.LatencyTarget.after_cut_s`); without a recent one,
+        (:meth:`~streamproc.intake.latency.LatencyTarget.after_cut_s`); without a recent one
+        (or while the lane served no batch for that long: a probe, see there),
         :data:`~streamproc.intake.latency.IN_FLIGHT_BATCHES` of the expected device times for
         the size (its own batch and one ahead of it on its device). 0.0 without a latency
         target or while nothing was measured: then only a deadline already passed expires a
@@ -448,10 +449,16 @@ class Batcher:
         if latency is None:
             return None
         if cut_s is not None:
-            latency.finished(now_s - cut_s, now_s)
+            latency.finished(cut_s, now_s)
         reading = latency.acknowledged(np.maximum(0.0, now_s - consumed_s), now_s)
         self._refresh()
         return reading
+
+    def served(self, cut_s: float) -> None:
+        """A batch with records to run was cut at ``cut_s`` (monotonic seconds): the lead of
+        :meth:`expiry_lead_s` is being measured (:meth:`LatencyTarget.served`)."""
+        if self.latency is not None:
+            self.latency.served(cut_s)
 
     def cut(self, consumed_s: Sequence[float] | np.ndarray) -> None:
         """Feed back one cut batch: its messages' consume times (monotonic seconds; the

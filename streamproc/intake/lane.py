@@ -247,6 +247,8 @@ class Lane:
                         records, flow = buffers.take(
                             decision.count, batcher.max_batch_bytes, batcher.max_wait_s
                         )
+                    if records:  # the lead is measured by the batches served
+                        batcher.served(now_s)
                     taken = records + expired if expired else records
                     consumed_s = np.fromiter(
                         (r.consumed_at_s for r in taken), np.float64, len(taken)

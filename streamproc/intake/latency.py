@@ -173,6 +173,8 @@ class LatencyTarget:
         self._last_cap = 0
         # (acknowledged at, seconds from cut to acknowledgement), oldest first
         self._after_cut: deque[tuple[float, float]] = deque(maxlen=AFTER_CUT_WINDOW)
+        self._served_cut_s = -math.inf  # the newest cut of a batch with records to run
+        self._probe_cut_s: float | None = None  # a probe's cut, until it is acknowledged
 
     # -- what the batcher asks -------------------------------------------------------------
     def waits_s(self, configured_s: tuple[float, ...]) -> tuple[float, ...]:
@@ -243,22 +245,48 @@ class LatencyTarget:
         self._median_s[size] = statistics.median(recent)
         self.version += 1
 
-    def finished(self, after_cut_s: float, now_s: float) -> None:
-        """A batch's results were acknowledged at ``now_s`` (monotonic seconds),
-        ``after_cut_s`` seconds after its cut (ignored unless finite and >= 0)."""
+    def finished(self, cut_s: float, now_s: float) -> None:
+        """A batch cut at ``cut_s`` had its results acknowledged at ``now_s`` (monotonic
+        seconds; ignored unless the time between is finite and >= 0). The first batch cut at
+        or after a pending probe's cut (:meth:`served`) drops the times measured before it."""
+        after_cut_s = now_s - cut_s
         if 0.0 <= after_cut_s < math.inf:
+            probe_s = self._probe_cut_s
+            if probe_s is not None and cut_s >= probe_s:
+                self._after_cut.clear()
+                self._probe_cut_s = None
             self._after_cut.append((now_s, after_cut_s))
+            self._served_cut_s = max(self._served_cut_s, cut_s)
 
-    def after_cut_s(self, now_s: float) -> float | None:
-        """The :data:`AFTER_CUT_QUANTILE` quantile of the seconds from cut to acknowledgement
-        of the lane's last :data:`AFTER_CUT_WINDOW` batches, of those acknowledged in the last
-        :data:`AFTER_CUT_MAX_AGE_S` before ``now_s`` (monotonic seconds); None when there are
-        none."""
+    def _lead_s(self, now_s: float) -> float | None:
+        """The quantile of :meth:`after_cut_s`, measured or not any more."""
         since_s = now_s - AFTER_CUT_MAX_AGE_S
         recent = sorted(seconds for at_s, seconds in self._after_cut if at_s >= since_s)
         if not recent:
             return None
         return recent[int(AFTER_CUT_QUANTILE * (len(recent) - 1))]
+
+    def after_cut_s(self, now_s: float) -> float | None:
+        """The :data:`AFTER_CUT_QUANTILE` quantile of the seconds from cut to acknowledgement
+        of the lane's last :data:`AFTER_CUT_WINDOW` batches, of those acknowledged in the last
+        :data:`AFTER_CUT_MAX_AGE_S` before ``now_s`` (monotonic seconds); None when there are
+        none, or when the lane served no batch in the last that many seconds (a *probe*: the
+        times describe batches queued behind others that are done by now, and a lead that
+        expires every record would otherwise never be measured again; see :meth:`served`)."""
+        lead_s = self._lead_s(now_s)
+        if lead_s is None or now_s - self._served_cut_s > lead_s:
+            return None
+        return lead_s
+
+    def served(self, cut_s: float) -> None:
+        """A batch with records to run was cut at ``cut_s`` (monotonic seconds). Cut when
+        :meth:`after_cut_s` said None for want of a recent served batch, it is a probe: the
+        times measured before it stop counting once it (or a batch cut after it) is
+        acknowledged (:meth:`finished`), as they describe a queue that has drained since."""
+        lead_s = self._lead_s(cut_s)
+        if self._probe_cut_s is None and lead_s is not None and cut_s - self._served_cut_s > lead_s:
+            self._probe_cut_s = cut_s
+        self._served_cut_s = max(self._served_cut_s, cut_s)
 
     def cut(self, backlog: bool) -> None:
         """A batch was cut; ``backlog``: a full batch more still waits behind it."""

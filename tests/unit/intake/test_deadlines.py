@@ -213,6 +213,34 @@ def test_a_lead_raised_by_a_stall_does_not_outlive_it() -> None:
     assert [r.offset for r in cut.records] == [9, 10, 11]
 
 
+def test_a_lead_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
+    # A stall: the lane's batches took 0.5 s from cut to acknowledgement. Every record due
+    # sooner is then expired by prediction, so no batch is served and no new time replaces the
+    # stall's: before the probe, the lane shed everything until those times aged out (5 s of
+    # 100 % expired at half load, the overload bench's timeline). Once nothing was served for
+    # a lead, the next cut is served (a probe), and its time replaces the stall's.
+    clock = Clock(100.0)
+    the_lane = lane(clock, predict_expiry=True, latency_target_s=0.1)
+    for _ in range(4):
+        the_lane.delivered(np.array([99.0]), 100.0, cut_s=99.5)
+
+    def cut_of(due_s: float, first: int) -> tuple[list[int], list[int]]:
+        the_lane.offer([record(first + i, due_s) for i in range(4)], deadlines=True)
+        cut = the_lane.next_cut(threading.Event())
+        assert cut is not None
+        return [r.offset for r in cut.records], [r.offset for r in cut.expired]
+
+    assert cut_of(100.2, 0) == ([], [0, 1, 2, 3])  # within a lead of the last served cut
+    clock.now_s = 100.6  # nothing served since the cut at 99.5: more than the lead (0.5 s)
+    assert cut_of(100.8, 4) == ([4, 5, 6, 7], [])  # the probe: served
+    clock.now_s = 100.605  # the probe is still in flight: the stall's lead holds meanwhile
+    assert cut_of(100.8, 8) == ([], [8, 9, 10, 11])
+    the_lane.delivered(np.array([100.6] * 4), 100.61, cut_s=100.6)  # the probe: 10 ms
+    clock.now_s = 100.62  # the stall's times no longer count: the lead is the probe's 10 ms
+    assert cut_of(100.7, 12) == ([12, 13, 14, 15], [])
+    assert cut_of(100.625, 16) == ([], [16, 17, 18, 19])  # due before the lead: expired
+
+
 def test_lane_cut_sets_records_past_their_deadline_apart() -> None:
     clock = Clock(100.0)
     the_lane = lane(clock)
