@@ -43,7 +43,6 @@ from itertools import pairwise
 import numpy as np
 
 from streamproc.intake.latency import (
-    IN_FLIGHT_BATCHES,
     LatencyReading,
     LatencyTarget,
     candidate_sizes,
@@ -412,22 +411,13 @@ class Batcher:
 
     def expiry_lead_s(self, size: int, now_s: float) -> float:
         """How long after a cut at ``now_s`` (monotonic seconds) a batch of ``size`` records is
-        expected to be acknowledged, in seconds: the lower 90th percentile of the lane's recent
-        batches' times from cut to acknowledgement
-        (:meth:`~streamproc.intake.latency.LatencyTarget.after_cut_s`); without a recent one
-        (or while the lane served no batch for that long: a probe, see there),
-        :data:`~streamproc.intake.latency.IN_FLIGHT_BATCHES` of the expected device times for
-        the size (its own batch and one ahead of it on its device). 0.0 without a latency
-        target or while nothing was measured: then only a deadline already passed expires a
-        record."""
+        expected to be acknowledged, in seconds
+        (:meth:`~streamproc.intake.latency.LatencyTarget.expiry_lead_s`: the lower 90th
+        percentile of the lane's recent batches' times from cut to acknowledgement, else twice
+        the expected device time; 0.0 for a probe, or while nothing was measured). 0.0 without
+        a latency target: then only a deadline already passed expires a record."""
         latency = self.latency
-        if latency is None:
-            return 0.0
-        after_cut_s = latency.after_cut_s(now_s)
-        if after_cut_s is not None:
-            return after_cut_s
-        service_s = latency.service_s(size)
-        return 0.0 if service_s is None else IN_FLIGHT_BATCHES * service_s
+        return 0.0 if latency is None else latency.expiry_lead_s(size, now_s)
 
     def observe(self, size: int, service_s: float) -> None:
         """Feed back one batch's device time (used by the adaptive size model and the latency
@@ -454,11 +444,11 @@ class Batcher:
         self._refresh()
         return reading
 
-    def served(self, cut_s: float) -> None:
-        """A batch with records to run was cut at ``cut_s`` (monotonic seconds): the lead of
-        :meth:`expiry_lead_s` is being measured (:meth:`LatencyTarget.served`)."""
+    def served(self, size: int, cut_s: float) -> None:
+        """A batch of ``size`` records to run was cut at ``cut_s`` (monotonic seconds): the
+        lead of :meth:`expiry_lead_s` is being measured (:meth:`LatencyTarget.served`)."""
         if self.latency is not None:
-            self.latency.served(cut_s)
+            self.latency.served(size, cut_s)
 
     def cut(self, consumed_s: Sequence[float] | np.ndarray) -> None:
         """Feed back one cut batch: its messages' consume times (monotonic seconds; the

@@ -248,7 +248,7 @@ class Lane:
                             decision.count, batcher.max_batch_bytes, batcher.max_wait_s
                         )
                     if records:  # the lead is measured by the batches served
-                        batcher.served(now_s)
+                        batcher.served(decision.count, now_s)
                     taken = records + expired if expired else records
                     consumed_s = np.fromiter(
                         (r.consumed_at_s for r in taken), np.float64, len(taken)

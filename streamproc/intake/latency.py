@@ -258,33 +258,46 @@ class LatencyTarget:
             self._after_cut.append((now_s, after_cut_s))
             self._served_cut_s = max(self._served_cut_s, cut_s)
 
-    def _lead_s(self, now_s: float) -> float | None:
-        """The quantile of :meth:`after_cut_s`, measured or not any more."""
+    def after_cut_s(self, now_s: float) -> float | None:
+        """The :data:`AFTER_CUT_QUANTILE` quantile of the seconds from cut to acknowledgement
+        of the lane's last :data:`AFTER_CUT_WINDOW` batches, of those acknowledged in the last
+        :data:`AFTER_CUT_MAX_AGE_S` before ``now_s`` (monotonic seconds); None when there are
+        none."""
         since_s = now_s - AFTER_CUT_MAX_AGE_S
         recent = sorted(seconds for at_s, seconds in self._after_cut if at_s >= since_s)
         if not recent:
             return None
         return recent[int(AFTER_CUT_QUANTILE * (len(recent) - 1))]
 
-    def after_cut_s(self, now_s: float) -> float | None:
-        """The :data:`AFTER_CUT_QUANTILE` quantile of the seconds from cut to acknowledgement
-        of the lane's last :data:`AFTER_CUT_WINDOW` batches, of those acknowledged in the last
-        :data:`AFTER_CUT_MAX_AGE_S` before ``now_s`` (monotonic seconds); None when there are
-        none, or when the lane served no batch in the last that many seconds (a *probe*: the
-        times describe batches queued behind others that are done by now, and a lead that
-        expires every record would otherwise never be measured again; see :meth:`served`)."""
-        lead_s = self._lead_s(now_s)
-        if lead_s is None or now_s - self._served_cut_s > lead_s:
-            return None
-        return lead_s
+    def _predicted_s(self, size: int, now_s: float) -> float:
+        """The lead as measured (:meth:`after_cut_s`), else :data:`IN_FLIGHT_BATCHES` expected
+        device times for ``size``, else 0.0."""
+        after_cut_s = self.after_cut_s(now_s)
+        if after_cut_s is not None:
+            return after_cut_s
+        service_s = self.service_s(size)
+        return 0.0 if service_s is None else IN_FLIGHT_BATCHES * service_s
 
-    def served(self, cut_s: float) -> None:
-        """A batch with records to run was cut at ``cut_s`` (monotonic seconds). Cut when
-        :meth:`after_cut_s` said None for want of a recent served batch, it is a probe: the
-        times measured before it stop counting once it (or a batch cut after it) is
-        acknowledged (:meth:`finished`), as they describe a queue that has drained since."""
-        lead_s = self._lead_s(cut_s)
-        if self._probe_cut_s is None and lead_s is not None and cut_s - self._served_cut_s > lead_s:
+    def expiry_lead_s(self, size: int, now_s: float) -> float:
+        """How long after a cut at ``now_s`` (monotonic seconds) a batch of ``size`` records is
+        expected to be acknowledged, in seconds (predicted expiry: a record due before then
+        expires at the cut): :meth:`after_cut_s`; without a recent time,
+        :data:`IN_FLIGHT_BATCHES` of the expected device times for the size (its own batch and
+        one ahead of it on its device); 0.0 while nothing was measured. Also 0.0 (only a
+        deadline already passed expires a record) when the lane served no batch for that long:
+        the cut is a *probe* (:meth:`served`). Both leads are measured only by the batches
+        served, so a lead that expires every record would otherwise never be measured again."""
+        lead_s = self._predicted_s(size, now_s)
+        return 0.0 if now_s - self._served_cut_s > lead_s else lead_s
+
+    def served(self, size: int, cut_s: float) -> None:
+        """A batch of ``size`` records to run was cut at ``cut_s`` (monotonic seconds). Cut as
+        a probe (:meth:`expiry_lead_s`), the times from cut to acknowledgement measured before
+        it stop counting once it (or a batch cut after it) is acknowledged
+        (:meth:`finished`): they describe batches queued behind others that are done."""
+        if self._probe_cut_s is None and cut_s - self._served_cut_s > self._predicted_s(
+            size, cut_s
+        ):
             self._probe_cut_s = cut_s
         self._served_cut_s = max(self._served_cut_s, cut_s)
 

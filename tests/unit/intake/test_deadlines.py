@@ -241,6 +241,29 @@ def test_a_lead_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
     assert cut_of(100.625, 16) == ([], [16, 17, 18, 19])  # due before the lead: expired
 
 
+def test_an_expected_device_time_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
+    # No time from cut to acknowledgement yet, and batches of 4 were measured at 0.5 s on the
+    # device (a stall): the lead is 1 s, which expires every record due sooner, and a device
+    # time is measured only by a batch served. A cut with nothing served for a lead before it
+    # (or none served yet) is a probe: only records past their deadline expire.
+    clock = Clock(100.0)
+    the_lane = lane(clock, predict_expiry=True, latency_target_s=10.0)  # batches of 4 fit
+    the_lane.observe(4, 0.5)
+
+    def cut_of(due_s: float, first: int) -> tuple[list[int], list[int]]:
+        the_lane.offer([record(first + i, due_s) for i in range(4)], deadlines=True)
+        cut = the_lane.next_cut(threading.Event())
+        assert cut is not None
+        return [r.offset for r in cut.records], [r.offset for r in cut.expired]
+
+    assert cut_of(100.5, 0) == ([0, 1, 2, 3], [])  # nothing served yet: a probe
+    clock.now_s = 100.1
+    assert cut_of(100.5, 4) == ([], [4, 5, 6, 7])  # due within the lead (1 s)
+    clock.now_s = 101.2  # the last batch served was cut at 100.0: more than a lead ago
+    assert cut_of(101.5, 8) == ([8, 9, 10, 11], [])
+    assert cut_of(101.1, 12) == ([], [12, 13, 14, 15])  # passed: expired, probe or not
+
+
 def test_lane_cut_sets_records_past_their_deadline_apart() -> None:
     clock = Clock(100.0)
     the_lane = lane(clock)
