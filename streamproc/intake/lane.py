@@ -243,12 +243,12 @@ class Lane:
                             expire_s,
                             MAX_EXPIRED_PER_CUT,
                         )
+                        if records and self._predict_expiry:  # the lead's measure (a probe?)
+                            batcher.served(decision.count, now_s)
                     else:
                         records, flow = buffers.take(
                             decision.count, batcher.max_batch_bytes, batcher.max_wait_s
                         )
-                    if records:  # the lead is measured by the batches served
-                        batcher.served(decision.count, now_s)
                     taken = records + expired if expired else records
                     consumed_s = np.fromiter(
                         (r.consumed_at_s for r in taken), np.float64, len(taken)
