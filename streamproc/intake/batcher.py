@@ -414,10 +414,16 @@ class Batcher:
         expected to be acknowledged, in seconds
         (:meth:`~streamproc.intake.latency.LatencyTarget.expiry_lead_s`: the lower 90th
         percentile of the lane's recent batches' times from cut to acknowledgement, else twice
-        the expected device time; 0.0 for a probe, or while nothing was measured). 0.0 without
-        a latency target: then only a deadline already passed expires a record."""
+        the expected device time). 0.0 without a latency target or while nothing was measured:
+        then only a deadline already passed expires a record."""
         latency = self.latency
         return 0.0 if latency is None else latency.expiry_lead_s(size, now_s)
+
+    def probe_due(self, size: int, now_s: float) -> bool:
+        """No batch was served in the last lead before ``now_s``
+        (:meth:`~streamproc.intake.latency.LatencyTarget.probe_due`)."""
+        latency = self.latency
+        return latency is not None and latency.probe_due(size, now_s)
 
     def observe(self, size: int, service_s: float) -> None:
         """Feed back one batch's device time (used by the adaptive size model and the latency

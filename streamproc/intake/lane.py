@@ -78,6 +78,20 @@ class Offered:
         return [record for run in self.runs.values() for record in run]
 
 
+def _probe(expired: list[Record], now_s: float) -> list[Record]:
+    """A probe (:meth:`~streamproc.intake.latency.LatencyTarget.probe_due`): of a cut whose
+    every record the lead expired, the one due last among those not yet past their deadline at
+    ``now_s`` is served after all (taken out of ``expired``, which stays in offset order);
+    none when every one had passed. One record: the lead it measures may well hold, and its
+    record then comes late."""
+    due = [record for record in expired if record.deadline_s > now_s]
+    if not due:
+        return []
+    probe = max(due, key=lambda record: record.deadline_s)
+    expired.remove(probe)
+    return [probe]
+
+
 @dataclass(frozen=True, slots=True)
 class CutRecords:
     """The records :meth:`Lane.next_cut` took in one cut; the dispatcher numbers them into a
@@ -243,8 +257,11 @@ class Lane:
                             expire_s,
                             MAX_EXPIRED_PER_CUT,
                         )
-                        if records and self._predict_expiry:  # the lead's measure (a probe?)
-                            batcher.served(decision.count, now_s)
+                        if self._predict_expiry:
+                            if not records and batcher.probe_due(decision.count, now_s):
+                                records = _probe(expired, now_s)
+                            if records:  # the lead's measure
+                                batcher.served(decision.count, now_s)
                     else:
                         records, flow = buffers.take(
                             decision.count, batcher.max_batch_bytes, batcher.max_wait_s

@@ -283,21 +283,28 @@ class LatencyTarget:
         expected to be acknowledged, in seconds (predicted expiry: a record due before then
         expires at the cut): :meth:`after_cut_s`; without a recent time,
         :data:`IN_FLIGHT_BATCHES` of the expected device times for the size (its own batch and
-        one ahead of it on its device); 0.0 while nothing was measured. Also 0.0 (only a
-        deadline already passed expires a record) when the lane served no batch for that long:
-        the cut is a *probe* (:meth:`served`). Both leads are measured only by the batches
-        served, so a lead that expires every record would otherwise never be measured again."""
-        lead_s = self._predicted_s(size, now_s)
-        return 0.0 if now_s - self._served_cut_s > lead_s else lead_s
+        one ahead of it on its device); 0.0 while nothing was measured."""
+        after_cut_s = self.after_cut_s(now_s)
+        if after_cut_s is not None:
+            return after_cut_s
+        service_s = self.service_s(size)
+        return 0.0 if service_s is None else IN_FLIGHT_BATCHES * service_s
+
+    def probe_due(self, size: int, now_s: float) -> bool:
+        """The lane served no batch in the last lead (:meth:`expiry_lead_s`, > 0) before
+        ``now_s``: every batch served before is due to be done, and the lead, measured only by
+        the batches served, is not being measured. A cut whose every record the lead would
+        expire then serves one (a *probe*, ``streamproc.intake.lane``); otherwise a lead that
+        expires every record would never be measured again."""
+        lead_s = self.expiry_lead_s(size, now_s)
+        return lead_s > 0.0 and now_s - self._served_cut_s > lead_s
 
     def served(self, size: int, cut_s: float) -> None:
-        """A batch of ``size`` records to run was cut at ``cut_s`` (monotonic seconds). Cut as
-        a probe (:meth:`expiry_lead_s`), the times from cut to acknowledgement measured before
-        it stop counting once it (or a batch cut after it) is acknowledged
-        (:meth:`finished`): they describe batches queued behind others that are done."""
-        if self._probe_cut_s is None and cut_s - self._served_cut_s > self._predicted_s(
-            size, cut_s
-        ):
+        """A batch of ``size`` records to run was cut at ``cut_s`` (monotonic seconds). Cut
+        while :meth:`probe_due`, the times from cut to acknowledgement measured before it stop
+        counting once it (or a batch cut after it) is acknowledged (:meth:`finished`): they
+        describe batches queued behind others that are done."""
+        if self._probe_cut_s is None and self.probe_due(size, cut_s):
             self._probe_cut_s = cut_s
         self._served_cut_s = max(self._served_cut_s, cut_s)
 

@@ -218,7 +218,7 @@ def test_a_lead_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
     # sooner is then expired by prediction, so no batch is served and no new time replaces the
     # stall's: before the probe, the lane shed everything until those times aged out (5 s of
     # 100 % expired at half load, the overload bench's timeline). Once nothing was served for
-    # a lead, the next cut is served (a probe), and its time replaces the stall's.
+    # a lead, the next cut serves one record (a probe), and its time replaces the stall's.
     clock = Clock(100.0)
     the_lane = lane(clock, predict_expiry=True, latency_target_s=0.1)
     for _ in range(4):
@@ -232,10 +232,10 @@ def test_a_lead_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
 
     assert cut_of(100.2, 0) == ([], [0, 1, 2, 3])  # within a lead of the last served cut
     clock.now_s = 100.6  # nothing served since the cut at 99.5: more than the lead (0.5 s)
-    assert cut_of(100.8, 4) == ([4, 5, 6, 7], [])  # the probe: served
+    assert cut_of(100.8, 4) == ([4], [5, 6, 7])  # the probe: one record served
     clock.now_s = 100.605  # the probe is still in flight: the stall's lead holds meanwhile
     assert cut_of(100.8, 8) == ([], [8, 9, 10, 11])
-    the_lane.delivered(np.array([100.6] * 4), 100.61, cut_s=100.6)  # the probe: 10 ms
+    the_lane.delivered(np.array([100.6]), 100.61, cut_s=100.6)  # the probe: 10 ms
     clock.now_s = 100.62  # the stall's times no longer count: the lead is the probe's 10 ms
     assert cut_of(100.7, 12) == ([12, 13, 14, 15], [])
     assert cut_of(100.625, 16) == ([], [16, 17, 18, 19])  # due before the lead: expired
@@ -256,12 +256,14 @@ def test_an_expected_device_time_no_batch_measures_any_more_is_checked_by_a_prob
         assert cut is not None
         return [r.offset for r in cut.records], [r.offset for r in cut.expired]
 
-    assert cut_of(100.5, 0) == ([0, 1, 2, 3], [])  # nothing served yet: a probe
+    assert cut_of(100.5, 0) == ([0], [1, 2, 3])  # nothing served yet: a probe, one record
     clock.now_s = 100.1
     assert cut_of(100.5, 4) == ([], [4, 5, 6, 7])  # due within the lead (1 s)
     clock.now_s = 101.2  # the last batch served was cut at 100.0: more than a lead ago
-    assert cut_of(101.5, 8) == ([8, 9, 10, 11], [])
-    assert cut_of(101.1, 12) == ([], [12, 13, 14, 15])  # passed: expired, probe or not
+    the_lane.offer([record(8, 101.25)], deadlines=True)  # due last: the probe
+    assert cut_of(101.1, 9) == ([8], [9, 10, 11, 12])  # 9-12 passed: expired, probe or not
+    clock.now_s = 101.3
+    assert cut_of(102.0, 13) == ([], [13, 14, 15, 16])  # the probe is in flight
 
 
 def test_lane_cut_sets_records_past_their_deadline_apart() -> None:
