@@ -450,11 +450,12 @@ class Batcher:
         self._refresh()
         return reading
 
-    def served(self, size: int, cut_s: float) -> None:
-        """A batch of ``size`` records to run was cut at ``cut_s`` (monotonic seconds): the
-        lead of :meth:`expiry_lead_s` is being measured (:meth:`LatencyTarget.served`)."""
+    def served(self, cut_s: float, probe: bool = False) -> None:
+        """A batch with records to run was cut at ``cut_s`` (monotonic seconds), ``probe``: as
+        a probe; the lead of :meth:`expiry_lead_s` is being measured
+        (:meth:`LatencyTarget.served`)."""
         if self.latency is not None:
-            self.latency.served(size, cut_s)
+            self.latency.served(cut_s, probe)
 
     def cut(self, consumed_s: Sequence[float] | np.ndarray) -> None:
         """Feed back one cut batch: its messages' consume times (monotonic seconds; the

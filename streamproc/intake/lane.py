@@ -258,10 +258,11 @@ class Lane:
                             MAX_EXPIRED_PER_CUT,
                         )
                         if self._predict_expiry:
-                            if not records and batcher.probe_due(decision.count, now_s):
+                            probe = not records and batcher.probe_due(decision.count, now_s)
+                            if probe:
                                 records = _probe(expired, now_s)
                             if records:  # the lead's measure
-                                batcher.served(decision.count, now_s)
+                                batcher.served(now_s, probe)
                     else:
                         records, flow = buffers.take(
                             decision.count, batcher.max_batch_bytes, batcher.max_wait_s

@@ -175,6 +175,7 @@ class LatencyTarget:
         self._after_cut: deque[tuple[float, float]] = deque(maxlen=AFTER_CUT_WINDOW)
         self._served_cut_s = -math.inf  # the newest cut of a batch with records to run
         self._probe_cut_s: float | None = None  # a probe's cut, until it is acknowledged
+        self._counted_from_s = -math.inf  # batches cut before: not counted (a probe)
 
     # -- what the batcher asks -------------------------------------------------------------
     def waits_s(self, configured_s: tuple[float, ...]) -> tuple[float, ...]:
@@ -248,14 +249,17 @@ class LatencyTarget:
     def finished(self, cut_s: float, now_s: float) -> None:
         """A batch cut at ``cut_s`` had its results acknowledged at ``now_s`` (monotonic
         seconds; ignored unless the time between is finite and >= 0). The first batch cut at
-        or after a pending probe's cut (:meth:`served`) drops the times measured before it."""
+        or after a pending probe's cut (:meth:`served`) drops the times measured before it;
+        from then on a batch cut before that probe is not counted either."""
         after_cut_s = now_s - cut_s
         if 0.0 <= after_cut_s < math.inf:
             probe_s = self._probe_cut_s
             if probe_s is not None and cut_s >= probe_s:
                 self._after_cut.clear()
                 self._probe_cut_s = None
-            self._after_cut.append((now_s, after_cut_s))
+                self._counted_from_s = probe_s
+            if cut_s >= self._counted_from_s:  # a batch cut before the last probe: stale
+                self._after_cut.append((now_s, after_cut_s))
             self._served_cut_s = max(self._served_cut_s, cut_s)
 
     def after_cut_s(self, now_s: float) -> float | None:
@@ -268,15 +272,6 @@ class LatencyTarget:
         if not recent:
             return None
         return recent[int(AFTER_CUT_QUANTILE * (len(recent) - 1))]
-
-    def _predicted_s(self, size: int, now_s: float) -> float:
-        """The lead as measured (:meth:`after_cut_s`), else :data:`IN_FLIGHT_BATCHES` expected
-        device times for ``size``, else 0.0."""
-        after_cut_s = self.after_cut_s(now_s)
-        if after_cut_s is not None:
-            return after_cut_s
-        service_s = self.service_s(size)
-        return 0.0 if service_s is None else IN_FLIGHT_BATCHES * service_s
 
     def expiry_lead_s(self, size: int, now_s: float) -> float:
         """How long after a cut at ``now_s`` (monotonic seconds) a batch of ``size`` records is
@@ -299,12 +294,14 @@ class LatencyTarget:
         lead_s = self.expiry_lead_s(size, now_s)
         return lead_s > 0.0 and now_s - self._served_cut_s > lead_s
 
-    def served(self, size: int, cut_s: float) -> None:
-        """A batch of ``size`` records to run was cut at ``cut_s`` (monotonic seconds). Cut
-        while :meth:`probe_due`, the times from cut to acknowledgement measured before it stop
-        counting once it (or a batch cut after it) is acknowledged (:meth:`finished`): they
-        describe batches queued behind others that are done."""
-        if self._probe_cut_s is None and self.probe_due(size, cut_s):
+    def served(self, cut_s: float, probe: bool = False) -> None:
+        """A batch with records to run was cut at ``cut_s`` (monotonic seconds); ``probe``: as
+        a probe (:meth:`probe_due`). The times from cut to acknowledgement measured before a
+        probe stop counting once it (or a batch cut after it) is acknowledged
+        (:meth:`finished`): they describe batches queued behind others that are done. A batch
+        the lead let through is no probe, however long since the last one: the window keeps
+        its times, so one slow batch of three still does not set the lead."""
+        if probe and self._probe_cut_s is None:
             self._probe_cut_s = cut_s
         self._served_cut_s = max(self._served_cut_s, cut_s)
 

@@ -236,6 +236,8 @@ def test_a_lead_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
     clock.now_s = 100.605  # the probe is still in flight: the stall's lead holds meanwhile
     assert cut_of(100.8, 8) == ([], [8, 9, 10, 11])
     the_lane.delivered(np.array([100.6]), 100.61, cut_s=100.6)  # the probe: 10 ms
+    for _ in range(2):  # batches cut before the probe, acknowledged after it: not counted
+        the_lane.delivered(np.array([99.9]), 100.615, cut_s=100.0)
     clock.now_s = 100.62  # the stall's times no longer count: the lead is the probe's 10 ms
     assert cut_of(100.7, 12) == ([12, 13, 14, 15], [])
     assert cut_of(100.625, 16) == ([], [16, 17, 18, 19])  # due before the lead: expired
@@ -245,7 +247,7 @@ def test_an_expected_device_time_no_batch_measures_any_more_is_checked_by_a_prob
     # No time from cut to acknowledgement yet, and batches of 4 were measured at 0.5 s on the
     # device (a stall): the lead is 1 s, which expires every record due sooner, and a device
     # time is measured only by a batch served. A cut with nothing served for a lead before it
-    # (or none served yet) is a probe: only records past their deadline expire.
+    # (or none served yet) that the lead would expire whole serves one record (a probe).
     clock = Clock(100.0)
     the_lane = lane(clock, predict_expiry=True, latency_target_s=10.0)  # batches of 4 fit
     the_lane.observe(4, 0.5)
@@ -264,6 +266,26 @@ def test_an_expected_device_time_no_batch_measures_any_more_is_checked_by_a_prob
     assert cut_of(101.1, 9) == ([8], [9, 10, 11, 12])  # 9-12 passed: expired, probe or not
     clock.now_s = 101.3
     assert cut_of(102.0, 13) == ([], [13, 14, 15, 16])  # the probe is in flight
+
+
+def test_a_batch_the_lead_lets_through_is_no_probe_and_keeps_the_lead_s_times() -> None:
+    # Light load: batches cut 100 ms apart, 20 ms from cut to acknowledgement, one of them
+    # slow (200 ms). The cuts are more than a lead apart, yet each batch the lead lets through
+    # is an ordinary one: it must not drop the times before it (as a probe's acknowledgement
+    # does), or one slow batch sets the lead alone and expires the next whole batches.
+    clock = Clock(100.0)
+    the_lane = lane(clock, predict_expiry=True, latency_target_s=0.1)
+    acks = {100.0: 0.02, 100.1: 0.2, 100.4: 0.02, 100.5: 0.02}
+    first = 0
+    for cut_s, after_cut_s in acks.items():
+        clock.now_s = cut_s
+        the_lane.offer([record(first + i, cut_s + 0.1) for i in range(4)], deadlines=True)
+        cut = the_lane.next_cut(threading.Event())
+        assert cut is not None
+        assert [r.offset for r in cut.records] == list(range(first, first + 4)), cut_s
+        assert cut.expired == []
+        the_lane.delivered(np.array([cut_s] * 4), cut_s + after_cut_s, cut_s=cut_s)
+        first += 4
 
 
 def test_lane_cut_sets_records_past_their_deadline_apart() -> None:
