@@ -419,11 +419,11 @@ class Batcher:
         latency = self.latency
         return 0.0 if latency is None else latency.expiry_lead_s(size, now_s)
 
-    def probe_due(self, size: int, now_s: float) -> bool:
-        """No batch was served in the last lead before ``now_s``
-        (:meth:`~streamproc.intake.latency.LatencyTarget.probe_due`)."""
+    def probe_due(self, lead_s: float, now_s: float) -> bool:
+        """No batch was served in the last ``lead_s`` (the cut's :meth:`expiry_lead_s`) before
+        ``now_s`` (:meth:`~streamproc.intake.latency.LatencyTarget.probe_due`)."""
         latency = self.latency
-        return latency is not None and latency.probe_due(size, now_s)
+        return latency is not None and latency.probe_due(lead_s, now_s)
 
     def observe(self, size: int, service_s: float) -> None:
         """Feed back one batch's device time (used by the adaptive size model and the latency

@@ -84,10 +84,10 @@ def _probe(expired: list[Record], now_s: float) -> list[Record]:
     ``now_s`` is served after all (taken out of ``expired``, which stays in offset order);
     none when every one had passed. One record: the lead it measures may well hold, and its
     record then comes late."""
-    due = [record for record in expired if record.deadline_s > now_s]
-    if not due:
+    due = (record for record in expired if record.deadline_s > now_s)
+    probe = max(due, key=lambda record: record.deadline_s, default=None)
+    if probe is None:
         return []
-    probe = max(due, key=lambda record: record.deadline_s)
     expired.remove(probe)
     return [probe]
 
@@ -247,18 +247,18 @@ class Lane:
                     if self._deadlines:
                         # an expired record takes no live record's place: shed a batch size
                         # per cut, each cost a whole cut (congestion collapse under overload)
-                        expire_s = now_s
+                        lead_s = 0.0
                         if self._predict_expiry:  # late by the time its batch is done
-                            expire_s += batcher.expiry_lead_s(decision.count, now_s)
+                            lead_s = batcher.expiry_lead_s(decision.count, now_s)
                         records, expired, flow = buffers.take_live(
                             decision.count,
                             batcher.max_batch_bytes,
                             batcher.max_wait_s,
-                            expire_s,
+                            now_s + lead_s,
                             MAX_EXPIRED_PER_CUT,
                         )
                         if self._predict_expiry:
-                            probe = not records and batcher.probe_due(decision.count, now_s)
+                            probe = not records and batcher.probe_due(lead_s, now_s)
                             if probe:
                                 records = _probe(expired, now_s)
                             if records:  # the lead's measure

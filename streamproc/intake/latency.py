@@ -285,13 +285,12 @@ class LatencyTarget:
         service_s = self.service_s(size)
         return 0.0 if service_s is None else IN_FLIGHT_BATCHES * service_s
 
-    def probe_due(self, size: int, now_s: float) -> bool:
-        """The lane served no batch in the last lead (:meth:`expiry_lead_s`, > 0) before
-        ``now_s``: every batch served before is due to be done, and the lead, measured only by
-        the batches served, is not being measured. A cut whose every record the lead would
-        expire then serves one (a *probe*, ``streamproc.intake.lane``); otherwise a lead that
-        expires every record would never be measured again."""
-        lead_s = self.expiry_lead_s(size, now_s)
+    def probe_due(self, lead_s: float, now_s: float) -> bool:
+        """The lane served no batch in the last ``lead_s`` (the cut's :meth:`expiry_lead_s`,
+        > 0) before ``now_s``: every batch served before is due to be done, and the lead,
+        measured only by the batches served, is not being measured. A cut whose every record
+        the lead would expire then serves one (a *probe*, ``streamproc.intake.lane``);
+        otherwise a lead that expires every record would never be measured again."""
         return lead_s > 0.0 and now_s - self._served_cut_s > lead_s
 
     def served(self, cut_s: float, probe: bool = False) -> None:

@@ -213,6 +213,14 @@ def test_a_lead_raised_by_a_stall_does_not_outlive_it() -> None:
     assert [r.offset for r in cut.records] == [9, 10, 11]
 
 
+def cut_of(the_lane: Lane, due_s: float, first: int) -> tuple[list[int], list[int]]:
+    """Offer 4 records (offsets ``first``..) due at ``due_s`` and cut: (served, expired)."""
+    the_lane.offer([record(first + i, due_s) for i in range(4)], deadlines=True)
+    cut = the_lane.next_cut(threading.Event())
+    assert cut is not None
+    return [r.offset for r in cut.records], [r.offset for r in cut.expired]
+
+
 def test_a_lead_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
     # A stall: the lane's batches took 0.5 s from cut to acknowledgement. Every record due
     # sooner is then expired by prediction, so no batch is served and no new time replaces the
@@ -224,23 +232,17 @@ def test_a_lead_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
     for _ in range(4):
         the_lane.delivered(np.array([99.0]), 100.0, cut_s=99.5)
 
-    def cut_of(due_s: float, first: int) -> tuple[list[int], list[int]]:
-        the_lane.offer([record(first + i, due_s) for i in range(4)], deadlines=True)
-        cut = the_lane.next_cut(threading.Event())
-        assert cut is not None
-        return [r.offset for r in cut.records], [r.offset for r in cut.expired]
-
-    assert cut_of(100.2, 0) == ([], [0, 1, 2, 3])  # within a lead of the last served cut
+    assert cut_of(the_lane, 100.2, 0) == ([], [0, 1, 2, 3])  # within a lead of the last served cut
     clock.now_s = 100.6  # nothing served since the cut at 99.5: more than the lead (0.5 s)
-    assert cut_of(100.8, 4) == ([4], [5, 6, 7])  # the probe: one record served
+    assert cut_of(the_lane, 100.8, 4) == ([4], [5, 6, 7])  # the probe: one record served
     clock.now_s = 100.605  # the probe is still in flight: the stall's lead holds meanwhile
-    assert cut_of(100.8, 8) == ([], [8, 9, 10, 11])
+    assert cut_of(the_lane, 100.8, 8) == ([], [8, 9, 10, 11])
     the_lane.delivered(np.array([100.6]), 100.61, cut_s=100.6)  # the probe: 10 ms
     for _ in range(2):  # batches cut before the probe, acknowledged after it: not counted
         the_lane.delivered(np.array([99.9]), 100.615, cut_s=100.0)
     clock.now_s = 100.62  # the stall's times no longer count: the lead is the probe's 10 ms
-    assert cut_of(100.7, 12) == ([12, 13, 14, 15], [])
-    assert cut_of(100.625, 16) == ([], [16, 17, 18, 19])  # due before the lead: expired
+    assert cut_of(the_lane, 100.7, 12) == ([12, 13, 14, 15], [])
+    assert cut_of(the_lane, 100.625, 16) == ([], [16, 17, 18, 19])  # due before the lead: expired
 
 
 def test_an_expected_device_time_no_batch_measures_any_more_is_checked_by_a_probe() -> None:
@@ -252,20 +254,17 @@ def test_an_expected_device_time_no_batch_measures_any_more_is_checked_by_a_prob
     the_lane = lane(clock, predict_expiry=True, latency_target_s=10.0)  # batches of 4 fit
     the_lane.observe(4, 0.5)
 
-    def cut_of(due_s: float, first: int) -> tuple[list[int], list[int]]:
-        the_lane.offer([record(first + i, due_s) for i in range(4)], deadlines=True)
-        cut = the_lane.next_cut(threading.Event())
-        assert cut is not None
-        return [r.offset for r in cut.records], [r.offset for r in cut.expired]
-
-    assert cut_of(100.5, 0) == ([0], [1, 2, 3])  # nothing served yet: a probe, one record
+    assert cut_of(the_lane, 100.5, 0) == ([0], [1, 2, 3])  # nothing served yet: a probe, one record
     clock.now_s = 100.1
-    assert cut_of(100.5, 4) == ([], [4, 5, 6, 7])  # due within the lead (1 s)
+    assert cut_of(the_lane, 100.5, 4) == ([], [4, 5, 6, 7])  # due within the lead (1 s)
     clock.now_s = 101.2  # the last batch served was cut at 100.0: more than a lead ago
     the_lane.offer([record(8, 101.25)], deadlines=True)  # due last: the probe
-    assert cut_of(101.1, 9) == ([8], [9, 10, 11, 12])  # 9-12 passed: expired, probe or not
+    assert cut_of(the_lane, 101.1, 9) == (
+        [8],
+        [9, 10, 11, 12],
+    )  # 9-12 passed: expired, probe or not
     clock.now_s = 101.3
-    assert cut_of(102.0, 13) == ([], [13, 14, 15, 16])  # the probe is in flight
+    assert cut_of(the_lane, 102.0, 13) == ([], [13, 14, 15, 16])  # the probe is in flight
 
 
 def test_a_batch_the_lead_lets_through_is_no_probe_and_keeps_the_lead_s_times() -> None:
