@@ -50,6 +50,19 @@ from streamproc.errors import BrokerError
 KAFKA_VERSION = "4.4.0"
 LOG4J_VERSION = "2.24.3"
 _PR_SET_PDEATHSIG = 1
+KAFKA_JVM_PERFORMANCE_OPTS = (
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+)
+"""The JVM options Kafka's own ``bin/kafka-run-class.sh`` starts a broker with
+(``KAFKA_JVM_PERFORMANCE_OPTS``' default). Without ``MaxGCPauseMillis=20`` G1 aims at 200 ms,
+sizes its young generation for that, and a young collection stops the broker for up to ~90 ms
+on a busy 2-core host: every record produced meanwhile reaches a consumer that much later
+(docs/benchmarks.md, "The broker's pauses")."""
 MARKER = ".streamproc-broker"
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -392,8 +405,7 @@ class LocalKafka:
             "java",
             f"-Xmx{self.heap_mb}m",
             f"-Xms{min(self.heap_mb, 256)}m",
-            "-XX:+UseG1GC",
-            "-Djava.awt.headless=true",
+            *KAFKA_JVM_PERFORMANCE_OPTS,
             f"-Dlog4j2.configurationFile={self.run_dir / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.run_dir / 'logs'}",
             "-cp",

@@ -25,6 +25,18 @@ def test_claims_new_and_own_folders(tmp_path: Path) -> None:
     broker._claim_run_dir()  # ours: accepted again
 
 
+def test_broker_starts_with_kafkas_own_jvm_options(tmp_path: Path) -> None:
+    # kafka-run-class.sh's KAFKA_JVM_PERFORMANCE_OPTS: without the 20-ms pause target G1 aims
+    # at 200 ms, and a young collection held records back ~90 ms on a busy host
+    command = LocalKafka(tmp_path, tmp_path / "libs", heap_mb=384)._java("kafka.Kafka")
+    options = command[1 : command.index("-cp")]
+    assert "-XX:MaxGCPauseMillis=20" in options
+    assert "-XX:InitiatingHeapOccupancyPercent=35" in options
+    assert {"-server", "-XX:+UseG1GC", "-XX:+ExplicitGCInvokesConcurrent"} <= set(options)
+    assert {"-Xmx384m", "-Xms256m"} <= set(options)
+    assert command[command.index("-cp") + 2] == "kafka.Kafka"
+
+
 def test_cluster_ids_never_look_like_an_option() -> None:
     from streamproc.tools.kafka_local import _cluster_id
 
