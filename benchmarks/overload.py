@@ -44,6 +44,10 @@ counts as over the target) at most the target; also printed, the stricter "every
 Per workload at the end: median [min-max] over the runs. ``--timeline SECONDS`` also prints,
 per run, what became of the inputs per window of that many seconds from the overload's start
 (shares served within the target, served later, expired, other): where the misses fall.
+The broker's stop-the-world pauses, read from its GC log (the broker the bench starts writes
+one; ``--broker-gc-log`` names another's, e.g. one turned on with ``jcmd <pid> VM.log``), are
+printed beside them: per run the longest while overloaded and after, per timeline window the
+longest in it. A record the broker holds back is late before the consumer sees it.
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ from streamproc.kafka.admin import ensure_topics
 from streamproc.output.headers import H_OFFSET, H_PARTITION, H_RESULT_KIND, KIND_EXPIRED
 from streamproc.tools.bench.cpu import process_cpu_s
 from streamproc.tools.bench.measure import format_spread
-from streamproc.tools.kafka_local import broker_unless_given, free_port
+from streamproc.tools.broker_gc import Pause, pauses, within
+from streamproc.tools.kafka_local import LocalKafka, broker_unless_given, free_port
 from streamproc.tools.replay import produce
 from streamproc.tools.verify import TopicDump, committed_offsets, read_topic
 
@@ -97,6 +102,9 @@ class Row:
     recovery_s: float  # inf: never back within the target (P99 over every input)
     recovery_all_s: float  # inf: never every input within the target (nothing expired)
     load: float
+    broker_longest_ms: tuple[float, float] = (float("nan"), float("nan"))
+    """The broker's longest stop-the-world pause while the overload was offered and in the
+    phase after it (nan: no GC log to read, ``--broker-gc-log``)."""
 
 
 @dataclass(frozen=True)
@@ -397,6 +405,7 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
     seconds = (end_ms - start_ms - args.skip_s * 1000) / 1000.0
     served = [r.latency_ms for r in during if r.latency_ms is not None]
     good = sum(1 for ms in served if ms <= target_ms) / seconds
+    broker_pauses = pauses(args.broker_gc_log) if args.broker_gc_log else []
     if args.timeline:
         print(
             f"run {run} {workload}: inputs by their timestamp, the overload ending at "
@@ -404,9 +413,12 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
             flush=True,
         )
         for w in timeline(rows, start_ms, target_ms, args.timeline):
+            begin_s = start_ms / 1000.0 + w.start_s
+            stopped = within(broker_pauses, begin_s, begin_s + args.timeline)
             print(
                 f"  {w.start_s:6.1f} s {w.inputs:7d} inputs | within {w.within:6.1%} late "
-                f"{w.late:6.1%} expired {w.expired:6.1%} other {w.other:5.1%}",
+                f"{w.late:6.1%} expired {w.expired:6.1%} other {w.other:5.1%}"
+                + (f" | broker paused {_longest(stopped):5.1f} ms" if stopped else ""),
                 flush=True,
             )
     return Row(
@@ -429,7 +441,20 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
         recovery_s=recovery_s(rows, end_ms, target_ms),
         recovery_all_s=recovery_s(rows, end_ms, target_ms, miss_share=0.0),
         load=load,
+        broker_longest_ms=(
+            (
+                _longest(within(broker_pauses, start_ms / 1000.0, end_ms / 1000.0)),
+                _longest(within(broker_pauses, end_ms / 1000.0, end_ms / 1000.0 + args.after_s)),
+            )
+            if args.broker_gc_log
+            else (float("nan"), float("nan"))
+        ),
     )
+
+
+def _longest(found: list[Pause]) -> float:
+    """The longest of ``found`` in ms (0 when none)."""
+    return max((pause.ms for pause in found), default=0.0)
 
 
 def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
@@ -469,7 +494,8 @@ def _print_row(row: Row, target_ms: float) -> None:
         f"-> {row.cores_overload:.2f}) | served P99 {row.served_p99_ms:7.1f} ms "
         f"(target {target_ms:.0f}) | "
         f"recovery {row.recovery_s:4.0f} s (every input: {row.recovery_all_s:.0f} s) | "
-        f"load {row.load:.1f}",
+        f"load {row.load:.1f} | the broker's longest pause {row.broker_longest_ms[0]:.0f} ms "
+        f"overloaded, {row.broker_longest_ms[1]:.0f} ms after",
         flush=True,
     )
 
@@ -505,11 +531,19 @@ def main() -> None:
         help="print what became of the inputs per window of this many seconds (overload on)",
     )
     parser.add_argument("--bootstrap")
+    parser.add_argument(
+        "--broker-gc-log",
+        type=Path,
+        help="the broker's GC log, its pauses printed beside the results (default: the log of "
+        "the broker the bench starts; none with --bootstrap)",
+    )
     args = parser.parse_args()
     workloads = args.workload or ["trades", "iot"]
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="streamproc-overload-") as tmp:
         work = Path(tmp)
+        if not args.bootstrap and not args.broker_gc_log:
+            args.broker_gc_log = LocalKafka(work / "kafka", work).gc_log_path
         with broker_unless_given(args.bootstrap, work / "kafka") as bootstrap:
             for run in range(1, args.runs + 1):
                 for workload in workloads:

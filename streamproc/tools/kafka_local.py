@@ -60,9 +60,13 @@ KAFKA_JVM_PERFORMANCE_OPTS = (
 )
 """The JVM options Kafka's own ``bin/kafka-run-class.sh`` starts a broker with
 (``KAFKA_JVM_PERFORMANCE_OPTS``' default). Without ``MaxGCPauseMillis=20`` G1 aims at 200 ms,
-sizes its young generation for that, and a young collection stops the broker for up to ~90 ms
+sizes its young generation for that, and a young collection stopped the broker for up to 143 ms
 on a busy 2-core host: every record produced meanwhile reaches a consumer that much later
 (docs/benchmarks.md, "The broker's pauses")."""
+GC_LOG_NAME = "kafkaServer-gc.log"
+"""The broker's GC log in its ``logs/`` folder: the name and rotation (10 files of 100 MB) of
+Kafka's ``kafka-server-start.sh`` (``-loggc``); the ``gc`` tag alone, not ``gc*``: one line per
+collection, enough to read the pauses."""
 MARKER = ".streamproc-broker"
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -400,12 +404,25 @@ class LocalKafka:
     def pid_path(self) -> Path:
         return self.run_dir / "broker.pid"
 
+    @property
+    def gc_log_path(self) -> Path:
+        """The broker's GC log (``logs/kafkaServer-gc.log``, as Kafka's own start script names
+        it): one line per collection, its pauses in ms, wall-clock time stamps
+        (:func:`streamproc.tools.broker_gc.pauses` reads it)."""
+        return self.run_dir / "logs" / GC_LOG_NAME
+
     def _java(self, main: str, *args: str, **kwargs: object) -> list[str]:
+        gc_log = (
+            [f"-Xlog:gc:file={self.gc_log_path}:time,tags:filecount=10,filesize=100M"]
+            if main == "kafka.Kafka"
+            else []
+        )
         return [
             "java",
             f"-Xmx{self.heap_mb}m",
             f"-Xms{min(self.heap_mb, 256)}m",
             *KAFKA_JVM_PERFORMANCE_OPTS,
+            *gc_log,
             f"-Dlog4j2.configurationFile={self.run_dir / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.run_dir / 'logs'}",
             "-cp",

@@ -37,6 +37,17 @@ def test_broker_starts_with_kafkas_own_jvm_options(tmp_path: Path) -> None:
     assert command[command.index("-cp") + 2] == "kafka.Kafka"
 
 
+def test_the_broker_writes_a_gc_log_and_the_storage_tool_none(tmp_path: Path) -> None:
+    broker = LocalKafka(tmp_path, tmp_path / "libs")
+    assert broker.gc_log_path == tmp_path / "logs" / "kafkaServer-gc.log"
+    gc_logs = [
+        [option for option in broker._java(main) if option.startswith("-Xlog:gc")]
+        for main in ("kafka.Kafka", "kafka.tools.StorageTool")
+    ]
+    option = f"-Xlog:gc:file={broker.gc_log_path}:time,tags:filecount=10,filesize=100M"
+    assert gc_logs == [[option], []]
+
+
 def test_cluster_ids_never_look_like_an_option() -> None:
     from streamproc.tools.kafka_local import _cluster_id
 
