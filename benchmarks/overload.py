@@ -53,6 +53,7 @@ longest in it. A record the broker holds back is late before the consumer sees i
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import threading
@@ -494,8 +495,13 @@ def _print_row(row: Row, target_ms: float) -> None:
         f"-> {row.cores_overload:.2f}) | served P99 {row.served_p99_ms:7.1f} ms "
         f"(target {target_ms:.0f}) | "
         f"recovery {row.recovery_s:4.0f} s (every input: {row.recovery_all_s:.0f} s) | "
-        f"load {row.load:.1f} | the broker's longest pause {row.broker_longest_ms[0]:.0f} ms "
-        f"overloaded, {row.broker_longest_ms[1]:.0f} ms after",
+        f"load {row.load:.1f}"
+        + (
+            f" | the broker's longest pause {row.broker_longest_ms[0]:.0f} ms overloaded, "
+            f"{row.broker_longest_ms[1]:.0f} ms after"
+            if not math.isnan(row.broker_longest_ms[0])  # nan: no GC log was read
+            else ""
+        ),
         flush=True,
     )
 

@@ -4,7 +4,8 @@ produce and fetch requests, and for how long.
 The log is what ``-Xlog:gc`` (or ``gc*``) writes with the ``time`` decorator, as the local
 broker does (:attr:`streamproc.tools.kafka_local.LocalKafka.gc_log_path`,
 ``logs/kafkaServer-gc.log``) and Kafka's own ``kafka-server-start.sh`` does; for a running JVM
-``jcmd <pid> VM.log output=<file> what=gc decorators=time`` turns it on. A line such as::
+the JDK's ``jcmd <pid> VM.log output=<file> what=gc decorators=time`` turns it on. A line such
+as::
 
     [2026-12-07T14:32:55.666+0000][gc] GC(103) Pause Young (Normal) (G1 Evacuation Pause) ...
         ... 273M->178M(310M) 92.096ms
@@ -15,6 +16,7 @@ broker does (:attr:`streamproc.tools.kafka_local.LocalKafka.gc_log_path`,
 
 from __future__ import annotations
 
+import glob
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -53,7 +55,7 @@ def pauses(path: Path) -> list[Pause]:
     Raises:
         OSError: a log file exists but cannot be read.
     """
-    files = [path, *sorted(path.parent.glob(f"{path.name}.[0-9]*"))]
+    files = [path, *sorted(path.parent.glob(f"{glob.escape(path.name)}.[0-9]*"))]
     found = [pause for file in files if file.exists() for pause in _read(file)]
     return sorted(found, key=lambda pause: pause.end_s)
 

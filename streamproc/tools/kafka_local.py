@@ -413,7 +413,8 @@ class LocalKafka:
 
     def _java(self, main: str, *args: str, **kwargs: object) -> list[str]:
         gc_log = (
-            [f"-Xlog:gc:file={self.gc_log_path}:time,tags:filecount=10,filesize=100M"]
+            # quoted: -Xlog splits at ":", and a --dir may hold one
+            [f'-Xlog:gc:file="{self.gc_log_path}":time,tags:filecount=10,filesize=100M']
             if main == "kafka.Kafka"
             else []
         )

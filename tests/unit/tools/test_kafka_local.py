@@ -44,7 +44,7 @@ def test_the_broker_writes_a_gc_log_and_the_storage_tool_none(tmp_path: Path) ->
         [option for option in broker._java(main) if option.startswith("-Xlog:gc")]
         for main in ("kafka.Kafka", "kafka.tools.StorageTool")
     ]
-    option = f"-Xlog:gc:file={broker.gc_log_path}:time,tags:filecount=10,filesize=100M"
+    option = f'-Xlog:gc:file="{broker.gc_log_path}":time,tags:filecount=10,filesize=100M'
     assert gc_logs == [[option], []]
 
 
