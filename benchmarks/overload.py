@@ -53,7 +53,6 @@ longest in it. A record the broker holds back is late before the consumer sees i
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import tempfile
 import threading
@@ -103,9 +102,9 @@ class Row:
     recovery_s: float  # inf: never back within the target (P99 over every input)
     recovery_all_s: float  # inf: never every input within the target (nothing expired)
     load: float
-    broker_longest_ms: tuple[float, float] = (float("nan"), float("nan"))
+    broker_longest_ms: tuple[float, float] | None = None
     """The broker's longest stop-the-world pause while the overload was offered and in the
-    phase after it (nan: no GC log to read, ``--broker-gc-log``)."""
+    phase after it (None: no GC log to read, ``--broker-gc-log``)."""
 
 
 @dataclass(frozen=True)
@@ -448,7 +447,7 @@ def run_one(args: argparse.Namespace, bootstrap: str, workload: str, run: int, w
                 _longest(within(broker_pauses, end_ms / 1000.0, end_ms / 1000.0 + args.after_s)),
             )
             if args.broker_gc_log
-            else (float("nan"), float("nan"))
+            else None
         ),
     )
 
@@ -499,7 +498,7 @@ def _print_row(row: Row, target_ms: float) -> None:
         + (
             f" | the broker's longest pause {row.broker_longest_ms[0]:.0f} ms overloaded, "
             f"{row.broker_longest_ms[1]:.0f} ms after"
-            if not math.isnan(row.broker_longest_ms[0])  # nan: no GC log was read
+            if row.broker_longest_ms is not None
             else ""
         ),
         flush=True,

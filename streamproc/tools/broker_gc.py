@@ -42,11 +42,6 @@ class Pause:
     ms: float
     kind: str
 
-    @property
-    def start_s(self) -> float:
-        """When it began, Unix seconds."""
-        return self.end_s - self.ms / 1000.0
-
 
 def pauses(path: Path) -> list[Pause]:
     """Every pause in the GC log ``path`` and in its rotated files (``path.0``, ``path.1``,

@@ -411,19 +411,14 @@ class LocalKafka:
         (:func:`streamproc.tools.broker_gc.pauses` reads it)."""
         return self.run_dir / "logs" / GC_LOG_NAME
 
-    def _java(self, main: str, *args: str, **kwargs: object) -> list[str]:
-        gc_log = (
-            # quoted: -Xlog splits at ":", and a --dir may hold one
-            [f'-Xlog:gc:file="{self.gc_log_path}":time,tags:filecount=10,filesize=100M']
-            if main == "kafka.Kafka"
-            else []
-        )
+    def _java(self, main: str, *args: str, jvm: tuple[str, ...] = ()) -> list[str]:
+        """The command running Kafka's ``main`` with ``args``, ``jvm`` options added."""
         return [
             "java",
             f"-Xmx{self.heap_mb}m",
             f"-Xms{min(self.heap_mb, 256)}m",
             *KAFKA_JVM_PERFORMANCE_OPTS,
-            *gc_log,
+            *jvm,
             f"-Dlog4j2.configurationFile={self.run_dir / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.run_dir / 'logs'}",
             "-cp",
@@ -431,6 +426,12 @@ class LocalKafka:
             main,
             *args,
         ]
+
+    def _broker_command(self) -> list[str]:
+        """The broker's command: its config, and its GC log (:attr:`gc_log_path`)."""
+        # the file name quoted: -Xlog splits at ":", and a --dir may hold one
+        gc_log = f'-Xlog:gc:file="{self.gc_log_path}":time,tags:filecount=10,filesize=100M'
+        return self._java("kafka.Kafka", str(self.run_dir / "server.properties"), jvm=(gc_log,))
 
     def start(self, timeout_s: float = 90.0) -> str:
         """Format storage, start the node, wait until it answers metadata requests.
@@ -492,9 +493,8 @@ class LocalKafka:
 
     def spawn(self) -> None:
         """Start the java process on the prepared config and data (does not wait)."""
-        props = self.run_dir / "server.properties"
         self._proc = spawn_logged(
-            self._java("kafka.Kafka", str(props)),
+            self._broker_command(),
             self.run_dir / "logs" / "stdout.log",
             self.own_lifetime,
         )

@@ -28,7 +28,7 @@ def test_claims_new_and_own_folders(tmp_path: Path) -> None:
 def test_broker_starts_with_kafkas_own_jvm_options(tmp_path: Path) -> None:
     # kafka-run-class.sh's KAFKA_JVM_PERFORMANCE_OPTS: without the 20-ms pause target G1 aims
     # at 200 ms, and a young collection held records back ~90 ms on a busy host
-    command = LocalKafka(tmp_path, tmp_path / "libs", heap_mb=384)._java("kafka.Kafka")
+    command = LocalKafka(tmp_path, tmp_path / "libs", heap_mb=384)._broker_command()
     options = command[1 : command.index("-cp")]
     assert "-XX:MaxGCPauseMillis=20" in options
     assert "-XX:InitiatingHeapOccupancyPercent=35" in options
@@ -41,8 +41,8 @@ def test_the_broker_writes_a_gc_log_and_the_storage_tool_none(tmp_path: Path) ->
     broker = LocalKafka(tmp_path, tmp_path / "libs")
     assert broker.gc_log_path == tmp_path / "logs" / "kafkaServer-gc.log"
     gc_logs = [
-        [option for option in broker._java(main) if option.startswith("-Xlog:gc")]
-        for main in ("kafka.Kafka", "kafka.tools.StorageTool")
+        [option for option in command if option.startswith("-Xlog:gc")]
+        for command in (broker._broker_command(), broker._java("kafka.tools.StorageTool"))
     ]
     option = f'-Xlog:gc:file="{broker.gc_log_path}":time,tags:filecount=10,filesize=100M'
     assert gc_logs == [[option], []]
